@@ -1,0 +1,48 @@
+"""The payment log: append-only rows for verify, reject, settle, settle_failed, replay, release.
+
+Each row names the token by its digest only. This is the operator's record of every
+charge and every refusal; rows are never updated or deleted by the gate.
+"""
+
+from __future__ import annotations
+
+import time
+
+import sqlite_utils
+
+ACTIONS = ("verify", "reject", "settle", "settle_failed", "replay", "release")
+
+
+class PaymentLog:
+    def __init__(self, db: sqlite_utils.Database) -> None:
+        self.db = db
+
+    def append(
+        self,
+        action: str,
+        *,
+        agent: str,
+        token_digest: str,
+        payer: str = "",
+        amount: str = "",
+        network: str = "",
+        asset: str = "",
+        task_id: str = "",
+        transaction: str = "",
+        error: str = "",
+    ) -> None:
+        assert action in ACTIONS, action
+        self.db.conn.execute(
+            "INSERT INTO payments (at, action, agent, task_id, token_digest, payer, amount, network, asset, \"transaction\", error)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (time.time(), action, agent, task_id, token_digest, payer, amount, network, asset, transaction, error[:200]),
+        )
+
+    def rows(self, *, agent: str | None = None, payer: str | None = None, action: str | None = None, limit: int = 50) -> list[dict]:
+        where, args = [], []
+        for column, value in (("agent", agent), ("payer", payer.lower() if payer else None), ("action", action)):
+            if value:
+                where.append(f"{column} = ?")
+                args.append(value)
+        sql = "SELECT * FROM payments" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?"
+        return list(self.db.query(sql, [*args, limit]))

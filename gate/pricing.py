@@ -1,0 +1,74 @@
+"""What a priced agent asks for: the x402 PaymentRequired documents and answers.
+
+The HTTP form is x402 v2 (header `PAYMENT-REQUIRED`, standard base64, plus the same
+document in the body). The in-band form, for clients that activated the a2a-x402
+extension, is an `input-required` Task carrying x402 v1 requirements, the shape that
+extension's spec uses.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from server.cards import requirement
+from server.config import Price
+
+# CAIP-2 ids and the x402 v1 network names for the same chains.
+V1_NETWORKS = {
+    "eip155:8453": "base",
+    "eip155:84532": "base-sepolia",
+    "eip155:43114": "avalanche",
+    "eip155:43113": "avalanche-fuji",
+    "eip155:137": "polygon",
+    "eip155:80002": "polygon-amoy",
+    "eip155:1": "ethereum",
+    "eip155:11155111": "sepolia",
+}
+CAIP2_FOR_V1 = {v: k for k, v in V1_NETWORKS.items()}
+
+PAYMENT_REQUIRED_ERROR = "Payment required to use this agent"
+
+
+def b64_json(document: dict[str, Any]) -> str:
+    return base64.b64encode(json.dumps(document, separators=(",", ":")).encode()).decode("ascii")
+
+
+def payment_required(price: Price, resource_url: str, description: str = "", error: str = PAYMENT_REQUIRED_ERROR) -> dict[str, Any]:
+    """The x402 v2 PaymentRequired document; `resource.url` names this door."""
+    resource: dict[str, Any] = {"url": resource_url, "mimeType": "application/json"}
+    if description:
+        resource["description"] = description
+    return {"x402Version": 2, "error": error, "resource": resource, "accepts": [requirement(price, resource_url)]}
+
+
+def requirement_v1(price: Price, resource_url: str, description: str = "") -> dict[str, Any]:
+    """The same price as x402 v1 PaymentRequirements (the a2a-x402 extension's shape)."""
+    return {
+        "scheme": price.scheme,
+        "network": V1_NETWORKS.get(price.network, price.network),
+        "maxAmountRequired": price.amount,
+        "resource": resource_url,
+        "description": description,
+        "mimeType": "application/json",
+        "payTo": price.pay_to,
+        "maxTimeoutSeconds": price.max_timeout_seconds,
+        "asset": price.asset,
+        "extra": dict(price.extra),
+    }
+
+
+def payment_required_v1(price: Price, resource_url: str, description: str = "", error: str = PAYMENT_REQUIRED_ERROR) -> dict[str, Any]:
+    return {"x402Version": 1, "accepts": [requirement_v1(price, resource_url, description)], "error": error}
+
+
+def payment_required_response(document: dict[str, Any]) -> JSONResponse:
+    """HTTP 402: the document in the `PAYMENT-REQUIRED` header and in the body."""
+    return JSONResponse(
+        {"detail": "Payment required", "payment_required": document},
+        status_code=402,
+        headers={"PAYMENT-REQUIRED": b64_json(document)},
+    )

@@ -1,0 +1,57 @@
+"""Sealing the payment a delivered request still has to settle.
+
+Settling after a crash needs the signed payload, and the database must never hold a
+token or a signature. So the payload is kept only while a settlement is owed,
+encrypted (AES-GCM, from the `cryptography` package) with a key that lives outside
+the database: the environment variable A2A_GATE_SEALING_KEY, or a key file created
+beside the database with owner-only permissions.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+ENV_KEY = "A2A_GATE_SEALING_KEY"
+
+
+def load_key(database: str) -> bytes:
+    env = os.environ.get(ENV_KEY)
+    if env:
+        return base64.urlsafe_b64decode(env)
+    if database == ":memory:":
+        return AESGCM.generate_key(bit_length=256)
+    path = Path(database + ".sealing-key")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):  # another worker may have created it a moment ago
+            text = path.read_text().strip()
+            if text:
+                return base64.urlsafe_b64decode(text)
+            time.sleep(0.02)
+        raise RuntimeError(f"sealing key file {path} is empty") from None
+    key = AESGCM.generate_key(bit_length=256)
+    with os.fdopen(fd, "w") as f:
+        f.write(base64.urlsafe_b64encode(key).decode())
+    return key
+
+
+class Sealer:
+    def __init__(self, key: bytes) -> None:
+        self.aead = AESGCM(key)
+
+    def seal(self, document: dict[str, Any], context: str) -> str:
+        nonce = os.urandom(12)
+        data = json.dumps(document, separators=(",", ":")).encode()
+        return base64.b64encode(nonce + self.aead.encrypt(nonce, data, context.encode())).decode()
+
+    def unseal(self, sealed: str, context: str) -> dict[str, Any]:
+        raw = base64.b64decode(sealed)
+        return json.loads(self.aead.decrypt(raw[:12], raw[12:], context.encode()))

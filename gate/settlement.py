@@ -1,0 +1,87 @@
+"""Settling delivered work: the one path shared by send, stream, replays and the reconciler.
+
+Settle runs only after a delivery. Timeouts and transport errors are retried with
+backoff; whatever the outcome, the claim and the payment log say so before the
+caller hears of it. A settle that could not complete means "unknown": the work stays
+delivered, marked `payment-verified` with the error, and the reconciler tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from gate.claims import Claims
+from gate.facilitator import FacilitatorClient, Unavailable
+from gate.payment_log import PaymentLog
+from server.config import FacilitatorConfig
+
+STATUS = "x402.payment.status"
+RECEIPTS = "x402.payment.receipts"
+ERROR = "x402.payment.error"
+
+
+@dataclass(frozen=True)
+class Payment:
+    """Everything needed to settle one claim; only ever held in memory or sealed."""
+
+    token_digest: str
+    version: int
+    payload: dict[str, Any]
+    requirements: dict[str, Any]
+    agent: str
+    payer: str
+    amount: str
+    network: str
+    asset: str
+
+    def sealable(self) -> dict[str, Any]:
+        return {"version": self.version, "payload": self.payload, "requirements": self.requirements}
+
+
+def completed_metadata(receipt: dict[str, Any]) -> dict[str, Any]:
+    return {STATUS: "payment-completed", RECEIPTS: [receipt]}
+
+
+def verified_metadata(error: str) -> dict[str, Any]:
+    return {STATUS: "payment-verified", ERROR: error}
+
+
+class Settler:
+    def __init__(self, facilitator: FacilitatorClient, claims: Claims, log: PaymentLog, config: FacilitatorConfig) -> None:
+        self.facilitator = facilitator
+        self.claims = claims
+        self.log = log
+        self.attempts = config.settle_attempts
+        self.backoff = config.settle_backoff_seconds
+
+    async def settle(self, payment: Payment, task_id: str) -> dict[str, Any]:
+        """Settle a claim already in `settling`; returns the payment metadata for the task."""
+        log = dict(agent=payment.agent, token_digest=payment.token_digest, payer=payment.payer,
+                   amount=payment.amount, network=payment.network, asset=payment.asset, task_id=task_id)
+        try:
+            result = await self._settle_with_retries(payment)
+        except Unavailable as exc:
+            self.claims.settle_failed(payment.token_digest)
+            self.log.append("settle_failed", **log, error=f"settle_unavailable: {exc.reason}")
+            return verified_metadata(f"settle_unavailable: {exc.reason}")
+        if not result.success:
+            self.claims.settle_failed(payment.token_digest)
+            self.log.append("settle_failed", **log, error=result.reason)
+            return verified_metadata(result.reason)
+        self.claims.settled(payment.token_digest)
+        self.log.append("settle", **log, transaction=result.transaction)
+        return completed_metadata(result.receipt)
+
+    async def _settle_with_retries(self, payment: Payment):  # -> facilitator.Settlement
+        delay = self.backoff
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return await self.facilitator.settle(payment.version, payment.payload, payment.requirements)
+            except Unavailable:
+                if attempt == self.attempts:
+                    raise
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise Unavailable("no_attempts")

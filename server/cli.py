@@ -1,0 +1,264 @@
+"""The `a2a-gate` command: serve, check a configuration, manage keys, see payments.
+
+A bad configuration stops with one line per problem and exit status 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+from server.config import ConfigError, Settings, default_settings, load_config
+
+CONFIG_ENV = "A2A_GATE_CONFIG"
+
+
+def load_settings(path: str | None) -> Settings:
+    if path:
+        return load_config(path)
+    if os.environ.get(CONFIG_ENV):
+        return load_config(os.environ[CONFIG_ENV])
+    return default_settings()
+
+
+def app_from_env():  # uvicorn factory for --workers > 1
+    from server.app import create_app
+
+    settings = load_settings(None)
+    overrides = json.loads(os.environ.get("A2A_GATE_OVERRIDES", "{}"))
+    return create_app(_apply_overrides(settings, overrides))
+
+
+def _apply_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
+    if overrides.get("trusted_proxies"):
+        settings = replace(settings, trusted_proxies=tuple(overrides["trusted_proxies"]))
+    if overrides.get("facilitator_url"):
+        settings = replace(settings, facilitator=replace(settings.facilitator, url=overrides["facilitator_url"]))
+    if overrides.get("database"):
+        settings = replace(settings, database=overrides["database"])
+    return settings
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    settings = load_settings(args.config)
+    overrides: dict[str, Any] = {}
+    if args.trusted_proxy:
+        overrides["trusted_proxies"] = args.trusted_proxy
+    if args.database:
+        overrides["database"] = args.database
+    facilitator = None
+    if args.dev_facilitator:
+        ledger = settings.database + ".ledger"
+        facilitator = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", "facilitator", "--port", str(args.dev_facilitator), "--db", ledger]
+        )
+        overrides["facilitator_url"] = f"http://127.0.0.1:{args.dev_facilitator}"
+        _wait_for(f"http://127.0.0.1:{args.dev_facilitator}/healthz")
+    settings = _apply_overrides(settings, overrides)
+    try:
+        if args.workers > 1:
+            if args.config:
+                os.environ[CONFIG_ENV] = os.path.abspath(args.config)
+            os.environ["A2A_GATE_OVERRIDES"] = json.dumps(overrides)
+            uvicorn.run("server.cli:app_from_env", factory=True, host=args.host, port=args.port,
+                        workers=args.workers, proxy_headers=False, log_level=args.log_level)
+        else:
+            from server.app import create_app
+
+            uvicorn.run(create_app(settings), host=args.host, port=args.port, proxy_headers=False, log_level=args.log_level)
+    finally:
+        if facilitator is not None:
+            facilitator.terminate()
+            facilitator.wait(timeout=10)
+    return 0
+
+
+def _wait_for(url: str, timeout: float = 15.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"error: {url} did not come up within {timeout:g}s")
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    settings = load_config(args.config)
+    priced = [a.name for a in settings.agents.values() if a.price]
+    print(f"{args.config}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")
+    return 0
+
+
+def _database(args: argparse.Namespace):
+    from server.database import open_database
+
+    settings = load_settings(args.config)
+    return open_database(args.database or settings.database)
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from server import principals
+
+    db = _database(args)
+    if args.keys_command == "create":
+        try:
+            key, digest = principals.create_key(db, args.name, args.agent or ["*"])
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"key (shown once, keep it secret): {key}")
+        print("stored form, for a [[keys]] entry in a configuration file:")
+        print(f'  [[keys]]\n  name = "{args.name}"\n  sha256 = "{digest}"\n  agents = {json.dumps(args.agent or ["*"])}')
+    elif args.keys_command == "list":
+        for row in principals.list_keys(db):
+            state = "revoked" if row["revoked"] else "active"
+            print(f"{row['name']}\t{state}\t{','.join(row['agents'])}\tsha256:{row['sha256'][:12]}…")
+    elif args.keys_command == "revoke":
+        if principals.revoke_key(db, args.name) == 0:
+            print(f"error: no key named {args.name!r}", file=sys.stderr)
+            return 2
+        print(f"revoked {args.name}")
+    return 0
+
+
+def cmd_payments(args: argparse.Namespace) -> int:
+    from gate.payment_log import PaymentLog
+
+    rows = PaymentLog(_database(args)).rows(agent=args.agent, payer=args.payer, action=args.action, limit=args.limit)
+    for row in rows:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
+        print(f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
+              f"{row['transaction'] or '-'}\t{row['error'] or ''}")
+    return 0
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from server.app import Services
+
+    settings = load_settings(args.config)
+    if args.database:
+        settings = replace(settings, database=args.database)
+
+    async def run() -> list[dict[str, Any]]:
+        services = Services(settings)
+        try:
+            services.gate.recover()
+            return await services.gate.reconcile()
+        finally:
+            await services.gate.close()
+            await services.agents.aclose()
+
+    outcomes = asyncio.run(run())
+    for outcome in outcomes:
+        print(f"{outcome['task_id']}\t{outcome['payer']}\t{outcome['x402.payment.status']}\t"
+              f"{outcome.get('x402.payment.error', '')}")
+    print(f"{len(outcomes)} owed settlement(s) attempted")
+    return 0
+
+
+def cmd_facilitator(args: argparse.Namespace) -> int:
+    from gate.dev_facilitator import run
+
+    run(host=args.host, port=args.port, db_path=args.db, trust_signatures=args.trust_signatures)
+    return 0
+
+
+def cmd_pay(args: argparse.Namespace) -> int:
+    from gate.dev_client import pay
+
+    result = asyncio.run(pay(args.url, args.text, private_key=args.key))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="a2a-gate", description="An A2A server with an x402 payment gate.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server")
+    serve.add_argument("--config", help="TOML configuration file (default: embedded defaults, or $A2A_GATE_CONFIG)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (they share the SQLite file)")
+    serve.add_argument("--trusted-proxy", action="append", help="peer address whose X-Forwarded-* headers count (repeatable)")
+    serve.add_argument("--database", help="SQLite file (overrides the configuration)")
+    serve.add_argument("--dev-facilitator", type=int, metavar="PORT",
+                       help="also start the development facilitator on this port and use it")
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=cmd_serve)
+
+    check = sub.add_parser("check-config", help="validate a configuration file and print every problem")
+    check.add_argument("config")
+    check.set_defaults(func=cmd_check_config)
+
+    keys = sub.add_parser("keys", help="create, list and revoke API keys")
+    keys.add_argument("--config")
+    keys.add_argument("--database")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key; prints it once, with its stored form")
+    create.add_argument("name")
+    create.add_argument("--agent", action="append", help="agent the key may use (repeatable; default: all)")
+    keys_sub.add_parser("list", help="list keys (never the keys themselves)")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key by name")
+    revoke.add_argument("name")
+    keys.set_defaults(func=cmd_keys)
+
+    payments = sub.add_parser("payments", help="recent payment log rows")
+    payments.add_argument("--config")
+    payments.add_argument("--database")
+    payments.add_argument("--agent")
+    payments.add_argument("--payer")
+    payments.add_argument("--action", choices=["verify", "reject", "settle", "settle_failed", "replay", "release"])
+    payments.add_argument("--limit", type=int, default=50)
+    payments.set_defaults(func=cmd_payments)
+
+    reconcile = sub.add_parser("reconcile", help="settle delivered-but-unsettled work now")
+    reconcile.add_argument("--config")
+    reconcile.add_argument("--database")
+    reconcile.set_defaults(func=cmd_reconcile)
+
+    facilitator = sub.add_parser("facilitator", help="run the development x402 facilitator (simulated ledger)")
+    facilitator.add_argument("--host", default="127.0.0.1")
+    facilitator.add_argument("--port", type=int, default=8402)
+    facilitator.add_argument("--db", default="dev-ledger.db")
+    facilitator.add_argument("--trust-signatures", action="store_true",
+                             help="DEVELOPMENT/BENCHMARK ONLY: skip signature recovery (nonces still tracked)")
+    facilitator.set_defaults(func=cmd_facilitator)
+
+    pay = sub.add_parser("pay", help="send a message to a priced agent, paying with a throwaway key")
+    pay.add_argument("url", help="the agent's endpoint, e.g. http://127.0.0.1:8000/a2a/paid-echo")
+    pay.add_argument("text")
+    pay.add_argument("--key", help="payer private key (default: a new throwaway key)")
+    pay.set_defaults(func=cmd_pay)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

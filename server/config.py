@@ -1,0 +1,419 @@
+"""Configuration: a TOML file read into plain dataclasses.
+
+Every problem is reported with its key path (``agents.echo.price.amount``) so an
+operator can fix a file from the message alone; `load_config` raises one
+`ConfigError` carrying all of them rather than stopping at the first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+EVM_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+CAIP2_NETWORK = re.compile(r"^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}$")
+AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+BACKENDS = ("echo", "upstream", "python")
+
+
+class ConfigError(Exception):
+    """A configuration that cannot run; `problems` holds one line per fault."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Price:
+    scheme: str
+    network: str
+    asset: str
+    amount: str
+    pay_to: str
+    max_timeout_seconds: int = 300
+    extra: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Skill:
+    id: str
+    name: str
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    examples: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    name: str
+    description: str = ""
+    backend: str = "echo"
+    exposed: bool = True
+    price: Price | None = None
+    skills: tuple[Skill, ...] = ()
+    url: str = ""  # upstream: the remote agent's JSON-RPC endpoint
+    upstream_auth_env: str = ""  # upstream: env var holding the operator's credential
+    timeout_seconds: float = 30.0
+    poll_interval_seconds: float = 0.5
+    deadline_seconds: float = 120.0
+    callable: str = ""  # python: "package.module:function"
+    allowed_payers: tuple[str, ...] | None = None
+    per_agent_per_minute: int | None = None
+    streaming: bool = True
+
+
+@dataclass(frozen=True)
+class FacilitatorConfig:
+    url: str = ""
+    timeout_seconds: float = 10.0
+    max_in_flight: int = 32
+    max_wait_seconds: float = 2.0
+    auth_header_env: str = ""  # env var holding e.g. "Bearer abc"; never in the file
+    settle_attempts: int = 4
+    settle_backoff_seconds: float = 0.5
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A key declared in the file by its SHA-256 digest (see `a2a-gate keys create`)."""
+
+    name: str
+    sha256: str
+    agents: tuple[str, ...]
+    revoked: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    public_url: str = "http://127.0.0.1:8000"
+    database: str = "a2a-gate.db"
+    default_agent: str = "echo"
+    max_body_bytes: int = 1_048_576
+    task_retention_days: float = 7.0
+    task_deadline_seconds: float = 600.0
+    per_ip_per_minute: int = 30
+    per_agent_per_minute: int = 120
+    limiter_max_entries: int = 100_000
+    trusted_proxies: tuple[str, ...] = ()
+    facilitator: FacilitatorConfig = FacilitatorConfig()
+    agents: dict[str, AgentConfig] = field(default_factory=dict)
+    keys: tuple[ApiKey, ...] = ()
+    reconcile_interval_seconds: float = 30.0
+    source: str = "<embedded defaults>"
+
+    def agent(self, name: str) -> AgentConfig | None:
+        return self.agents.get(name)
+
+
+DEMO_PRICE = Price(
+    scheme="exact",
+    network="eip155:84532",  # Base Sepolia, a test network
+    asset="0x036CbD53842c5426634e7929541eC2318f3dCF7e",  # USDC on Base Sepolia
+    amount="1000",  # 0.001 USDC (6 decimals)
+    pay_to="0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
+    extra={"name": "USDC", "version": "2"},
+)
+
+
+def default_settings(database: str = "a2a-gate.db") -> Settings:
+    """The embedded defaults: a free echo agent (API keys) and a priced one (x402), one SQLite file.
+
+    Without a facilitator the priced agent answers 501; `serve --dev-facilitator`
+    starts the development facilitator so the paid flow runs offline.
+    """
+    skill = Skill(id="echo", name="Echo", description="Repeats the input text.")
+    echo = AgentConfig(name="echo", description="Echoes the text it is sent.", skills=(skill,))
+    paid = AgentConfig(name="paid-echo", description="Echoes the text it is sent, for 0.001 test USDC.",
+                       skills=(skill,), price=DEMO_PRICE)
+    return Settings(database=database, agents={"echo": echo, "paid-echo": paid})
+
+
+def load_config(path: str | os.PathLike[str]) -> Settings:
+    """Read and validate a TOML file; relative database paths resolve beside it."""
+    file = Path(path)
+    try:
+        raw = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError([f"{file}: no such file"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{file}: cannot read: {exc}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{file}: not valid TOML: {exc}"]) from None
+    return parse_config(raw, base_dir=file.resolve().parent, source=str(file))
+
+
+def parse_config(raw: dict[str, Any], *, base_dir: Path, source: str = "<dict>") -> Settings:
+    reader = _Reader()
+    settings = reader.settings(raw, base_dir, source)
+    if reader.problems:
+        raise ConfigError([f"{source}: {p}" for p in reader.problems])
+    return settings
+
+
+class _Reader:
+    """Walks the raw TOML tree, collecting every problem with its key path."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def problem(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def unknown(self, table: dict[str, Any], known: set[str], path: str) -> None:
+        for key in sorted(set(table) - known):
+            where = f"{path}.{key}" if path else key
+            self.problem(where, "unknown key")
+
+    def table(self, raw: dict[str, Any], key: str, path: str) -> dict[str, Any]:
+        value = raw.get(key, {})
+        if not isinstance(value, dict):
+            self.problem(path, "must be a table")
+            return {}
+        return value
+
+    def get(self, raw: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any, path: str) -> Any:
+        if key not in raw:
+            return default
+        value = raw[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds:
+            self.problem(path, f"must be {kinds[0].__name__}, not a boolean")
+            return default
+        if not isinstance(value, kinds):
+            self.problem(path, f"must be {kinds[0].__name__}, got {type(value).__name__}")
+            return default
+        return value
+
+    def positive(self, raw: dict[str, Any], key: str, default: Any, path: str, kind: type = int) -> Any:
+        kinds: tuple[type, ...] = (int,) if kind is int else (int, float)
+        value = self.get(raw, key, kinds, default, path)
+        if value is not default and value <= 0:
+            self.problem(path, "must be greater than 0")
+            return default
+        return kind(value)
+
+    def http_url(self, value: str, path: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            self.problem(path, f"must be an http(s) URL, got {value!r}")
+        return value.rstrip("/")
+
+    def settings(self, raw: dict[str, Any], base_dir: Path, source: str) -> Settings:
+        known = {
+            "public_url", "database", "default_agent", "max_body_bytes", "task_retention_days",
+            "task_deadline_seconds", "limits", "proxy", "facilitator", "agents", "keys",
+            "reconcile_interval_seconds",
+        }
+        self.unknown(raw, known, "")
+        defaults = Settings()
+        public_url = self.get(raw, "public_url", str, defaults.public_url, "public_url")
+        public_url = self.http_url(public_url, "public_url")
+        database = self.get(raw, "database", str, defaults.database, "database")
+        if database != ":memory:" and not os.path.isabs(database):
+            database = str(base_dir / database)
+
+        limits = self.table(raw, "limits", "limits")
+        self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries"}, "limits")
+        proxy = self.table(raw, "proxy", "proxy")
+        self.unknown(proxy, {"trusted"}, "proxy")
+        trusted = self.get(proxy, "trusted", list, [], "proxy.trusted")
+        for i, item in enumerate(trusted):
+            if not isinstance(item, str) or not item:
+                self.problem(f"proxy.trusted[{i}]", "must be an address or network string")
+
+        agents_raw = self.table(raw, "agents", "agents")
+        agents = {name: self.agent(name, body) for name, body in agents_raw.items()}
+        default_agent = self.get(raw, "default_agent", str, next(iter(agents), ""), "default_agent")
+        if default_agent and default_agent not in agents:
+            self.problem("default_agent", f"names no configured agent: {default_agent!r}")
+
+        keys_raw = self.get(raw, "keys", list, [], "keys")
+        keys = tuple(k for i, body in enumerate(keys_raw) if (k := self.key(i, body, agents)) is not None)
+
+        facilitator = self.facilitator(self.table(raw, "facilitator", "facilitator"))
+        if facilitator.url == "" and any(a.price for a in agents.values()):
+            self.problem("facilitator.url", "missing, but priced agents need a facilitator (they answer 501 until one is set)")
+
+        return Settings(
+            public_url=public_url,
+            database=database,
+            default_agent=default_agent,
+            max_body_bytes=self.positive(raw, "max_body_bytes", defaults.max_body_bytes, "max_body_bytes"),
+            task_retention_days=self.positive(raw, "task_retention_days", defaults.task_retention_days, "task_retention_days", float),
+            task_deadline_seconds=self.positive(raw, "task_deadline_seconds", defaults.task_deadline_seconds, "task_deadline_seconds", float),
+            per_ip_per_minute=self.positive(limits, "per_ip_per_minute", defaults.per_ip_per_minute, "limits.per_ip_per_minute"),
+            per_agent_per_minute=self.positive(limits, "per_agent_per_minute", defaults.per_agent_per_minute, "limits.per_agent_per_minute"),
+            limiter_max_entries=self.positive(limits, "max_entries", defaults.limiter_max_entries, "limits.max_entries"),
+            trusted_proxies=tuple(t for t in trusted if isinstance(t, str)),
+            facilitator=facilitator,
+            agents=agents,
+            keys=keys,
+            reconcile_interval_seconds=self.positive(raw, "reconcile_interval_seconds", defaults.reconcile_interval_seconds, "reconcile_interval_seconds", float),
+            source=source,
+        )
+
+    def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
+        path = "facilitator"
+        self.unknown(raw, {"url", "timeout_seconds", "max_in_flight", "max_wait_seconds", "auth_header_env", "settle_attempts", "settle_backoff_seconds"}, path)
+        d = FacilitatorConfig()
+        url = self.get(raw, "url", str, "", f"{path}.url")
+        if url:
+            url = self.http_url(url, f"{path}.url")
+        return FacilitatorConfig(
+            url=url,
+            timeout_seconds=self.positive(raw, "timeout_seconds", d.timeout_seconds, f"{path}.timeout_seconds", float),
+            max_in_flight=self.positive(raw, "max_in_flight", d.max_in_flight, f"{path}.max_in_flight"),
+            max_wait_seconds=self.positive(raw, "max_wait_seconds", d.max_wait_seconds, f"{path}.max_wait_seconds", float),
+            auth_header_env=self.get(raw, "auth_header_env", str, "", f"{path}.auth_header_env"),
+            settle_attempts=self.positive(raw, "settle_attempts", d.settle_attempts, f"{path}.settle_attempts"),
+            settle_backoff_seconds=self.positive(raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float),
+        )
+
+    def agent(self, name: str, raw: Any) -> AgentConfig:
+        path = f"agents.{name}"
+        if not AGENT_NAME.match(name):
+            self.problem(path, "agent names use letters, digits, '_', '.', '-' (at most 64)")
+        if not isinstance(raw, dict):
+            self.problem(path, "must be a table")
+            return AgentConfig(name=name)
+        known = {
+            "description", "backend", "exposed", "price", "skills", "url", "upstream_auth_env",
+            "timeout_seconds", "poll_interval_seconds", "deadline_seconds", "callable",
+            "allowed_payers", "per_agent_per_minute", "streaming",
+        }
+        self.unknown(raw, known, path)
+        backend = self.get(raw, "backend", str, "echo", f"{path}.backend")
+        if backend not in BACKENDS:
+            self.problem(f"{path}.backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        url = self.get(raw, "url", str, "", f"{path}.url")
+        if backend == "upstream":
+            if not url:
+                self.problem(f"{path}.url", "required for an upstream agent")
+            else:
+                url = self.http_url(url, f"{path}.url")
+        target = self.get(raw, "callable", str, "", f"{path}.callable")
+        if backend == "python" and not re.match(r"^[\w.]+:[\w.]+$", target):
+            self.problem(f"{path}.callable", "required for a python agent, as 'package.module:function'")
+        payers = raw.get("allowed_payers")
+        allowed: tuple[str, ...] | None = None
+        if payers is not None:
+            if not isinstance(payers, list):
+                self.problem(f"{path}.allowed_payers", "must be a list of addresses")
+            else:
+                for i, p in enumerate(payers):
+                    if not isinstance(p, str) or not EVM_ADDRESS.match(p):
+                        self.problem(f"{path}.allowed_payers[{i}]", "must be a 0x address (40 hex digits)")
+                allowed = tuple(p.lower() for p in payers if isinstance(p, str))
+        skills_raw = self.get(raw, "skills", list, [], f"{path}.skills")
+        price_raw = raw.get("price")
+        price = None if price_raw is None else self.price(price_raw, f"{path}.price")
+        per_agent = raw.get("per_agent_per_minute")
+        return AgentConfig(
+            name=name,
+            description=self.get(raw, "description", str, "", f"{path}.description"),
+            backend=backend,
+            exposed=self.get(raw, "exposed", bool, True, f"{path}.exposed"),
+            price=price,
+            skills=tuple(self.skill(s, f"{path}.skills[{i}]") for i, s in enumerate(skills_raw)),
+            url=url,
+            upstream_auth_env=self.get(raw, "upstream_auth_env", str, "", f"{path}.upstream_auth_env"),
+            timeout_seconds=self.positive(raw, "timeout_seconds", 30.0, f"{path}.timeout_seconds", float),
+            poll_interval_seconds=self.positive(raw, "poll_interval_seconds", 0.5, f"{path}.poll_interval_seconds", float),
+            deadline_seconds=self.positive(raw, "deadline_seconds", 120.0, f"{path}.deadline_seconds", float),
+            callable=target,
+            allowed_payers=allowed,
+            per_agent_per_minute=None if per_agent is None else self.positive(raw, "per_agent_per_minute", None, f"{path}.per_agent_per_minute"),
+            streaming=self.get(raw, "streaming", bool, True, f"{path}.streaming"),
+        )
+
+    def skill(self, raw: Any, path: str) -> Skill:
+        if not isinstance(raw, dict):
+            self.problem(path, "must be a table")
+            return Skill(id="invalid", name="invalid")
+        self.unknown(raw, {"id", "name", "description", "tags", "examples"}, path)
+        skill_id = self.get(raw, "id", str, "", f"{path}.id")
+        if not skill_id:
+            self.problem(f"{path}.id", "required")
+        return Skill(
+            id=skill_id,
+            name=self.get(raw, "name", str, skill_id, f"{path}.name"),
+            description=self.get(raw, "description", str, "", f"{path}.description"),
+            tags=tuple(str(t) for t in self.get(raw, "tags", list, [], f"{path}.tags")),
+            examples=tuple(str(e) for e in self.get(raw, "examples", list, [], f"{path}.examples")),
+        )
+
+    def price(self, raw: Any, path: str) -> Price | None:
+        if not isinstance(raw, dict):
+            self.problem(path, "must be a table")
+            return None
+        self.unknown(raw, {"scheme", "network", "asset", "amount", "pay_to", "max_timeout_seconds", "extra", "description"}, path)
+        scheme = self.get(raw, "scheme", str, "exact", f"{path}.scheme")
+        if scheme != "exact":
+            self.problem(f"{path}.scheme", f"only 'exact' is supported, got {scheme!r}")
+        network = self.get(raw, "network", str, "", f"{path}.network")
+        if not CAIP2_NETWORK.match(network):
+            self.problem(f"{path}.network", f"must be a CAIP-2 network such as 'eip155:84532', got {network!r}")
+        asset = self.get(raw, "asset", str, "", f"{path}.asset")
+        if not EVM_ADDRESS.match(asset):
+            self.problem(f"{path}.asset", f"must be a 0x token address (40 hex digits), got {asset!r}")
+        pay_to = self.get(raw, "pay_to", str, "", f"{path}.pay_to")
+        if not EVM_ADDRESS.match(pay_to):
+            self.problem(f"{path}.pay_to", f"must be a 0x address (40 hex digits), got {pay_to!r}")
+        amount = raw.get("amount")
+        if isinstance(amount, int) and not isinstance(amount, bool):
+            amount = str(amount)
+        if not isinstance(amount, str) or not amount.isdigit() or int(amount) <= 0 or len(amount) > 78:
+            self.problem(f"{path}.amount", f"must be a positive whole number of atomic units, got {amount!r}")
+            amount = "0"
+        extra = self.get(raw, "extra", dict, None, f"{path}.extra")
+        if extra is None:
+            extra = default_asset_extra(network, asset)
+        return Price(
+            scheme=scheme,
+            network=network,
+            asset=asset,
+            amount=str(int(amount)),
+            pay_to=pay_to,
+            max_timeout_seconds=self.positive(raw, "max_timeout_seconds", 300, f"{path}.max_timeout_seconds"),
+            extra=extra,
+            description=self.get(raw, "description", str, "", f"{path}.description"),
+        )
+
+    def key(self, index: int, raw: Any, agents: dict[str, AgentConfig]) -> ApiKey | None:
+        path = f"keys[{index}]"
+        if not isinstance(raw, dict):
+            self.problem(path, "must be a table")
+            return None
+        self.unknown(raw, {"name", "sha256", "agents", "revoked"}, path)
+        digest = self.get(raw, "sha256", str, "", f"{path}.sha256")
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            self.problem(f"{path}.sha256", "must be 64 lowercase hex digits (the stored form from `a2a-gate keys create`)")
+            return None
+        names = self.get(raw, "agents", list, [], f"{path}.agents")
+        for name in names:
+            if name != "*" and name not in agents:
+                self.problem(f"{path}.agents", f"names no configured agent: {name!r}")
+        return ApiKey(
+            name=self.get(raw, "name", str, f"key-{index}", f"{path}.name"),
+            sha256=digest,
+            agents=tuple(str(n) for n in names),
+            revoked=self.get(raw, "revoked", bool, False, f"{path}.revoked"),
+        )
+
+
+# EIP-712 domain of well-known USDC deployments, so a price needs no `extra` table.
+KNOWN_ASSETS: dict[tuple[str, str], dict[str, str]] = {
+    ("eip155:84532", "0x036cbd53842c5426634e7929541ec2318f3dcf7e"): {"name": "USDC", "version": "2"},
+    ("eip155:8453", "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913"): {"name": "USD Coin", "version": "2"},
+}
+
+
+def default_asset_extra(network: str, asset: str) -> dict[str, Any]:
+    return dict(KNOWN_ASSETS.get((network, asset.lower()), {}))

@@ -1,0 +1,205 @@
+"""Running agents: one asyncio task per execution, detached from the HTTP request.
+
+An execution outlives the request that started it, so a dropped connection never
+cancels work or its settlement; only `tasks/cancel` does, and only before delivery.
+Stream subscribers get bounded queues: a slow reader loses intermediate events and
+is sent the final state, it never holds the server up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.agents import AgentRegistry, AgentReply, AgentRequest, for_agent
+from server.database import transaction
+from server.dialects import INTERRUPTED_STATES
+from server.tasks import TaskStore, agent_message, new_id, set_status
+
+logger = logging.getLogger("a2a_gate.execution")
+
+STREAM_QUEUE_SIZE = 64
+UNDELIVERED_STATES = INTERRUPTED_STATES | {"failed", "rejected", "canceled"}
+
+
+@dataclass
+class Settlement:
+    """What the payment gate plugs into an execution (None on the free path).
+
+    `mark_delivered` records the delivery in the same transaction that saves the
+    work, so a crash can never leave delivered work unowed or owed work undelivered;
+    `delivered` then settles and returns the payment metadata for the final status;
+    `not_delivered` runs when nothing is to be charged.
+    """
+
+    mark_delivered: Callable[[], None]
+    delivered: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+    not_delivered: Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass
+class Subscriber:
+    queue: asyncio.Queue[dict[str, Any]] = field(default_factory=lambda: asyncio.Queue(STREAM_QUEUE_SIZE))
+    overflowed: bool = False
+
+    def offer(self, event: dict[str, Any]) -> None:
+        if self.overflowed:
+            return
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.overflowed = True
+
+
+@dataclass
+class Execution:
+    task: dict[str, Any]
+    agent: str
+    settlement: Settlement | None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    subscribers: list[Subscriber] = field(default_factory=list)
+    delivering: bool = False  # past this point the work is delivered and may not be cancelled
+    job: asyncio.Task[None] | None = None
+
+    def publish(self, event: dict[str, Any]) -> None:
+        for subscriber in self.subscribers:
+            subscriber.offer(event)
+
+    def subscribe(self) -> Subscriber:
+        subscriber = Subscriber()
+        self.subscribers.append(subscriber)
+        return subscriber
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        if subscriber in self.subscribers:
+            self.subscribers.remove(subscriber)
+
+
+def status_event(task: dict[str, Any], final: bool) -> dict[str, Any]:
+    event = {
+        "kind": "status-update",
+        "taskId": task["id"],
+        "contextId": task["contextId"],
+        "status": task["status"],
+        "final": final,
+    }
+    if task.get("metadata"):
+        event["metadata"] = task["metadata"]
+    return event
+
+
+class Runner:
+    """Starts executions and tracks the live ones of this process."""
+
+    def __init__(self, store: TaskStore, agents: AgentRegistry) -> None:
+        self.store = store
+        self.agents = agents
+        self.live: dict[str, Execution] = {}
+
+    def start(self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None) -> Execution:
+        execution = Execution(task=task, agent=agent, settlement=settlement)
+        self.live[task["id"]] = execution
+        execution.job = asyncio.create_task(self._run(execution, message), name=f"task-{task['id']}")
+        return execution
+
+    async def cancel(self, execution: Execution) -> bool:
+        """Cancel before delivery; False once the work is delivered (it will be settled)."""
+        if execution.delivering or execution.job is None:
+            return False
+        execution.job.cancel()
+        await execution.done.wait()
+        return True
+
+    async def drain(self, timeout: float) -> None:
+        """On shutdown: let running executions (and their settlements) finish."""
+        jobs = [e.job for e in self.live.values() if e.job is not None]
+        if jobs:
+            await asyncio.wait(jobs, timeout=timeout)
+
+    async def _run(self, execution: Execution, message: dict[str, Any]) -> None:
+        task = execution.task
+        try:
+            set_status(task, "working")
+            self.store.save(task)
+            execution.publish(status_event(task, final=False))
+            reply = await self._call_backend(execution, message)
+            if reply.state == "completed":
+                execution.delivering = True
+                await self._deliver(execution, reply)
+            else:
+                await self._end_undelivered(execution, reply)
+        except asyncio.CancelledError:
+            if execution.delivering:
+                raise  # shutting down mid-settlement: the claim row lets the reconciler finish it
+            set_status(task, "canceled", agent_message(task, "Canceled by the caller."))
+            await self._finish_undelivered(execution)
+        except Exception:  # a bug of ours: the task fails, nothing is charged
+            logger.exception("execution of task %s failed", task["id"])
+            set_status(task, "failed", agent_message(task, "Internal error while running the agent."))
+            await self._finish_undelivered(execution)
+        finally:
+            self.live.pop(task["id"], None)
+            execution.done.set()
+
+    async def _call_backend(self, execution: Execution, message: dict[str, Any]) -> AgentReply:
+        task = execution.task
+        request = AgentRequest(
+            message=for_agent(message),
+            history=[for_agent(m) for m in task.get("history", [])],
+            task_id=task["id"],
+            context_id=task["contextId"],
+            backend_ref=self.store.backend_ref(task["id"]),
+        )
+        try:
+            reply = await self.agents.backend(execution.agent).run(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("agent %s raised %s", execution.agent, type(exc).__name__)
+            return AgentReply.failed("The agent failed.")
+        if reply.backend_ref:
+            self.store.save(task, backend_ref=reply.backend_ref)
+        return reply
+
+    async def _deliver(self, execution: Execution, reply: AgentReply) -> None:
+        task = execution.task
+        artifact = {"artifactId": new_id(), "name": "result", "parts": reply.parts}
+        task.setdefault("artifacts", []).append(artifact)
+        if execution.settlement is None:
+            self.store.save(task)
+        else:
+            with transaction(self.store.db):
+                self.store.save(task)
+                execution.settlement.mark_delivered()
+        execution.publish(
+            {"kind": "artifact-update", "taskId": task["id"], "contextId": task["contextId"],
+             "artifact": artifact, "lastChunk": True}
+        )
+        metadata: dict[str, Any] = {}
+        if execution.settlement is not None:
+            # shielded: a cancel arriving now must not interrupt a settlement
+            metadata = await asyncio.shield(execution.settlement.delivered(task))
+        message = agent_message(task, reply.text or "Done.", metadata or None)
+        set_status(task, "completed", message)
+        if metadata:
+            task["metadata"] = {**task.get("metadata", {}), **metadata}
+        self.store.save(task)
+        execution.publish(status_event(task, final=True))
+
+    async def _end_undelivered(self, execution: Execution, reply: AgentReply) -> None:
+        task = execution.task
+        message = agent_message(task, reply.text or reply.state)
+        set_status(task, reply.state if reply.state in UNDELIVERED_STATES else "failed", message)
+        if reply.state in INTERRUPTED_STATES:
+            task.setdefault("history", []).append(message)
+        await self._finish_undelivered(execution)
+
+    async def _finish_undelivered(self, execution: Execution) -> None:
+        task = execution.task
+        if execution.settlement is not None:
+            await asyncio.shield(execution.settlement.not_delivered(task))
+        self.store.save(task)
+        execution.publish(status_event(task, final=True))

@@ -1,0 +1,129 @@
+"""The JSON-RPC 2.0 envelope: size limit, parsing, and error answers.
+
+Errors travel with HTTP 200 (DESIGN section 2). The body size is checked while
+reading, before any parsing, so an oversized body costs nothing but its bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from server.dialects import METHODS
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+TASK_NOT_FOUND = -32001
+TASK_NOT_CANCELABLE = -32002
+PUSH_NOT_SUPPORTED = -32003
+UNSUPPORTED_OPERATION = -32004
+
+MESSAGES = {
+    PARSE_ERROR: "Parse error",
+    INVALID_REQUEST: "Invalid Request",
+    METHOD_NOT_FOUND: "Method not found",
+    INVALID_PARAMS: "Invalid params",
+    INTERNAL_ERROR: "Internal error",
+    TASK_NOT_FOUND: "Task not found",
+    TASK_NOT_CANCELABLE: "Task cannot be canceled",
+    PUSH_NOT_SUPPORTED: "Push Notification is not supported",
+    UNSUPPORTED_OPERATION: "This operation is not supported",
+}
+
+
+class RpcError(Exception):
+    """An error answer; `data` must never carry a secret."""
+
+    def __init__(self, code: int, message: str | None = None, data: Any = None, call_id: Any = None) -> None:
+        super().__init__(message or MESSAGES.get(code, "Error"))
+        self.code = code
+        self.message = message or MESSAGES.get(code, "Error")
+        self.data = data
+        self.call_id = call_id  # the request's id, once it is known
+
+
+@dataclass(frozen=True)
+class Call:
+    """One parsed JSON-RPC request."""
+
+    id: str | int | None
+    method: str
+    dialect: str
+    operation: str  # send | stream | get | cancel | push | unsupported
+    params: dict[str, Any]
+
+
+class JsonResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def result_response(call_id: Any, result: Any, headers: dict[str, str] | None = None) -> JsonResponse:
+    return JsonResponse({"jsonrpc": "2.0", "id": call_id, "result": result}, headers=headers)
+
+
+def error_body(call_id: Any, error: RpcError) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.data is not None:
+        body["data"] = error.data
+    return {"jsonrpc": "2.0", "id": call_id, "error": body}
+
+
+def error_response(call_id: Any, error: RpcError) -> JsonResponse:
+    return JsonResponse(error_body(call_id, error))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or RpcError(-32600) as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RpcError(INVALID_REQUEST, "Request body too large", {"limit": limit})
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RpcError(INVALID_REQUEST, "Request body too large", {"limit": limit})
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise RpcError(INVALID_REQUEST, "Request body incomplete") from None
+    return b"".join(chunks)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_call(body: bytes) -> Call:
+    """Parse and validate one JSON-RPC 2.0 request; raises RpcError with its id when known."""
+    try:
+        raw = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise RpcError(PARSE_ERROR) from None
+    if not isinstance(raw, dict):
+        raise RpcError(INVALID_REQUEST, "Batch requests are not supported" if isinstance(raw, list) else None)
+    call_id = raw.get("id")
+    if isinstance(call_id, bool) or not isinstance(call_id, (str, int, type(None))):
+        raise RpcError(INVALID_REQUEST, "id must be a string, a number or null")
+    if raw.get("jsonrpc") != "2.0":
+        raise RpcError(INVALID_REQUEST, "jsonrpc must be \"2.0\"", call_id=call_id)
+    method = raw.get("method")
+    if not isinstance(method, str):
+        raise RpcError(INVALID_REQUEST, "method must be a string", call_id=call_id)
+    if method not in METHODS:
+        raise RpcError(METHOD_NOT_FOUND, call_id=call_id)
+    params = raw.get("params", {})
+    if not isinstance(params, dict):
+        raise RpcError(INVALID_PARAMS, "params must be an object", call_id=call_id)
+    dialect, operation = METHODS[method]
+    return Call(id=call_id, method=method, dialect=dialect, operation=operation, params=params)

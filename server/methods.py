@@ -1,0 +1,175 @@
+"""The A2A methods: send, stream, get and cancel, for any caller.
+
+Both the free path and the payment gate call these. A send is split in two,
+`plan_send` (read the request, no side effects) and `start_send` (create or continue
+the task and run it), so the gate can put its payment steps between the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import StreamingResponse
+
+from server import dialects
+from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES, V10, InvalidShape
+from server.execution import Execution, Runner, Settlement, status_event
+from server.jsonrpc import (
+    INVALID_PARAMS,
+    PUSH_NOT_SUPPORTED,
+    TASK_NOT_CANCELABLE,
+    TASK_NOT_FOUND,
+    UNSUPPORTED_OPERATION,
+    Call,
+    RpcError,
+)
+from server.tasks import TaskStore, agent_message, new_id, new_task, set_status, trim_history
+
+KEEPALIVE_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class SendPlan:
+    """A read send request: the message, and how the caller wants the answer."""
+
+    call: Call
+    message: dict[str, Any]
+    blocking: bool
+    history_length: int | None
+
+
+def invalid(exc: InvalidShape) -> RpcError:
+    return RpcError(INVALID_PARAMS, str(exc))
+
+
+def plan_send(call: Call) -> SendPlan:
+    """Read a send/stream request; -32602 for a message without usable parts."""
+    try:
+        message = dialects.message_in(call.params.get("message"), call.dialect)
+        configuration = call.params.get("configuration") or {}
+        if not isinstance(configuration, dict):
+            raise InvalidShape("params.configuration must be an object")
+        length = dialects.history_length(configuration.get("historyLength"))
+    except InvalidShape as exc:
+        raise invalid(exc) from None
+    if call.dialect == V10:
+        blocking = configuration.get("returnImmediately") is not True
+    else:
+        blocking = configuration.get("blocking") is not False
+    return SendPlan(call=call, message=message, blocking=blocking, history_length=length)
+
+
+def unsupported(call: Call) -> RpcError:
+    if call.operation == "push":
+        return RpcError(PUSH_NOT_SUPPORTED)
+    return RpcError(UNSUPPORTED_OPERATION)
+
+
+class Methods:
+    def __init__(self, store: TaskStore, runner: Runner) -> None:
+        self.store = store
+        self.runner = runner
+
+    def start_send(
+        self, plan: SendPlan, agent: str, owner: str, settlement: Settlement | None = None, *, adopt_pending: bool = False
+    ) -> Execution:
+        """Create the task (or continue an interrupted one of the same owner) and run it.
+
+        With `adopt_pending`, a task that asked in-band for its first payment becomes
+        the payer's; only the payment gate passes it.
+        """
+        message = plan.message
+        task_id = message.get("taskId")
+        if task_id is None:
+            task = new_task(message.get("contextId"), message)
+            self.store.create(task, agent=agent, owner=owner)
+        else:
+            found = self.store.get(task_id, owner, agent)
+            if found is None and adopt_pending:
+                found = self.store.adopt(task_id, owner, agent)
+            if found is None:
+                raise RpcError(TASK_NOT_FOUND)
+            if found["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
+                raise RpcError(INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued")
+            task = found
+            message = {**message, "contextId": task["contextId"]}
+            message.setdefault("messageId", new_id())
+            task.setdefault("history", []).append(message)
+            set_status(task, "submitted")
+            self.store.save(task)
+        return self.runner.start(task, agent, message, settlement)
+
+    async def send(self, plan: SendPlan, execution: Execution) -> dict[str, Any]:
+        """The send result in the caller's dialect, after the work when blocking."""
+        if plan.blocking:
+            await execution.done.wait()
+        task = trim_history(execution.task, plan.history_length)
+        return dialects.send_result(task, plan.call.dialect)
+
+    def stream(self, plan: SendPlan, execution: Execution, headers: dict[str, str] | None = None) -> StreamingResponse:
+        subscriber = execution.subscribe()
+        call = plan.call
+        # the task as it is now, before the execution runs: the stream's first event
+        first = dialects.send_result(copy.deepcopy(trim_history(execution.task, plan.history_length)), call.dialect)
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                yield sse(call.id, first)
+                final = False
+                while not final:
+                    if subscriber.overflowed:
+                        await execution.done.wait()
+                        yield sse(call.id, dialects.event_out(status_event(execution.task, final=True), call.dialect))
+                        return
+                    try:
+                        event = await asyncio.wait_for(subscriber.queue.get(), KEEPALIVE_SECONDS)
+                    except asyncio.TimeoutError:
+                        yield b": keepalive\n\n"
+                        continue
+                    final = event.get("final") is True
+                    yield sse(call.id, dialects.event_out(event, call.dialect))
+            finally:
+                execution.unsubscribe(subscriber)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-store", **(headers or {})})
+
+    def get(self, call: Call, agent: str, owner: str) -> dict[str, Any]:
+        try:
+            length = dialects.history_length(call.params.get("historyLength"))
+        except InvalidShape as exc:
+            raise invalid(exc) from None
+        task = self.store.get(call.params.get("id"), owner, agent)
+        if task is None:
+            raise RpcError(TASK_NOT_FOUND)
+        live = self.runner.live.get(task["id"])
+        if live is not None:
+            task = live.task
+        return dialects.task_out(trim_history(task, length), call.dialect)
+
+    async def cancel(self, call: Call, agent: str, owner: str) -> dict[str, Any]:
+        task = self.store.get(call.params.get("id"), owner, agent)
+        if task is None:
+            raise RpcError(TASK_NOT_FOUND)
+        live = self.runner.live.get(task["id"])
+        if live is not None:
+            if not await self.runner.cancel(live):
+                raise RpcError(TASK_NOT_CANCELABLE, "Task is delivered and being settled")
+            task = live.task
+        elif task["status"]["state"] in TERMINAL_STATES:
+            raise RpcError(TASK_NOT_CANCELABLE)
+        elif task["status"]["state"] in INTERRUPTED_STATES:
+            set_status(task, "canceled", agent_message(task, "Canceled by the caller."))
+            self.store.save(task)
+        else:
+            raise RpcError(TASK_NOT_CANCELABLE, "Task is running in another worker")
+        return dialects.task_out(task, call.dialect)
+
+
+def sse(call_id: Any, result: Any) -> bytes:
+    body = json.dumps({"jsonrpc": "2.0", "id": call_id, "result": result}, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {body}\n\n".encode("utf-8")

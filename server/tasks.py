@@ -1,0 +1,151 @@
+"""The task store: every Task, its owner and its state, in the shared SQLite file.
+
+Reads by id always go through the owner, so "does not exist" and "not yours" are
+the same answer by construction. Finished tasks expire after a retention period and
+tasks stuck past their deadline are failed, so the table never grows without bound.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import sqlite_utils
+
+from server.dialects import TERMINAL_STATES
+
+
+PENDING_OWNER = "payment-pending"  # an in-band payment request nobody has paid for yet
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def new_task(context_id: str | None, message: dict[str, Any]) -> dict[str, Any]:
+    task_id = new_id()
+    context_id = context_id or new_id()
+    message = {**message, "taskId": task_id, "contextId": context_id}
+    message.setdefault("messageId", new_id())
+    return {
+        "kind": "task",
+        "id": task_id,
+        "contextId": context_id,
+        "status": {"state": "submitted", "timestamp": now_iso()},
+        "history": [message],
+        "artifacts": [],
+    }
+
+
+def set_status(task: dict[str, Any], state: str, message: dict[str, Any] | None = None) -> None:
+    status: dict[str, Any] = {"state": state, "timestamp": now_iso()}
+    if message is not None:
+        status["message"] = message
+    task["status"] = status
+
+
+def agent_message(task: dict[str, Any], text: str, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "kind": "message",
+        "role": "agent",
+        "messageId": new_id(),
+        "taskId": task["id"],
+        "contextId": task["contextId"],
+        "parts": [{"kind": "text", "text": text}],
+    }
+    if metadata:
+        message["metadata"] = metadata
+    return message
+
+
+def trim_history(task: dict[str, Any], length: int | None) -> dict[str, Any]:
+    """A copy honouring `historyLength`: None keeps all, 0 drops the history."""
+    if length is None:
+        return task
+    out = dict(task)
+    history = task.get("history") or []
+    out["history"] = history[-length:] if length else []
+    return out
+
+
+class TaskStore:
+    def __init__(self, db: sqlite_utils.Database, *, deadline_seconds: float = 600.0) -> None:
+        self.db = db
+        self.deadline_seconds = deadline_seconds
+
+    def create(self, task: dict[str, Any], *, agent: str, owner: str) -> None:
+        now = time.time()
+        self.db["tasks"].insert(
+            {
+                "id": task["id"],
+                "agent": agent,
+                "context_id": task["contextId"],
+                "state": task["status"]["state"],
+                "owner": owner,
+                "document": json.dumps(task, separators=(",", ":")),
+                "backend_ref": "{}",
+                "created_at": now,
+                "updated_at": now,
+                "deadline_at": now + self.deadline_seconds,
+            }
+        )
+
+    def save(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> None:
+        document = json.dumps(task, separators=(",", ":"))
+        if backend_ref is None:
+            sql = "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ?"
+            args: tuple[Any, ...] = (task["status"]["state"], document, time.time(), task["id"])
+        else:
+            sql = "UPDATE tasks SET state = ?, document = ?, backend_ref = ?, updated_at = ? WHERE id = ?"
+            args = (task["status"]["state"], document, json.dumps(backend_ref), time.time(), task["id"])
+        self.db.conn.execute(sql, args)
+
+    def backend_ref(self, task_id: str) -> dict[str, Any]:
+        row = self.db.conn.execute("SELECT backend_ref FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else {}
+
+    def get(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
+        """The task when it exists, belongs to `owner` and was made by `agent`; else None."""
+        if not isinstance(task_id, str):
+            return None
+        row = self.db.conn.execute(
+            "SELECT document FROM tasks WHERE id = ? AND owner = ? AND agent = ?", (task_id, owner, agent)
+        ).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def adopt(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
+        """Give a task awaiting its first payment to the payer who paid for it."""
+        if not isinstance(task_id, str):
+            return None
+        cursor = self.db.conn.execute(
+            "UPDATE tasks SET owner = ? WHERE id = ? AND agent = ? AND owner = ?", (owner, task_id, agent, PENDING_OWNER)
+        )
+        return self.get(task_id, owner, agent) if cursor.rowcount == 1 else None
+
+    def owner_of(self, task_id: str) -> str | None:
+        row = self.db.conn.execute("SELECT owner FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def expire(self, retention_seconds: float) -> int:
+        """Delete finished tasks older than the retention; returns how many went."""
+        placeholders = ",".join("?" for _ in TERMINAL_STATES)
+        cursor = self.db.conn.execute(
+            f"DELETE FROM tasks WHERE state IN ({placeholders}) AND updated_at < ?",
+            (*sorted(TERMINAL_STATES), time.time() - retention_seconds),
+        )
+        return cursor.rowcount
+
+    def stuck(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Unfinished tasks past their deadline (not interrupted ones: those wait for the caller)."""
+        rows = self.db.conn.execute(
+            "SELECT document FROM tasks WHERE state IN ('submitted', 'working') AND deadline_at < ? LIMIT ?",
+            (time.time(), limit),
+        ).fetchall()
+        return [json.loads(r[0]) for r in rows]

@@ -1,0 +1,173 @@
+"""The `upstream` backend: another A2A server, with the gate as its client.
+
+Every answer an upstream gives goes through ONE function, `parse_answer`, into typed
+variants that never raise. The caller's credentials and payment token are never
+forwarded; the only credential sent is the operator's, from the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from server.agents import AgentReply, AgentRequest
+from server.config import AgentConfig
+from server.dialects import INTERRUPTED_STATES, message_from_any, parts_from_any, state_from_any
+from server.tasks import new_id
+
+logger = logging.getLogger("a2a_gate.upstream")
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished answer: a Message, or a Task in a terminal or interrupted state."""
+
+    state: str
+    parts: list[dict[str, Any]]
+    text: str
+    task_id: str = ""
+    context_id: str = ""
+
+
+@dataclass(frozen=True)
+class Running:
+    task_id: str
+    context_id: str
+
+
+@dataclass(frozen=True)
+class RpcFailure:
+    code: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Malformed:
+    reason: str
+
+
+Answer = Result | Running | RpcFailure | Malformed
+
+
+def parse_answer(status_code: int, body: bytes) -> Answer:
+    """Read one upstream HTTP answer; anything unexpected is `Malformed`, never an exception."""
+    if status_code != 200:
+        return Malformed(f"HTTP {status_code}")
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return Malformed("body is not JSON")
+    if not isinstance(doc, dict):
+        return Malformed("body is not a JSON-RPC object")
+    error = doc.get("error")
+    if isinstance(error, dict):
+        code = error.get("code")
+        message = error.get("message")
+        return RpcFailure(
+            code if isinstance(code, int) and not isinstance(code, bool) else 0,
+            message[:200] if isinstance(message, str) else "",
+        )
+    result = doc.get("result")
+    if not isinstance(result, dict):
+        return Malformed("no result object")
+    # v1.0 wraps results as {"task": ...} or {"message": ...}
+    if "kind" not in result and len(result) == 1 and isinstance(next(iter(result.values())), dict):
+        result = next(iter(result.values()))
+    if "status" in result:
+        return _task_answer(result)
+    message = message_from_any(result)
+    if message is None or not message["parts"]:
+        return Malformed("result is neither a Task nor a Message")
+    return Result("completed", message["parts"], _text(message["parts"]))
+
+
+def _task_answer(task: dict[str, Any]) -> Answer:
+    status = task.get("status")
+    task_id = task.get("id")
+    if not isinstance(status, dict) or not isinstance(task_id, str):
+        return Malformed("task without id or status")
+    state = state_from_any(status.get("state"))
+    if state is None:
+        return Malformed("task with an unknown state")
+    context_id = task.get("contextId") if isinstance(task.get("contextId"), str) else ""
+    if state in ("submitted", "working"):
+        return Running(task_id, context_id)
+    status_message = message_from_any(status.get("message"))
+    status_parts = status_message["parts"] if status_message else []
+    parts: list[dict[str, Any]] = []
+    artifacts = task.get("artifacts")
+    if isinstance(artifacts, list):
+        for artifact in artifacts:
+            if isinstance(artifact, dict):
+                parts.extend(parts_from_any(artifact.get("parts")))
+    if state == "completed" and not parts:
+        parts = status_parts
+    return Result(state, parts, _text(status_parts), task_id, context_id)
+
+
+def _text(parts: list[dict[str, Any]]) -> str:
+    return " ".join(p["text"] for p in parts if p.get("kind") == "text")[:500]
+
+
+class UpstreamBackend:
+    def __init__(self, agent: AgentConfig) -> None:
+        self.agent = agent
+        self.url = agent.url
+        headers = {"content-type": "application/json"}
+        if agent.upstream_auth_env and os.environ.get(agent.upstream_auth_env):
+            headers["authorization"] = os.environ[agent.upstream_auth_env]
+        self.client = httpx.AsyncClient(headers=headers, timeout=agent.timeout_seconds, follow_redirects=False)
+
+    async def run(self, request: AgentRequest) -> AgentReply:
+        message: dict[str, Any] = {
+            "kind": "message",
+            "role": "user",
+            "messageId": new_id(),
+            "parts": request.message["parts"],
+        }
+        upstream_task = request.backend_ref.get("upstream_task_id")
+        if upstream_task:
+            message["taskId"] = upstream_task
+            message["contextId"] = request.backend_ref.get("upstream_context_id") or ""
+        answer = await self.call("message/send", {"message": message, "configuration": {"blocking": True}})
+        deadline = time.monotonic() + self.agent.deadline_seconds
+        while isinstance(answer, Running):
+            if time.monotonic() >= deadline:
+                return AgentReply.failed(f"upstream did not finish within {self.agent.deadline_seconds:g}s")
+            await asyncio.sleep(self.agent.poll_interval_seconds)
+            answer = await self.call("tasks/get", {"id": answer.task_id})
+        return self.reply(answer)
+
+    async def call(self, method: str, params: dict[str, Any]) -> Answer:
+        body = {"jsonrpc": "2.0", "id": new_id(), "method": method, "params": params}
+        try:
+            response = await self.client.post(self.url, json=body)
+        except httpx.TimeoutException:
+            return Malformed(f"timed out after {self.agent.timeout_seconds:g}s")
+        except httpx.HTTPError as exc:
+            return Malformed(f"unreachable ({type(exc).__name__})")
+        return parse_answer(response.status_code, response.content)
+
+    def reply(self, answer: Answer) -> AgentReply:
+        if isinstance(answer, Malformed):
+            logger.warning("upstream agent %s (%s): %s", self.agent.name, self.url, answer.reason)
+            return AgentReply.failed(f"upstream agent failed: {answer.reason}")
+        if isinstance(answer, RpcFailure):
+            return AgentReply.failed(f"upstream agent answered error {answer.code}: {answer.message}")
+        assert isinstance(answer, Result)
+        ref = {"upstream_task_id": answer.task_id, "upstream_context_id": answer.context_id} if answer.task_id else {}
+        if answer.state == "completed":
+            return AgentReply(parts=answer.parts, text=answer.text, backend_ref=ref)
+        if answer.state in INTERRUPTED_STATES:
+            return AgentReply(state=answer.state, text=answer.text or answer.state, backend_ref=ref)
+        return AgentReply.failed(f"upstream task {answer.state}" + (f": {answer.text}" if answer.text else ""))
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
