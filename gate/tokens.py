@@ -76,7 +76,7 @@ def extract(metadata: Any, headers: Headers) -> Token | None:
 
 
 def from_header(value: str | None, source: str) -> Token | None:
-    if not value or len(value) > MAX_TOKEN_BYTES * 2:
+    if not value or len(value) > MAX_TOKEN_BYTES:
         return None
     try:
         raw = base64.b64decode(value.strip(), validate=True)

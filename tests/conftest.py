@@ -1,0 +1,77 @@
+"""Shared fixtures: a config writer and a running gate process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.gate_process import GateProcess
+
+FREE_CONFIG = """
+public_url = "http://gate.example"
+database = "gate.db"
+
+[agents.echo]
+description = "Echo"
+skills = [{ id = "echo", name = "Echo" }]
+
+[agents.hidden]
+exposed = false
+
+[agents.slow]
+backend = "python"
+callable = "tests.support.agents:slow"
+
+[agents.interrupting]
+backend = "python"
+callable = "tests.support.agents:ask_then_answer"
+"""
+
+
+@pytest.fixture
+def write_config(tmp_path: Path) -> Callable[[str], Path]:
+    def write(text: str, name: str = "gate.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return write
+
+
+@pytest.fixture
+def start_gate(tmp_path: Path) -> Iterator[Callable[..., GateProcess]]:
+    """Start gates on configs; every one started is stopped after the test."""
+    started: list[GateProcess] = []
+
+    def start(config: Path, **kwargs) -> GateProcess:
+        gate = GateProcess(config, tmp_path / "gate.log", **kwargs).start()
+        started.append(gate)
+        return gate
+
+    yield start
+    for gate in started:
+        gate.stop()
+
+
+@pytest.fixture
+def facilitator(tmp_path: Path) -> Iterator[str]:
+    """The development facilitator on a real loopback port, over a fresh ledger."""
+    from gate.dev_facilitator import create_facilitator_app
+    from tests.support.serve import serve_app
+
+    with serve_app(create_facilitator_app(str(tmp_path / "ledger.db"))) as url:
+        yield url
+
+
+@pytest.fixture
+def paid(tmp_path: Path, facilitator: str, start_gate, write_config):
+    """A gate with priced agents in front of the development facilitator."""
+    from tests.support.gate_process import free_port
+    from tests.support.paid import PaidSetup, paid_config
+
+    port = free_port()
+    config = write_config(paid_config(f"http://127.0.0.1:{port}", facilitator))
+    gate = start_gate(config, port=port)
+    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")

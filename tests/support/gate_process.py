@@ -1,0 +1,76 @@
+"""Run a2a-gate as a real server process on a free loopback port.
+
+A separate process, started the way an operator starts it (`a2a-gate serve`), so
+tests can stop it, restart it on the same database, or kill it mid-flight. Its
+output goes to a log file the secret-leak tests read.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class GateProcess:
+    """One `a2a-gate serve` process; `url` is its base URL."""
+
+    def __init__(self, config: Path, log: Path, *, port: int | None = None, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.log = log
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.extra_args = extra_args or []
+        self.env = env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> GateProcess:
+        command = [sys.executable, "-m", "server.cli", "serve", "--config", str(self.config),
+                   "--port", str(self.port), "--log-level", "info", *self.extra_args]
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            env={**os.environ, **self.env}, cwd=Path(__file__).parents[2])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"a2a-gate exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=0.5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"a2a-gate did not start:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def __enter__(self) -> GateProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

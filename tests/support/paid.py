@@ -1,0 +1,166 @@
+"""A paid setup for tests: the development facilitator and a gate with priced agents.
+
+Both are real servers on loopback: the facilitator runs the x402 package's own
+exact-EVM verification over a SQLite ledger, and payments are signed by the x402
+package's client with throwaway eth-account keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gate.dev_payer import encode_header, new_private_key, sign_payment, sign_payment_v1
+from tests.support.gate_process import GateProcess
+
+PAY_TO = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
+ASSET = "0x036CbD53842c5426634e7929541eC2318f3dCF7e"
+
+PAID_CONFIG = """
+public_url = "{public_url}"
+database = "gate.db"
+reconcile_interval_seconds = {reconcile}
+
+[limits]
+per_ip_per_minute = {per_ip}
+per_agent_per_minute = 100000
+
+[facilitator]
+url = "{facilitator}"
+timeout_seconds = 1.5
+settle_attempts = 3
+settle_backoff_seconds = 0.05
+
+[agents.echo]
+description = "free echo"
+
+[agents.paid]
+description = "paid echo"
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "1000", pay_to = "{pay_to}" }}
+
+[agents.paid-slow]
+backend = "python"
+callable = "tests.support.agents:slow"
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "1000", pay_to = "{pay_to}" }}
+
+[agents.paid-broken]
+backend = "python"
+callable = "tests.support.agents:broken"
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "1000", pay_to = "{pay_to}" }}
+
+[agents.paid-interrupting]
+backend = "python"
+callable = "tests.support.agents:ask_then_answer"
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "1000", pay_to = "{pay_to}" }}
+
+[agents.vip]
+description = "paid, for listed payers only"
+allowed_payers = ["{allowed}"]
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "1000", pay_to = "{pay_to}" }}
+
+[agents.unpaid-hidden]
+exposed = false
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "1000", pay_to = "{pay_to}" }}
+"""
+
+ALLOWED_KEY = "0x" + "11" * 32  # the one payer the `vip` agent accepts
+
+
+def allowed_address() -> str:
+    from eth_account import Account
+
+    return Account.from_key(ALLOWED_KEY).address
+
+
+def paid_config(public_url: str, facilitator: str, *, per_ip: int = 100000, reconcile: float = 3600) -> str:
+    return PAID_CONFIG.format(public_url=public_url, facilitator=facilitator, asset=ASSET, pay_to=PAY_TO,
+                              per_ip=per_ip, reconcile=reconcile, allowed=allowed_address())
+
+
+def send_body(text: str, *, method: str = "message/send", metadata: dict | None = None, task_id: str | None = None,
+              blocking: bool = True, call_id: Any = 1) -> dict[str, Any]:
+    if method in ("message/send", "message/stream"):
+        message: dict[str, Any] = {"kind": "message", "role": "user", "messageId": str(uuid.uuid4()),
+                                   "parts": [{"kind": "text", "text": text}]}
+        configuration = {"blocking": blocking}
+    else:
+        message = {"role": "ROLE_USER", "messageId": str(uuid.uuid4()), "parts": [{"text": text}]}
+        configuration = {"returnImmediately": not blocking}
+    if metadata:
+        message["metadata"] = metadata
+    if task_id:
+        message["taskId"] = task_id
+    return {"jsonrpc": "2.0", "id": call_id, "method": method, "params": {"message": message, "configuration": configuration}}
+
+
+def decode_header(value: str) -> dict[str, Any]:
+    return json.loads(base64.b64decode(value))
+
+
+@dataclass
+class Payer:
+    """A throwaway wallet that signs what a gate asks for."""
+
+    key: str = field(default_factory=new_private_key)
+
+    @property
+    def address(self) -> str:
+        from eth_account import Account
+
+        return Account.from_key(self.key).address
+
+    def token_for(self, gate_url: str, agent: str = "paid") -> dict[str, Any]:
+        """Ask the gate for its price (a 402) and sign it: a fresh token each call."""
+        response = httpx.post(f"{gate_url}/a2a/{agent}", json=send_body("price?"))
+        assert response.status_code == 402, response.text
+        return sign_payment(decode_header(response.headers["PAYMENT-REQUIRED"]), self.key)
+
+    def header_for(self, gate_url: str, agent: str = "paid") -> dict[str, str]:
+        return {"PAYMENT-SIGNATURE": encode_header(self.token_for(gate_url, agent))}
+
+    def sign_v1(self, requirements: dict[str, Any]) -> dict[str, Any]:
+        return sign_payment_v1(requirements, self.key)
+
+
+@dataclass
+class PaidSetup:
+    gate: GateProcess
+    facilitator_url: str
+    db_path: Path
+
+    def ledger(self) -> dict[str, Any]:
+        return httpx.get(f"{self.facilitator_url}/dev/ledger").json()
+
+    def faults(self, **modes: Any) -> None:
+        httpx.post(f"{self.facilitator_url}/dev/faults", json=modes).raise_for_status()
+
+    def payment_rows(self, action: str | None = None) -> list[dict[str, Any]]:
+        import sqlite3
+
+        conn = sqlite3.connect(self.db_path)
+        conn.row_factory = sqlite3.Row
+        try:
+            sql, args = "SELECT * FROM payments", ()
+            if action:
+                sql, args = sql + " WHERE action = ?", (action,)
+            return [dict(r) for r in conn.execute(sql + " ORDER BY id", args)]
+        finally:
+            conn.close()
+
+    def count_tasks(self, agent: str) -> int:
+        import sqlite3
+
+        conn = sqlite3.connect(self.db_path)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM tasks WHERE agent = ? AND owner LIKE 'payer:%'", (agent,)).fetchone()[0]
+        finally:
+            conn.close()
+
+    def post(self, agent: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout: float = 30) -> httpx.Response:
+        return httpx.post(f"{self.gate.url}/a2a/{agent}", json=body, headers=headers or {}, timeout=timeout)
