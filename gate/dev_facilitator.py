@@ -23,6 +23,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -115,6 +116,7 @@ UNSUPPORTED_PERMIT2 = "unsupported_asset_transfer_method"
 REVERT_INVALID_SIGNATURE = "FiatTokenV2: invalid signature"
 
 MAX_BODY_SIZE = 1024 * 1024
+MAX_JSON_BRACKETS = 1000
 
 # Stand-in bytecode: only its non-emptiness matters to the x402 package.
 _TOKEN_CODE = bytes.fromhex("6080604052")
@@ -137,7 +139,7 @@ class TokenInfo:
 
 
 def default_tokens(network: str = DEV_NETWORK) -> dict[str, TokenInfo]:
-    """The x402 package's default assets for the network, so names and versions match its clients."""
+    """The x402 package's default assets, so token names and versions match its clients."""
     return {
         to_checksum_address(entry["asset"]): TokenInfo(
             name=entry["name"],
@@ -151,7 +153,7 @@ def default_tokens(network: str = DEV_NETWORK) -> dict[str, TokenInfo]:
 
 def _function_table() -> dict[bytes, tuple[str, list[str], list[str]]]:
     """Selector -> (name, input types, output types) for the calls multicall may batch."""
-    abis = [
+    abis: list[list[dict[str, Any]]] = [
         BALANCE_OF_ABI,
         NAME_ABI,
         VERSION_ABI,
@@ -161,7 +163,7 @@ def _function_table() -> dict[bytes, tuple[str, list[str], list[str]]]:
         TRANSFER_WITH_AUTHORIZATION_VRS_ABI,
         TRANSFER_WITH_AUTHORIZATION_BYTES_ABI,
     ]
-    table = {}
+    table: dict[bytes, tuple[str, list[str], list[str]]] = {}
     for abi in abis:
         for entry in abi:
             inputs = [item["type"] for item in entry["inputs"]]
@@ -298,6 +300,7 @@ class LedgerEvmSigner:
         """EOA-only EIP-712 check with eth-account (the exact schemes do their own)."""
         if self.trust_signatures:
             return True
+        domain_data: dict[str, Any]
         if isinstance(domain, dict):
             domain_data = domain
         else:
@@ -481,9 +484,7 @@ class FaultInjector:
         if unknown:
             raise ValueError(f"unknown fault keys: {sorted(unknown)}")
         count = spec.get("count")
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
-            raise ValueError("count must be a non-negative integer or null")
-        if count is not None and count < 0:
+        if count is not None and (type(count) is not int or count < 0):
             raise ValueError("count must be a non-negative integer or null")
         faults = {
             kind: _Fault(_parse_fault_mode(spec.get(kind, "none")), count) for kind in FAULT_KINDS
@@ -541,6 +542,9 @@ class BearerAuthMiddleware:
         return hmac.compare_digest(presented, self.expected)
 
 
+_UINT = re.compile(r"[0-9]+")
+_HEX_BYTES = re.compile(r"0x(?:[0-9a-fA-F]{2})*")
+
 PaymentPair = tuple[PaymentPayload | PaymentPayloadV1, PaymentRequirements | PaymentRequirementsV1]
 
 
@@ -551,9 +555,9 @@ async def _parse_payment_request(request: Request) -> PaymentPair:
     rejected here, so a malformed body is a 400 rather than an exception.
     """
     try:
-        data = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("body is not valid JSON") from None
+        data = _load_json(await request.body())
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     if not isinstance(data, dict):
         raise BadRequest("body must be a JSON object")
     raw_payload = data.get("paymentPayload")
@@ -575,6 +579,21 @@ async def _parse_payment_request(request: Request) -> PaymentPair:
         raise BadRequest(_describe_validation_error(exc)) from None
     _check_shape(payload, requirements)
     return payload, requirements
+
+
+def _load_json(body: bytes) -> Any:
+    """``json.loads`` that cannot be made to crash the process.
+
+    py_ecc (pulled in by eth-account) raises the interpreter's recursion limit
+    to 100000 at import, so deeply nested JSON overflows the C stack instead
+    of raising RecursionError. No payment request has this many brackets.
+    """
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_BRACKETS:
+        raise ValueError("body nests too deeply")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise ValueError("body is not valid JSON") from None
 
 
 def _describe_validation_error(exc: ValueError) -> str:
@@ -619,7 +638,8 @@ def _require_uint(value: Any, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise BadRequest(f"{name} must be a decimal integer string")
     text = str(value)
-    if not text.isdigit() or not text.isascii() or int(text) >= 2**256:
+    # The length check comes first: int() refuses strings over 4300 digits.
+    if not _UINT.fullmatch(text) or len(text) > 78 or int(text) >= 2**256:
         raise BadRequest(f"{name} must be a uint256 decimal string")
 
 
@@ -628,13 +648,9 @@ def _require_address(value: Any, name: str) -> None:
 
 
 def _require_hex(value: Any, name: str, length: int | None = None) -> None:
-    if not isinstance(value, str) or not value.startswith("0x"):
+    if not isinstance(value, str) or not _HEX_BYTES.fullmatch(value):
         raise BadRequest(f"{name} must be a 0x-prefixed hex string")
-    try:
-        raw = bytes.fromhex(value[2:])
-    except ValueError:
-        raise BadRequest(f"{name} is not valid hex") from None
-    if length is not None and len(raw) != length:
+    if length is not None and len(value) != 2 + 2 * length:
         raise BadRequest(f"{name} must be {length} bytes")
 
 
@@ -679,7 +695,7 @@ async def _apply_fault(request: Request, kind: str) -> Response | None:
 async def _hints(request: Request) -> tuple[str | None, str]:
     """Best-effort payer and network from a body we have not validated."""
     try:
-        data = json.loads(await request.body())
+        data = _load_json(await request.body())
         payer = data["paymentPayload"]["payload"]["authorization"]["from"]
         payer = payer if isinstance(payer, str) else None
     except Exception:
@@ -798,9 +814,9 @@ async def healthz(request: Request) -> Response:
 
 async def dev_faults(request: Request) -> Response:
     try:
-        spec = json.loads(await request.body() or b"{}")
+        spec = _load_json(await request.body() or b"{}")
         request.app.state.faults.configure(spec)
-    except ValueError as exc:  # JSONDecodeError is a ValueError
+    except ValueError as exc:
         return _error(400, "invalid_fault", str(exc))
     return JSONResponse(request.app.state.faults.snapshot())
 

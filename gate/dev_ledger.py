@@ -28,13 +28,13 @@ from eth_utils import keccak, to_checksum_address
 
 __all__ = [
     "DEFAULT_INITIAL_BALANCE",
-    "DevLedger",
-    "LedgerRevert",
-    "Transfer",
     "REVERT_EXPIRED",
     "REVERT_INSUFFICIENT_BALANCE",
     "REVERT_NONCE_USED",
     "REVERT_NOT_YET_VALID",
+    "DevLedger",
+    "LedgerRevert",
+    "Transfer",
 ]
 
 #: 1000 USDC at 6 decimals. Every address holds this much the first time it is seen.
@@ -138,12 +138,12 @@ class DevLedger:
             self._create_tables()
 
     def _create_tables(self) -> None:
-        self.db["balances"].create(
+        self.db.table("balances").create(
             {"network": str, "asset": str, "address": str, "amount": str},
             pk=("network", "asset", "address"),
             if_not_exists=True,
         )
-        self.db["nonces"].create(
+        self.db.table("nonces").create(
             {
                 "network": str,
                 "asset": str,
@@ -155,7 +155,7 @@ class DevLedger:
             pk=("network", "asset", "authorizer", "nonce"),
             if_not_exists=True,
         )
-        self.db["settlements"].create(
+        self.db.table("settlements").create(
             {
                 "tx_hash": str,
                 "network": str,

@@ -41,7 +41,8 @@ def sign_payment(
     if not 0 <= accept_index < len(accepts):
         raise IndexError(f"accept_index {accept_index} out of range ({len(accepts)} offers)")
     # Offer the client just the chosen requirement so its selector cannot pick another.
-    chosen = PaymentRequired.model_validate({**payment_required, "accepts": [accepts[accept_index]]})
+    offer = {**payment_required, "accepts": [accepts[accept_index]]}
+    chosen = PaymentRequired.model_validate(offer)
     payload = _client(private_key).create_payment_payload(chosen)
     return payload.model_dump(mode="json", by_alias=True, exclude_none=True)
 

@@ -99,6 +99,8 @@ def _wait_for(url: str, timeout: float = 15.0) -> None:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_config(args.config)
+    for warning in settings.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     priced = [a.name for a in settings.agents.values() if a.price]
     print(f"{args.config}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")
     return 0

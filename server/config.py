@@ -107,6 +107,7 @@ class Settings:
     keys: tuple[ApiKey, ...] = ()
     reconcile_interval_seconds: float = 30.0
     source: str = "<embedded defaults>"
+    warnings: tuple[str, ...] = ()  # problems that do not stop the server (shown by check-config)
 
     def agent(self, name: str) -> AgentConfig | None:
         return self.agents.get(name)
@@ -162,9 +163,13 @@ class _Reader:
 
     def __init__(self) -> None:
         self.problems: list[str] = []
+        self.warnings: list[str] = []
 
     def problem(self, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message}")
+
+    def warn(self, path: str, message: str) -> None:
+        self.warnings.append(f"{path}: {message}")
 
     def unknown(self, table: dict[str, Any], known: set[str], path: str) -> None:
         for key in sorted(set(table) - known):
@@ -239,7 +244,7 @@ class _Reader:
 
         facilitator = self.facilitator(self.table(raw, "facilitator", "facilitator"))
         if facilitator.url == "" and any(a.price for a in agents.values()):
-            self.problem("facilitator.url", "missing, but priced agents need a facilitator (they answer 501 until one is set)")
+            self.warn("facilitator.url", "missing: priced agents answer 501 until a facilitator is set")
 
         return Settings(
             public_url=public_url,
@@ -257,6 +262,7 @@ class _Reader:
             keys=keys,
             reconcile_interval_seconds=self.positive(raw, "reconcile_interval_seconds", defaults.reconcile_interval_seconds, "reconcile_interval_seconds", float),
             source=source,
+            warnings=tuple(f"{source}: {w}" for w in self.warnings),
         )
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:

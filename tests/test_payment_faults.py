@@ -1,0 +1,105 @@
+"""Facilitator faults: each has its specified answer, and none of them charges.
+
+Our outage never reads as the payer's rejection (-32603 verify_unavailable, the
+claim released), and a settle that fails after delivery keeps the work delivered,
+owes the charge, and is settled exactly once later.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.support.gate_process import free_port
+from tests.support.paid import Payer, paid_config, send_body
+
+VERIFY_UNAVAILABLE = {"code": -32603, "message": "Payment verification unavailable",
+                      "data": {"code": "verify_unavailable", "retryable": True}}
+
+
+@pytest.mark.parametrize("mode", ["slow:3", "http500", "malformed"])
+def test_verify_outage_is_retryable_and_releases_the_claim(paid, mode):
+    headers = Payer().header_for(paid.gate.url)
+    paid.faults(verify=mode, count=1)
+    response = paid.post("paid", send_body("x"), headers)
+    assert response.status_code == 200
+    assert response.json()["error"] == VERIFY_UNAVAILABLE
+    assert paid.count_tasks("paid") == 0
+    retry = paid.post("paid", send_body("x"), headers)  # the same token works once the facilitator does
+    assert retry.json()["result"]["status"]["state"] == "completed"
+    assert len(paid.ledger()["settlements"]) == 1
+
+
+def test_invalid_verdict_is_a_payment_rejection(paid):
+    paid.faults(verify="invalid", count=1)
+    response = paid.post("paid", send_body("x"), Payer().header_for(paid.gate.url))
+    assert response.status_code == 403
+    assert response.json() == {"detail": "Payment verification failed", "error": "dev_fault"}
+    assert paid.ledger()["settlements"] == []
+
+
+def test_refused_connection_is_verify_unavailable(tmp_path, facilitator, start_gate, write_config):
+    port = free_port()
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    gate = start_gate(write_config(paid_config(f"http://127.0.0.1:{port}", dead)), port=port)
+    # sign against the real price, then send it to a gate whose facilitator is down
+    response = httpx.post(f"{gate.url}/a2a/paid", json=send_body("x"))
+    from gate.dev_payer import encode_header, sign_payment
+    from tests.support.paid import decode_header
+
+    token = sign_payment(decode_header(response.headers["PAYMENT-REQUIRED"]), Payer().key)
+    answer = httpx.post(f"{gate.url}/a2a/paid", json=send_body("x"), headers={"PAYMENT-SIGNATURE": encode_header(token)})
+    assert answer.status_code == 200 and answer.json()["error"] == VERIFY_UNAVAILABLE
+
+
+def test_settle_failing_then_recovering_settles_exactly_once(paid):
+    headers = Payer().header_for(paid.gate.url)
+    paid.faults(settle="http500")  # every settle attempt fails until reset
+    response = paid.post("paid", send_body("owed"), headers)
+    task = response.json()["result"]
+    assert task["status"]["state"] == "completed"  # the work was delivered and is kept
+    assert task["artifacts"][0]["parts"][0]["text"] == "owed"
+    metadata = task["status"]["message"]["metadata"]
+    assert metadata["x402.payment.status"] == "payment-verified"
+    assert metadata["x402.payment.error"].startswith("settle_unavailable")
+    assert "PAYMENT-RESPONSE" not in response.headers
+    assert paid.ledger()["settlements"] == []
+    assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle_failed"]
+
+    paid.faults()  # the facilitator recovers
+    replay = paid.post("paid", send_body("owed"), headers)  # the payer's retry re-drives settlement
+    assert replay.headers["X-Idempotent-Replay"] == "true"
+    assert replay.json()["result"]["metadata"]["x402.payment.status"] == "payment-completed"
+    assert "PAYMENT-RESPONSE" in replay.headers
+    again = paid.post("paid", send_body("owed"), headers)
+    assert again.json()["result"]["id"] == task["id"]
+    assert len(paid.ledger()["settlements"]) == 1
+    assert paid.count_tasks("paid") == 1
+
+
+def test_reconcile_command_settles_owed_work_once(paid):
+    headers = Payer().header_for(paid.gate.url)
+    paid.faults(settle="http500")
+    task = paid.post("paid", send_body("later"), headers).json()["result"]
+    paid.faults()
+    command = [sys.executable, "-m", "server.cli", "reconcile", "--config", str(paid.gate.config)]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert "payment-completed" in first.stdout and "1 owed settlement(s) attempted" in first.stdout
+    second = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert "0 owed settlement(s) attempted" in second.stdout
+    assert len(paid.ledger()["settlements"]) == 1
+    fetched = paid.post("paid", {"jsonrpc": "2.0", "id": 9, "method": "tasks/get", "params": {"id": task["id"]}}, headers)
+    assert fetched.json()["result"]["metadata"]["x402.payment.status"] == "payment-completed"
+    assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle_failed", "settle"]
+
+
+def test_settle_rejected_by_facilitator_keeps_delivery_and_owes(paid):
+    paid.faults(settle="invalid", count=1)
+    task = paid.post("paid", send_body("x"), Payer().header_for(paid.gate.url)).json()["result"]
+    assert task["status"]["state"] == "completed"
+    assert task["metadata"]["x402.payment.status"] == "payment-verified"
+    assert task["metadata"]["x402.payment.error"] == "dev_fault"
