@@ -181,7 +181,13 @@ def _price_fields(gate: PaymentGate, agent: str) -> tuple[str, str, str]:
 
 
 def attach_payment_metadata(task: dict[str, Any], metadata: dict[str, Any]) -> None:
-    """Put payment metadata on the status message and mirror it at task.metadata."""
+    """Put payment metadata on the status message and mirror it at task.metadata.
+
+    Only delivered work is settled, so a task a crash left `working` after its
+    delivery was saved is completed here.
+    """
+    if task["status"]["state"] != "completed":
+        set_status(task, "completed", agent_message(task, "Done."))
     message = task["status"].get("message") or agent_message(task, "Done.")
     kept = {k: v for k, v in (message.get("metadata") or {}).items() if not k.startswith("x402.")}
     message["metadata"] = {**kept, **metadata}
