@@ -8,6 +8,7 @@ owes the charge, and is settled exactly once later.
 from __future__ import annotations
 
 import subprocess
+import time
 import sys
 
 import httpx
@@ -103,3 +104,16 @@ def test_settle_rejected_by_facilitator_keeps_delivery_and_owes(paid):
     assert task["status"]["state"] == "completed"
     assert task["metadata"]["x402.payment.status"] == "payment-verified"
     assert task["metadata"]["x402.payment.error"] == "dev_fault"
+
+
+def test_client_disconnect_never_cancels_paid_work_or_its_settlement(paid):
+    headers = Payer().header_for(paid.gate.url, "paid-slow")
+    with pytest.raises(httpx.ReadTimeout):
+        paid.post("paid-slow", send_body("sleep 1"), headers, timeout=0.3)  # the caller hangs up mid-work
+    deadline = time.monotonic() + 15
+    while not paid.ledger()["settlements"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(paid.ledger()["settlements"]) == 1
+    replay = paid.post("paid-slow", send_body("sleep 1"), headers)  # the retry gets the delivered work
+    assert replay.headers["X-Idempotent-Replay"] == "true"
+    assert replay.json()["result"]["artifacts"][0]["parts"][0]["text"] == "slept 1"
