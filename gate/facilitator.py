@@ -140,7 +140,7 @@ class _Slot:
     async def __aenter__(self) -> None:
         try:
             await asyncio.wait_for(self.semaphore.acquire(), self.wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise Unavailable("busy") from None
 
     async def __aexit__(self, *exc: object) -> None:

@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
+import sys
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -141,7 +140,15 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+# Some libraries raise the interpreter's recursion limit at import (py_ecc, under x402 and
+# eth-account, sets 100000); then deeply nested JSON overflows the C stack instead of
+# raising RecursionError. Untrusted JSON is parsed here, so the limit is kept sane.
+SAFE_RECURSION_LIMIT = 4000
+
+
 def create_app(settings: Settings) -> Starlette:
+    if sys.getrecursionlimit() > SAFE_RECURSION_LIMIT:
+        sys.setrecursionlimit(SAFE_RECURSION_LIMIT)
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         services = Services(settings)

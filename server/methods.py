@@ -128,7 +128,7 @@ class Methods:
                         return
                     try:
                         event = await asyncio.wait_for(subscriber.queue.get(), KEEPALIVE_SECONDS)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         yield b": keepalive\n\n"
                         continue
                     final = event.get("final") is True
@@ -172,4 +172,4 @@ class Methods:
 
 def sse(call_id: Any, result: Any) -> bytes:
     body = json.dumps({"jsonrpc": "2.0", "id": call_id, "result": result}, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {body}\n\n".encode("utf-8")
+    return f"data: {body}\n\n".encode()
