@@ -101,6 +101,12 @@ class Claims:
         rows = self.db.query("SELECT * FROM claims WHERE state IN (?, ?)", [RUNNING, SETTLING])
         return [r for r in rows if r["owner_pid"] != self.pid and not pid_alive(r["owner_pid"])]
 
+    def count_in_flight(self) -> int:
+        return self.db.conn.execute("SELECT COUNT(*) FROM claims WHERE state IN (?, ?)", (RUNNING, SETTLING)).fetchone()[0]
+
+    def count_owed(self) -> int:
+        return self.db.conn.execute("SELECT COUNT(*) FROM claims WHERE state = ?", (SETTLE_FAILED,)).fetchone()[0]
+
     def expire(self, retention_seconds: float) -> None:
         self.db.conn.execute(
             "DELETE FROM claims WHERE state = ? AND updated_at < ?", (SETTLED, time.time() - retention_seconds)

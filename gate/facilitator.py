@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from server.config import FacilitatorConfig
+from server.metrics import Metrics
 
 
 class Unavailable(Exception):
@@ -48,8 +50,9 @@ def _text(value: Any, limit: int = 200) -> str:
 
 
 class FacilitatorClient:
-    def __init__(self, config: FacilitatorConfig) -> None:
+    def __init__(self, config: FacilitatorConfig, metrics: Metrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics
         headers = {"content-type": "application/json"}
         if config.auth_header_env and os.environ.get(config.auth_header_env):
             headers["authorization"] = os.environ[config.auth_header_env]
@@ -105,14 +108,26 @@ class FacilitatorClient:
             raise Unavailable("malformed_answer") from None
 
     async def _post(self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self._post_once(path, version, payload, requirements)
+        except Unavailable as exc:
+            if self.metrics is not None:
+                self.metrics.facilitator_errors.labels(path.strip("/"), exc.reason).inc()
+            raise
+
+    async def _post_once(self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
         body = {"x402Version": version, "paymentPayload": payload, "paymentRequirements": requirements}
         async with self._slot():
+            started = time.perf_counter()
             try:
                 response = await self.client.post(path, json=body)
             except httpx.TimeoutException:
                 raise Unavailable("timeout") from None
             except httpx.HTTPError as exc:
                 raise Unavailable(type(exc).__name__) from None
+            finally:
+                if self.metrics is not None:
+                    self.metrics.facilitator_seconds.labels(path.strip("/")).observe(time.perf_counter() - started)
         if response.status_code >= 500 or response.status_code in (401, 403, 404, 408, 429):
             raise Unavailable(f"http_{response.status_code}")
         try:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gate.claims import RUNNING, SETTLING, Claims
-from gate.facilitator import FacilitatorClient
+from gate.facilitator import FacilitatorClient, Unavailable
 from gate.limiter import AgentLimiters, Limiter
 from gate.payment_log import PaymentLog
 from gate.sealing import Sealer, load_key
@@ -37,12 +38,15 @@ class PaymentGate:
         self.ip_limiter = Limiter(settings.per_ip_per_minute, settings.limiter_max_entries)
         overrides = {a.name: a.per_agent_per_minute for a in settings.agents.values() if a.per_agent_per_minute}
         self.agent_limiters = AgentLimiters(settings.per_agent_per_minute, overrides)
-        self.facilitator = FacilitatorClient(settings.facilitator)
+        self.metrics = services.metrics
+        self.facilitator = FacilitatorClient(settings.facilitator, services.metrics)
         self.claims = Claims(services.db)
         self.log = PaymentLog(services.db)
         self.sealer = Sealer(load_key(settings.database))
-        self.settler = Settler(self.facilitator, self.claims, self.log, settings.facilitator)
+        self.settler = Settler(self.facilitator, self.claims, self.log, settings.facilitator, services.metrics)
         self.reconciler: asyncio.Task[None] | None = None
+        self.ready: tuple[float, str] = (0.0, "")
+        services.metrics.watch_state(self.claims.count_in_flight, self.claims.count_owed)
 
     async def handle(self, request: Request, agent: str) -> Response:
         from gate.pipeline import handle_anonymous
@@ -65,6 +69,20 @@ class PaymentGate:
                             task_id=task["id"], error=f"task {task['status']['state']}: not charged")
 
         return Settlement(mark_delivered=mark_delivered, delivered=delivered, not_delivered=not_delivered)
+
+    async def facilitator_ready(self, ttl: float = 10.0) -> str:
+        """"ok", "not configured", or the reason the facilitator cannot be reached (cached)."""
+        if not self.facilitator.configured:
+            return "not configured"
+        checked_at, answer = self.ready
+        if time.monotonic() - checked_at > ttl:
+            try:
+                await self.facilitator.supported()
+                answer = "ok"
+            except Unavailable as exc:
+                answer = f"unavailable: {exc.reason}"
+            self.ready = (time.monotonic(), answer)
+        return answer
 
     async def start(self) -> None:
         self.recover()

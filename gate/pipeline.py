@@ -34,6 +34,7 @@ from server.jsonrpc import (
     result_response,
 )
 from server.methods import SendPlan, plan_send, sse, unsupported
+from server.proxy import public_base_url
 from server.tasks import PENDING_OWNER, agent_message, new_task, set_status, trim_history
 
 if TYPE_CHECKING:
@@ -43,12 +44,13 @@ logger = logging.getLogger("a2a_gate.gate")
 
 
 async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Response:
-    settings = gate.services.settings
+    settings, info = gate.services.settings, request.state.info
     # 1. per-IP, then per-agent limiter
-    client = request.client.host if request.client else "unknown"
-    wait = gate.ip_limiter.take(client) or gate.agent_limiters.take(name)
-    if wait:
-        return too_many_requests(wait)
+    for limiter, key in ((gate.ip_limiter, info.client), (gate.agent_limiters, name)):
+        wait = limiter.take(key)
+        if wait:
+            gate.metrics.limiter_refusals.labels("ip" if limiter is gate.ip_limiter else "agent").inc()
+            return too_many_requests(wait)
     # 2. unknown, unexposed and unpriced agents all look the same
     agent = gate.services.agents.get(name)
     if agent is None or not agent.exposed or agent.price is None:
@@ -61,6 +63,7 @@ async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Re
         call = parse_call(await read_body(request, settings.max_body_bytes))
     except RpcError as exc:
         return error_response(exc.call_id, exc)
+    info.method = call.method
     try:
         if call.operation in ("get", "cancel"):
             return await bound_task_call(gate, request, call, agent)
@@ -79,14 +82,15 @@ async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Re
 
 
 async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: AgentConfig) -> Response:
-    call, price = plan.call, agent.price
+    call, price, info = plan.call, agent.price, request.state.info
     assert price is not None
-    resource = agent_url(gate.services.settings.public_url, agent.name)
+    resource = agent_url(public_base_url(request, gate.services.settings.public_url), agent.name)
     extension = activated_extension(request.headers)
     # 6. the token: message metadata first, then PAYMENT-SIGNATURE, then X-PAYMENT
     token = tokens.extract(plan.message.get("metadata"), request.headers)
     if token is None:
         if extension:
+            info.set("payment_required", "in-band")
             return in_band_payment_required(gate, plan, agent, resource, extension)
         return pricing.payment_required_response(pricing.payment_required(price, resource, agent.description))
     log = dict(agent=agent.name, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset)
@@ -95,6 +99,7 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         requirements = tokens.check(token, price, resource)
     except tokens.Rejection as exc:
         gate.log.append("reject", **log, error=exc.reason)
+        info.set("rejected", exc.reason)
         return payment_rejected(exc.reason)
     # 8. claim, before anything is executed
     payment = Payment(token.digest, token.version, token.payload, requirements, agent.name, "", price.amount, price.network, price.asset)
@@ -102,11 +107,15 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
     outcome = gate.claims.claim(token.digest, tokens.nonce_key(token, price.asset), request_digest(agent.name, plan), agent.name, sealed)
     if outcome.kind == "conflict":
         gate.log.append("reject", **log, error=outcome.reason)
+        info.set("rejected", outcome.reason)
         return payment_rejected(outcome.reason)
     if outcome.kind == "in_flight":
+        info.set("in_flight")
         return error_response(call.id, RpcError(INTERNAL_ERROR, "Request in flight", {"code": "in_flight", "retryable": True}))
     if outcome.kind == "replay":
         assert outcome.row is not None
+        info.set("replay")
+        info.payer = outcome.row["payer"]
         return await replay(gate, plan, outcome.row, payment)
     # 9. facilitator verify
     try:
@@ -114,15 +123,19 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
     except Unavailable as exc:
         gate.claims.release(token.digest)
         logger.warning("facilitator verify unavailable: %s", exc.reason)
+        info.set("verify_unavailable", exc.reason)
         return error_response(call.id, verify_unavailable())
+    info.payer = verification.payer
     if not verification.valid:
         gate.claims.release(token.digest)
         gate.log.append("reject", **log, payer=verification.payer, error=verification.reason)
+        info.set("rejected", verification.reason)
         return payment_rejected(verification.reason)
     # 10. payer allowlist, failing closed
     if not payer_allowed(agent, verification.payer):
         gate.claims.release(token.digest)
         gate.log.append("reject", **log, payer=verification.payer, error="payer_not_allowed")
+        info.set("rejected", "payer_not_allowed")
         return payment_rejected("payer_not_allowed")
     gate.log.append("verify", **log, payer=verification.payer)
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
@@ -138,9 +151,22 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
     gate.claims.bind(token.digest, payment.payer, execution.task["id"])
     headers = {"X-A2A-Extensions": extension} if extension else {}
     if call.operation == "stream":
+        info.set("ok", "stream")
         return gate.services.methods.stream(plan, execution, headers)
     result = await gate.services.methods.send(plan, execution)
+    info.set(*charge_outcome(execution.task))
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})
+
+
+def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:
+    """For the request log: was this request charged, owed, or free of charge?"""
+    metadata = task.get("metadata") or {}
+    status = metadata.get(STATUS)
+    if status == "payment-completed":
+        return "paid", ""
+    if status == "payment-verified":
+        return "paid", f"settlement owed: {metadata.get('x402.payment.error', '')}"
+    return "ok", f"task {task['status']['state']}: not charged"
 
 
 async def replay(gate: PaymentGate, plan: SendPlan, row: dict[str, Any], payment: Payment) -> Response:
@@ -220,7 +246,8 @@ async def prove_payer(gate: PaymentGate, request: Request, call: Call, agent: Ag
         return f"payer:{row['payer']}"
     assert agent.price is not None
     try:
-        requirements = tokens.check(token, agent.price, agent_url(gate.services.settings.public_url, agent.name))
+        resource = agent_url(public_base_url(request, gate.services.settings.public_url), agent.name)
+        requirements = tokens.check(token, agent.price, resource)
         verification = await gate.facilitator.verify(token.version, token.payload, requirements)
     except (tokens.Rejection, Unavailable):
         return None

@@ -16,6 +16,7 @@ from gate.claims import Claims
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.payment_log import PaymentLog
 from server.config import FacilitatorConfig
+from server.metrics import Metrics
 
 STATUS = "x402.payment.status"
 RECEIPTS = "x402.payment.receipts"
@@ -49,7 +50,9 @@ def verified_metadata(error: str) -> dict[str, Any]:
 
 
 class Settler:
-    def __init__(self, facilitator: FacilitatorClient, claims: Claims, log: PaymentLog, config: FacilitatorConfig) -> None:
+    def __init__(self, facilitator: FacilitatorClient, claims: Claims, log: PaymentLog, config: FacilitatorConfig,
+                 metrics: Metrics | None = None) -> None:
+        self.metrics = metrics
         self.facilitator = facilitator
         self.claims = claims
         self.log = log
@@ -63,16 +66,22 @@ class Settler:
         try:
             result = await self._settle_with_retries(payment)
         except Unavailable as exc:
+            self._failed()
             self.claims.settle_failed(payment.token_digest)
             self.log.append("settle_failed", **log, error=f"settle_unavailable: {exc.reason}")
             return verified_metadata(f"settle_unavailable: {exc.reason}")
         if not result.success:
+            self._failed()
             self.claims.settle_failed(payment.token_digest)
             self.log.append("settle_failed", **log, error=result.reason)
             return verified_metadata(result.reason)
         self.claims.settled(payment.token_digest)
         self.log.append("settle", **log, transaction=result.transaction)
         return completed_metadata(result.receipt)
+
+    def _failed(self) -> None:
+        if self.metrics is not None:
+            self.metrics.settle_failures.inc()
 
     async def _settle_with_retries(self, payment: Payment):  # -> facilitator.Settlement
         delay = self.backoff

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -36,7 +35,11 @@ from server.jsonrpc import (
     result_response,
 )
 from server.methods import Methods, plan_send, unsupported
+from server.metrics import Metrics
 from server.principals import Principals
+from server import request_log
+from server.request_log import RequestInfo
+from server.proxy import TrustedProxyMiddleware, public_base_url
 from server.tasks import TaskStore, agent_message, set_status
 
 logger = logging.getLogger("a2a_gate")
@@ -57,6 +60,7 @@ class Services:
         self.agents = AgentRegistry(settings.agents)
         self.runner = Runner(self.store, self.agents)
         self.methods = Methods(self.store, self.runner)
+        self.metrics = Metrics()
         self.gate = PaymentGate(self)
 
     async def start(self) -> None:
@@ -68,9 +72,18 @@ class Services:
         await self.agents.aclose()
         self.db.conn.close()
 
+    def database_writable(self) -> str:
+        try:
+            self.db.conn.execute("BEGIN IMMEDIATE")
+            self.db.conn.execute("ROLLBACK")
+        except Exception as exc:  # reported, not raised: this is a health check
+            return f"error: {type(exc).__name__}"
+        return "ok"
+
     def housekeeping(self) -> None:
         """Expire old finished tasks and fail the ones stuck past their deadline (uncharged)."""
         self.store.expire(self.settings.task_retention_days * 86400)
+        self.gate.claims.expire(self.settings.task_retention_days * 86400)
         for task in self.store.stuck():
             execution = self.runner.live.get(task["id"])
             if execution is not None:
@@ -88,9 +101,22 @@ def forbidden() -> JSONResponse:
 async def a2a_endpoint(request: Request) -> Response:
     services: Services = request.app.state.services
     name = request.path_params["agent"]
+    info = request.state.info = RequestInfo(agent=name, client=request.client.host if request.client else "-")
+    response = await branch(services, request, name, info)
+    if not info.outcome:
+        info.set(outcome_of(response))
+    known = name if services.agents.get(name) is not None else "unknown"
+    services.metrics.requests.labels(known, info.caller.partition(":")[0], info.outcome).inc()
+    request_log.write(info, response.status_code)
+    return response
+
+
+async def branch(services: Services, request: Request, name: str, info: RequestInfo) -> Response:
+    """The one branch on the principal: the free path here, or the payment gate."""
     principal = services.principals.identify(request.headers.get("authorization"))
     if principal is None:
         return await services.gate.handle(request, name)
+    info.caller = principal.owner
     if not principal.may_use(name):
         return forbidden()
     if services.agents.get(name) is None:
@@ -99,7 +125,17 @@ async def a2a_endpoint(request: Request) -> Response:
         call = parse_call(await read_body(request, services.settings.max_body_bytes))
     except RpcError as exc:
         return error_response(exc.call_id, exc)
+    info.method = call.method
     return await dispatch_free(services, call, name, principal.owner)
+
+
+def outcome_of(response: Response) -> str:
+    """The log and metric outcome of an answer no step named explicitly."""
+    code = getattr(response, "rpc_error", None)
+    if code is not None:
+        return "internal_error" if code == INTERNAL_ERROR else "rpc_error"
+    return {200: "ok", 401: "unauthenticated", 402: "payment_required", 403: "forbidden", 404: "not_found",
+            429: "limited", 501: "unavailable"}.get(response.status_code, "rpc_error")
 
 
 async def dispatch_free(services: Services, call: Call, agent: str, owner: str) -> Response:
@@ -133,11 +169,25 @@ async def card_endpoint(request: Request) -> Response:
     agent = services.agents.get(name)
     if agent is None or not agent.exposed:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
-    return JSONResponse(agent_card(agent, services.settings.public_url))
+    return JSONResponse(agent_card(agent, public_base_url(request, services.settings.public_url)))
 
 
 async def healthz(request: Request) -> Response:
+    """Alive: the process answers."""
     return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """Ready: the database takes writes and the facilitator (if any) answers (cached briefly)."""
+    services: Services = request.app.state.services
+    checks = {"database": services.database_writable(), "facilitator": await services.gate.facilitator_ready()}
+    ready = all(v in ("ok", "not configured") for v in checks.values())
+    return JSONResponse({"status": "ready" if ready else "not ready", **checks}, status_code=200 if ready else 503)
+
+
+async def metrics(request: Request) -> Response:
+    services: Services = request.app.state.services
+    return services.metrics.endpoint(request)
 
 
 # Some libraries raise the interpreter's recursion limit at import (py_ecc, under x402 and
@@ -168,11 +218,13 @@ def create_app(settings: Settings) -> Starlette:
         Route("/.well-known/agent-card.json", card_endpoint, methods=["GET"]),
         Route("/.well-known/agent.json", card_endpoint, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
     middleware = []
     if settings.trusted_proxies:
-        # uvicorn's own proxy-header handling: forwarded headers count only from these peers
-        middleware.append(Middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.trusted_proxies)))
+        # uvicorn's proxy-header handling: forwarded headers count only from these peers
+        middleware.append(Middleware(TrustedProxyMiddleware, trusted_hosts=list(settings.trusted_proxies)))
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 

@@ -30,8 +30,11 @@ def load_settings(path: str | None) -> Settings:
 
 
 def app_from_env():  # uvicorn factory for --workers > 1
+    from server import request_log
     from server.app import create_app
 
+    request_log.configure(json_lines=os.environ.get("A2A_GATE_LOG_JSON") == "1",
+                          level=os.environ.get("A2A_GATE_LOG_LEVEL", "info"))
     settings = load_settings(None)
     overrides = json.loads(os.environ.get("A2A_GATE_OVERRIDES", "{}"))
     return create_app(_apply_overrides(settings, overrides))
@@ -50,7 +53,12 @@ def _apply_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from server import request_log
+
+    request_log.configure(json_lines=args.log_json, level=args.log_level)
     settings = load_settings(args.config)
+    for warning in settings.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     overrides: dict[str, Any] = {}
     if args.trusted_proxy:
         overrides["trusted_proxies"] = args.trusted_proxy
@@ -70,12 +78,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if args.config:
                 os.environ[CONFIG_ENV] = os.path.abspath(args.config)
             os.environ["A2A_GATE_OVERRIDES"] = json.dumps(overrides)
-            uvicorn.run("server.cli:app_from_env", factory=True, host=args.host, port=args.port,
-                        workers=args.workers, proxy_headers=False, log_level=args.log_level)
+            os.environ["A2A_GATE_LOG_JSON"] = "1" if args.log_json else "0"
+            os.environ["A2A_GATE_LOG_LEVEL"] = args.log_level
+            uvicorn.run("server.cli:app_from_env", factory=True, host=args.host, port=args.port, workers=args.workers,
+                        proxy_headers=False, access_log=False, log_level=args.log_level)
         else:
             from server.app import create_app
 
-            uvicorn.run(create_app(settings), host=args.host, port=args.port, proxy_headers=False, log_level=args.log_level)
+            uvicorn.run(create_app(settings), host=args.host, port=args.port, proxy_headers=False,
+                        access_log=False, log_level=args.log_level)
     finally:
         if facilitator is not None:
             facilitator.terminate()
@@ -201,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--database", help="SQLite file (overrides the configuration)")
     serve.add_argument("--dev-facilitator", type=int, metavar="PORT",
                        help="also start the development facilitator on this port and use it")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-json", action="store_true", help="one JSON object per log line")
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser("check-config", help="validate a configuration file and print every problem")

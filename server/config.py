@@ -92,7 +92,7 @@ class ApiKey:
 
 @dataclass(frozen=True)
 class Settings:
-    public_url: str = "http://127.0.0.1:8000"
+    public_url: str = ""  # empty: from a trusted proxy's headers, else the server's own address
     database: str = "a2a-gate.db"
     default_agent: str = "echo"
     max_body_bytes: int = 1_048_576
@@ -219,7 +219,8 @@ class _Reader:
         self.unknown(raw, known, "")
         defaults = Settings()
         public_url = self.get(raw, "public_url", str, defaults.public_url, "public_url")
-        public_url = self.http_url(public_url, "public_url")
+        if public_url:
+            public_url = self.http_url(public_url, "public_url")
         database = self.get(raw, "database", str, defaults.database, "database")
         if database != ":memory:" and not os.path.isabs(database):
             database = str(base_dir / database)

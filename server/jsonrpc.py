@@ -79,7 +79,9 @@ def error_body(call_id: Any, error: RpcError) -> dict[str, Any]:
 
 
 def error_response(call_id: Any, error: RpcError) -> JsonResponse:
-    return JsonResponse(error_body(call_id, error))
+    response = JsonResponse(error_body(call_id, error))
+    response.rpc_error = error.code  # type: ignore[attr-defined]  # for the request log
+    return response
 
 
 async def read_body(request: Request, limit: int) -> bytes:

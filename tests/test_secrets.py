@@ -40,7 +40,7 @@ def test_database_and_logs_hold_no_token_signature_or_key(paid):
 
     stored = b"".join(p.read_bytes() for p in paid.db_path.parent.glob("gate.db*") if p.is_file())
     log = paid.gate.log.read_text()
-    assert "POST /a2a/paid" in log  # the log was written
+    assert "agent=paid" in log and "outcome=paid" in log  # the request log was written
     for secret in secrets:
         assert secret.encode() not in stored, "a secret reached the database"
         assert secret not in log, "a secret reached the log"

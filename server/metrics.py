@@ -1,0 +1,43 @@
+"""Prometheus metrics (prometheus-client), served at /metrics.
+
+Labels are bounded: agents are the configured ones (anything else is "unknown") and
+outcomes come from a fixed set. Gauges that describe stored state (claims in flight,
+the reconciler's backlog) are read from the database at scrape time. With several
+workers each serves its own counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("a2a_gate_requests", "A2A requests by agent, caller kind and outcome",
+                                ["agent", "caller", "outcome"], registry=self.registry)
+        self.facilitator_seconds = Histogram(
+            "a2a_gate_facilitator_seconds", "Facilitator call latency", ["call"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.facilitator_errors = Counter("a2a_gate_facilitator_errors", "Facilitator calls without an answer",
+                                          ["call", "reason"], registry=self.registry)
+        self.settle_failures = Counter("a2a_gate_settle_failures", "Settlements that did not succeed",
+                                       registry=self.registry)
+        self.limiter_refusals = Counter("a2a_gate_limiter_refusals", "Anonymous requests refused by a limiter",
+                                        ["limiter"], registry=self.registry)
+        self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling",
+                                      registry=self.registry)
+        self.reconciler_backlog = Gauge("a2a_gate_reconciler_backlog", "Delivered work awaiting settlement",
+                                        registry=self.registry)
+
+    def watch_state(self, in_flight: Callable[[], float], backlog: Callable[[], float]) -> None:
+        self.claims_in_flight.set_function(in_flight)
+        self.reconciler_backlog.set_function(backlog)
+
+    def endpoint(self, request: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

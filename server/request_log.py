@@ -1,0 +1,95 @@
+"""One structured log line per A2A request: who called what, and how it ended.
+
+The endpoint fills a `RequestInfo` as the request passes through (the gate adds the
+payer and the payment outcome) and writes it once at the end, as key=value text or
+as a JSON line. Nothing secret is ever a field: callers appear as a key's name or
+"anonymous", tokens not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("a2a_gate.requests")
+
+# Outcomes are a small fixed set (they are metric labels too); `detail` carries the reason.
+OUTCOMES = frozenset({
+    "ok", "paid", "replay", "payment_required", "rejected", "verify_unavailable", "in_flight", "limited",
+    "unauthenticated", "forbidden", "not_found", "unavailable", "rpc_error", "internal_error",
+})
+
+
+@dataclass
+class RequestInfo:
+    agent: str
+    client: str
+    caller: str = "anonymous"
+    method: str = ""
+    outcome: str = ""
+    detail: str = ""
+    payer: str = ""
+    started: float = field(default_factory=time.perf_counter)
+
+    def set(self, outcome: str, detail: str = "") -> None:
+        assert outcome in OUTCOMES, outcome
+        self.outcome, self.detail = outcome, detail
+
+    def fields(self, status: int) -> dict[str, Any]:
+        return {
+            "agent": self.agent, "caller": self.caller, "method": self.method or "-", "outcome": self.outcome,
+            "detail": self.detail, "payer": self.payer, "status": status, "client": self.client,
+            "latency_ms": round((time.perf_counter() - self.started) * 1000, 2),
+        }
+
+
+def write(info: RequestInfo, status: int) -> None:
+    if logger.isEnabledFor(logging.INFO):
+        logger.info("request", extra={"fields": info.fields(status)})
+
+
+class TextFormatter(logging.Formatter):
+    """`2026-11-30T10:00:00Z INFO a2a_gate.requests agent=echo caller=key:ops ...`"""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
+        fields = getattr(record, "fields", None)
+        if fields is None:
+            text = f"{stamp} {record.levelname} {record.name} {record.getMessage()}"
+        else:
+            text = f"{stamp} {record.levelname} {record.name} " + " ".join(
+                f"{k}={_quote(v)}" for k, v in fields.items() if v != "")
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name}
+        fields = getattr(record, "fields", None)
+        if fields is None:
+            line["message"] = record.getMessage()
+        else:
+            line.update(fields)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def _quote(value: Any) -> str:
+    text = str(value)
+    return json.dumps(text) if (" " in text or '"' in text or not text) else text
+
+
+def configure(json_lines: bool = False, level: str = "info") -> None:
+    """Send the a2a_gate loggers to stderr in the chosen format."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
+    root = logging.getLogger("a2a_gate")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
