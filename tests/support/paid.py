@@ -59,6 +59,12 @@ backend = "python"
 callable = "tests.support.agents:ask_then_answer"
 price = {{ network = "eip155:84532", asset = "{asset}", amount = "1000", pay_to = "{pay_to}" }}
 
+[agents.paid-upstream-down]
+backend = "upstream"
+url = "http://127.0.0.1:9/"
+timeout_seconds = 2
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "1000", pay_to = "{pay_to}" }}
+
 [agents.vip]
 description = "paid, for listed payers only"
 allowed_payers = ["{allowed}"]
