@@ -15,7 +15,6 @@ from typing import Any
 
 import sqlite_utils
 
-from server.dialects import TERMINAL_STATES
 
 
 PENDING_OWNER = "payment-pending"  # an in-band payment request nobody has paid for yet
@@ -134,11 +133,13 @@ class TaskStore:
         return None if row is None else row[0]
 
     def expire(self, retention_seconds: float) -> int:
-        """Delete finished tasks older than the retention; returns how many went."""
-        placeholders = ",".join("?" for _ in TERMINAL_STATES)
+        """Delete tasks idle past the retention (finished or waiting on their caller), and
+        unpaid in-band payment requests past the task deadline; returns how many went."""
+        now = time.time()
         cursor = self.db.conn.execute(
-            f"DELETE FROM tasks WHERE state IN ({placeholders}) AND updated_at < ?",
-            (*sorted(TERMINAL_STATES), time.time() - retention_seconds),
+            "DELETE FROM tasks WHERE (state NOT IN ('submitted', 'working') AND updated_at < ?)"
+            " OR (owner = ? AND updated_at < ?)",
+            (now - retention_seconds, PENDING_OWNER, now - self.deadline_seconds),
         )
         return cursor.rowcount
 
