@@ -64,7 +64,8 @@ class JsonResponse(Response):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        # ASCII escapes: a lone surrogate a client sent in a string must still encode
+        return json.dumps(content, separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
 def result_response(call_id: Any, result: Any, headers: dict[str, str] | None = None) -> JsonResponse:

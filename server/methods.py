@@ -171,5 +171,5 @@ class Methods:
 
 
 def sse(call_id: Any, result: Any) -> bytes:
-    body = json.dumps({"jsonrpc": "2.0", "id": call_id, "result": result}, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {body}\n\n".encode()
+    body = json.dumps({"jsonrpc": "2.0", "id": call_id, "result": result}, separators=(",", ":"))
+    return f"data: {body}\n\n".encode("ascii")

@@ -1,0 +1,379 @@
+"""The simulated chain behind the development facilitator.
+
+The x402 package's exact-EVM facilitator schemes (v2 and v1) never touch a
+node themselves: they talk to a ``FacilitatorEvmSigner``, calling
+``balanceOf``, ``authorizationState``, ``transferWithAuthorization`` and the
+like through it. ``LedgerEvmSigner`` is such a signer, but it answers from the
+SQLite ledger (``gate.dev_ledger``) instead of an RPC node, playing a
+FiatToken (USDC) contract on Base Sepolia. The HTTP side lives in
+``gate.dev_facilitator``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from eth_abi import decode as abi_decode
+from eth_abi import encode as abi_encode
+from eth_account import Account
+from eth_account.messages import encode_typed_data
+from eth_keys import keys
+from eth_utils import keccak, to_checksum_address
+from x402.mechanisms.evm.constants import (
+    AUTHORIZATION_STATE_ABI,
+    BALANCE_OF_ABI,
+    EIP1271_MAGIC_VALUE,
+    ERC20_ALLOWANCE_ABI,
+    IS_VALID_SIGNATURE_ABI,
+    MULTICALL3_ADDRESS,
+    NAME_ABI,
+    TRANSFER_WITH_AUTHORIZATION_BYTES_ABI,
+    TRANSFER_WITH_AUTHORIZATION_VRS_ABI,
+    TX_STATUS_SUCCESS,
+    VERSION_ABI,
+)
+from x402.mechanisms.evm.default_assets import DEFAULT_ASSETS
+from x402.mechanisms.evm.eip712 import hash_eip3009_authorization
+from x402.mechanisms.evm.exact.eip3009_utils import ERC20_TRANSFER_EVENT_TOPIC
+from x402.mechanisms.evm.types import (
+    ExactEIP3009Authorization,
+    TransactionReceipt,
+    TypedDataDomain,
+    TypedDataField,
+)
+
+from .dev_ledger import DevLedger, LedgerRevert, Transfer
+
+__all__ = [
+    "DEV_CHAIN_ID",
+    "DEV_NETWORK",
+    "DEV_NETWORK_V1",
+    "FACILITATOR_ADDRESS",
+    "REVERT_INVALID_SIGNATURE",
+    "LedgerEvmSigner",
+    "TokenInfo",
+    "default_tokens",
+]
+
+DEV_NETWORK = "eip155:84532"  # Base Sepolia, CAIP-2 (x402 v2)
+DEV_NETWORK_V1 = "base-sepolia"  # the same chain under its x402 v1 name
+DEV_CHAIN_ID = 84532
+
+#: The address the facilitator claims to send transactions from (it never signs any).
+FACILITATOR_ADDRESS = to_checksum_address(keccak(text="a2a-gate dev facilitator")[-20:])
+
+# Not in gate.dev_ledger: the ledger is pure state, signatures are the token's business.
+REVERT_INVALID_SIGNATURE = "FiatTokenV2: invalid signature"
+
+# Stand-in bytecode: only its non-emptiness matters to the x402 package.
+_TOKEN_CODE = bytes.fromhex("6080604052")
+_TRUSTING_WALLET_CODE = bytes.fromhex("ef0100")
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What the simulated token contract reports about itself (its EIP-712 domain)."""
+
+    name: str
+    version: str
+    decimals: int = 6
+    symbol: str = ""
+
+
+def default_tokens(network: str = DEV_NETWORK) -> dict[str, TokenInfo]:
+    """The x402 package's default assets, so token names and versions match its clients."""
+    return {
+        to_checksum_address(entry["asset"]): TokenInfo(
+            name=entry["name"],
+            version=entry["version"],
+            decimals=entry["decimals"],
+            symbol=entry["symbol"],
+        )
+        for entry in DEFAULT_ASSETS.get(network, [])
+    }
+
+
+def _function_table() -> dict[bytes, tuple[str, list[str], list[str]]]:
+    """Selector -> (name, input types, output types) for the calls multicall may batch."""
+    abis: list[list[dict[str, Any]]] = [
+        BALANCE_OF_ABI,
+        NAME_ABI,
+        VERSION_ABI,
+        AUTHORIZATION_STATE_ABI,
+        ERC20_ALLOWANCE_ABI,
+        IS_VALID_SIGNATURE_ABI,
+        TRANSFER_WITH_AUTHORIZATION_VRS_ABI,
+        TRANSFER_WITH_AUTHORIZATION_BYTES_ABI,
+    ]
+    table: dict[bytes, tuple[str, list[str], list[str]]] = {}
+    for abi in abis:
+        for entry in abi:
+            inputs = [item["type"] for item in entry["inputs"]]
+            outputs = [item["type"] for item in entry["outputs"]]
+            selector = keccak(text=f"{entry['name']}({','.join(inputs)})")[:4]
+            table[selector] = (entry["name"], inputs, outputs)
+    return table
+
+
+_FUNCTIONS = _function_table()
+_ERROR_STRING_SELECTOR = keccak(text="Error(string)")[:4]
+
+
+@functools.lru_cache(maxsize=4096)
+def _recover_eoa(digest: bytes, signature: bytes) -> str | None:
+    """ecrecover, cached because verify and settle recover the same signature.
+
+    The pure-Python secp256k1 backend costs milliseconds per recovery.
+    """
+    if len(signature) != 65:
+        return None
+    v = signature[64]
+    if v >= 27:
+        v -= 27
+    if v not in (0, 1):
+        return None
+    try:
+        sig = keys.Signature(signature_bytes=signature[:64] + bytes([v]))
+        return sig.recover_public_key_from_msg_hash(digest).to_checksum_address()
+    except Exception:
+        return None
+
+
+class LedgerEvmSigner:
+    """``FacilitatorEvmSigner`` that plays the token contract over a ``DevLedger``.
+
+    The x402 schemes call it exactly as they would call a web3 signer; it
+    answers like a FiatToken (USDC) contract on ``chain_id``. Code paths the
+    dev ledger cannot honour (ERC-6492 wallet deployment, Permit2 settlement,
+    arbitrary contracts) revert, which the schemes report as an ordinary
+    invalid payment or failed settlement.
+
+    With ``trust_signatures`` every non-token address looks like a smart
+    wallet whose EIP-1271 ``isValidSignature`` accepts anything, and the token
+    skips its own signature check. That is how the mode skips recovery without
+    touching the package's verification logic.
+    """
+
+    def __init__(
+        self,
+        ledger: DevLedger,
+        *,
+        network: str = DEV_NETWORK,
+        chain_id: int = DEV_CHAIN_ID,
+        tokens: dict[str, TokenInfo] | None = None,
+        trust_signatures: bool = False,
+        address: str = FACILITATOR_ADDRESS,
+    ) -> None:
+        self.ledger = ledger
+        self.network = network
+        self.chain_id = chain_id
+        self.tokens = {
+            to_checksum_address(a): info for a, info in (tokens or default_tokens(network)).items()
+        }
+        self.trust_signatures = trust_signatures
+        self.address = to_checksum_address(address)
+
+    # -- FacilitatorEvmSigner ------------------------------------------------
+
+    def get_addresses(self) -> list[str]:
+        return [self.address]
+
+    def get_chain_id(self) -> int:
+        return self.chain_id
+
+    def get_code(self, address: str) -> bytes:
+        if to_checksum_address(address) in self.tokens:
+            return _TOKEN_CODE
+        return _TRUSTING_WALLET_CODE if self.trust_signatures else b""
+
+    def get_balance(self, address: str, token_address: str) -> int:
+        return self.ledger.balance_of(self.network, token_address, address)
+
+    def read_contract(
+        self, address: str, abi: list[dict[str, Any]], function_name: str, *args: Any
+    ) -> Any:
+        return self._call(address, function_name, args)
+
+    def write_contract(
+        self,
+        address: str,
+        abi: list[dict[str, Any]],
+        function_name: str,
+        *args: Any,
+        data_suffix: str | None = None,
+    ) -> str:
+        token = self.tokens.get(to_checksum_address(address))
+        if token is None or function_name != "transferWithAuthorization":
+            raise LedgerRevert(f"dev ledger cannot execute {function_name} on {address}")
+        transfer, signature = self._transfer_from_args(address, args)
+        self._authorize(token, transfer, signature)
+        return self.ledger.transfer_with_authorization(transfer)
+
+    def send_transaction(self, to: str, data: bytes) -> str:
+        # Only ERC-6492 factory deployments get here.
+        raise LedgerRevert("dev ledger cannot deploy smart wallets (ERC-6492)")
+
+    def wait_for_transaction_receipt(self, tx_hash: str) -> TransactionReceipt:
+        row = self.ledger.settlement(tx_hash)
+        if row is None:
+            raise RuntimeError(f"transaction {tx_hash} not found in the dev ledger")
+        log = {
+            "address": row["asset"],
+            "topics": [
+                ERC20_TRANSFER_EVENT_TOPIC,
+                _address_topic(row["from_address"]),
+                _address_topic(row["to_address"]),
+            ],
+            "data": "0x" + int(row["amount"]).to_bytes(32, "big").hex(),
+        }
+        return TransactionReceipt(
+            status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=[log]
+        )
+
+    def verify_typed_data(
+        self,
+        address: str,
+        domain: TypedDataDomain,
+        types: dict[str, list[TypedDataField]],
+        primary_type: str,
+        message: dict[str, Any],
+        signature: bytes,
+    ) -> bool:
+        """EOA-only EIP-712 check with eth-account (the exact schemes do their own)."""
+        if self.trust_signatures:
+            return True
+        domain_data: dict[str, Any]
+        if isinstance(domain, dict):
+            domain_data = domain
+        else:
+            domain_data = {
+                "name": domain.name,
+                "version": domain.version,
+                "chainId": domain.chain_id,
+                "verifyingContract": domain.verifying_contract,
+            }
+        message_types = {
+            name: [
+                {"name": f.name, "type": f.type} if isinstance(f, TypedDataField) else f
+                for f in fields
+            ]
+            for name, fields in types.items()
+            if name != "EIP712Domain"
+        }
+        data = {
+            key: "0x" + value.hex() if isinstance(value, bytes) else value
+            for key, value in message.items()
+        }
+        try:
+            signable = encode_typed_data(
+                domain_data=domain_data, message_types=message_types, message_data=data
+            )
+            recovered = Account.recover_message(signable, signature=signature)
+        except Exception:
+            return False
+        return recovered.lower() == address.lower()
+
+    # -- the simulated contracts ---------------------------------------------
+
+    def _call(self, address: str, function_name: str, args: tuple[Any, ...]) -> Any:
+        target = to_checksum_address(address)
+        if target == MULTICALL3_ADDRESS and function_name == "tryAggregate":
+            return self._try_aggregate(args[1])
+        token = self.tokens.get(target)
+        if token is not None:
+            return self._token_call(target, token, function_name, args)
+        if self.trust_signatures and function_name == "isValidSignature":
+            return EIP1271_MAGIC_VALUE
+        raise LedgerRevert(f"{target} has no contract code in the dev ledger")
+
+    def _token_call(
+        self, asset: str, token: TokenInfo, function_name: str, args: tuple[Any, ...]
+    ) -> Any:
+        if function_name == "balanceOf":
+            return self.ledger.balance_of(self.network, asset, args[0])
+        if function_name == "authorizationState":
+            return self.ledger.authorization_state(self.network, asset, args[0], args[1])
+        if function_name == "transferWithAuthorization":  # eth_call: check, do not apply
+            transfer, signature = self._transfer_from_args(asset, args)
+            self._authorize(token, transfer, signature)
+            self.ledger.check_transfer(transfer)
+            return None
+        if function_name == "name":
+            return token.name
+        if function_name == "version":
+            return token.version
+        if function_name == "symbol":
+            return token.symbol
+        if function_name == "decimals":
+            return token.decimals
+        if function_name == "allowance":
+            return 0  # no approvals exist on the dev chain
+        raise LedgerRevert(f"dev token does not implement {function_name}")
+
+    def _transfer_from_args(self, asset: str, args: tuple[Any, ...]) -> tuple[Transfer, bytes]:
+        if len(args) == 9:  # (from, to, value, validAfter, validBefore, nonce, v, r, s)
+            v, r, s = args[6], args[7], args[8]
+            signature = bytes(r) + bytes(s) + bytes([int(v)])
+        elif len(args) == 7:  # (from, to, value, validAfter, validBefore, nonce, signature)
+            signature = bytes(args[6])
+        else:
+            raise LedgerRevert("transferWithAuthorization: wrong number of arguments")
+        transfer = Transfer.create(
+            network=self.network,
+            asset=asset,
+            from_address=args[0],
+            to_address=args[1],
+            value=args[2],
+            valid_after=args[3],
+            valid_before=args[4],
+            nonce=bytes(args[5]),
+        )
+        return transfer, signature
+
+    def _authorize(self, token: TokenInfo, transfer: Transfer, signature: bytes) -> None:
+        """The token's own signature check, against its real EIP-712 domain."""
+        if self.trust_signatures:
+            return
+        authorization = ExactEIP3009Authorization(
+            from_address=transfer.from_address,
+            to=transfer.to_address,
+            value=str(transfer.value),
+            valid_after=str(transfer.valid_after),
+            valid_before=str(transfer.valid_before),
+            nonce=transfer.nonce,
+        )
+        digest = hash_eip3009_authorization(
+            authorization, self.chain_id, transfer.asset, token.name, token.version
+        )
+        if _recover_eoa(digest, signature) != transfer.from_address:
+            raise LedgerRevert(REVERT_INVALID_SIGNATURE)
+
+    def _try_aggregate(self, calls: list[tuple[str, bytes]]) -> list[tuple[bool, bytes]]:
+        """Multicall3 ``tryAggregate(false, calls)``: each call succeeds or reverts alone."""
+        results = []
+        for target, call_data in calls:
+            entry = _FUNCTIONS.get(bytes(call_data[:4]))
+            if entry is None:
+                results.append((False, _encode_revert("unknown function selector")))
+                continue
+            name, input_types, output_types = entry
+            try:
+                args = tuple(abi_decode(input_types, bytes(call_data[4:])))
+                value = self._call(target, name, args)
+                encoded = abi_encode(output_types, [value]) if output_types else b""
+                results.append((True, encoded))
+            except LedgerRevert as exc:
+                results.append((False, _encode_revert(exc.reason)))
+            except Exception as exc:
+                results.append((False, _encode_revert(str(exc))))
+        return results
+
+
+def _address_topic(address: str) -> str:
+    return "0x" + "00" * 12 + address.lower().removeprefix("0x")
+
+
+def _encode_revert(reason: str) -> bytes:
+    return _ERROR_STRING_SELECTOR + abi_encode(["string"], [reason])
