@@ -76,9 +76,9 @@ async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Re
         return await paid_send(gate, request, plan, agent)
     except RpcError as exc:
         return error_response(call.id, exc)
-    except Exception:  # a bug of ours: never a 500, never a free pass
+    except Exception:  # a bug of ours: never a 500, never a free pass; a retry is safe
         logger.exception("internal error on the anonymous path")
-        return error_response(call.id, RpcError(INTERNAL_ERROR))
+        return error_response(call.id, RpcError(INTERNAL_ERROR, data={"code": "internal_error", "retryable": True}))
 
 
 async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: AgentConfig) -> Response:
@@ -117,6 +117,25 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         info.set("replay")
         info.payer = outcome.row["payer"]
         return await replay(gate, plan, outcome.row, payment)
+    try:
+        return await verified_send(gate, request, plan, agent, token, requirements, payment)
+    except BaseException:
+        # a bug of ours (or a cancellation) before the work started: the claim must not
+        # stay "running" forever and lock the payer out; after the start it is bound to
+        # the execution, which releases or settles it.
+        row = gate.claims.find(token.digest)
+        if row is not None and row["state"] == "running" and not row["task_id"]:
+            gate.claims.release(token.digest)
+        raise
+
+
+async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: AgentConfig, token: tokens.Token,
+                        requirements: dict[str, Any], payment: Payment) -> Response:
+    """Steps 9 to 12, for a claimed token."""
+    call, price, info = plan.call, agent.price, request.state.info
+    assert price is not None
+    log = dict(agent=agent.name, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset)
+    extension = activated_extension(request.headers)
     # 9. facilitator verify
     try:
         verification = await gate.facilitator.verify(token.version, token.payload, requirements)

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from server import request_log
 from server.agents import AgentRegistry
 from server.cards import agent_card
 from server.config import Settings
@@ -37,9 +38,8 @@ from server.jsonrpc import (
 from server.methods import Methods, plan_send, unsupported
 from server.metrics import Metrics
 from server.principals import Principals
-from server import request_log
-from server.request_log import RequestInfo
 from server.proxy import TrustedProxyMiddleware, public_base_url
+from server.request_log import RequestInfo
 from server.tasks import TaskStore, agent_message, set_status
 
 logger = logging.getLogger("a2a_gate")

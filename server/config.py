@@ -199,13 +199,17 @@ class _Reader:
     def positive(self, raw: dict[str, Any], key: str, default: Any, path: str, kind: type = int) -> Any:
         kinds: tuple[type, ...] = (int,) if kind is int else (int, float)
         value = self.get(raw, key, kinds, default, path)
-        if value is not default and value <= 0:
+        if value is not default and not value > 0:  # `not > 0` also refuses nan
             self.problem(path, "must be greater than 0")
             return default
         return kind(value)
 
     def http_url(self, value: str, path: str) -> str:
-        parts = urlsplit(value)
+        try:
+            parts = urlsplit(value)
+        except ValueError:  # e.g. "http://[::1"
+            self.problem(path, f"must be an http(s) URL, got {value!r}")
+            return value.rstrip("/")
         if parts.scheme not in ("http", "https") or not parts.netloc:
             self.problem(path, f"must be an http(s) URL, got {value!r}")
         return value.rstrip("/")
@@ -376,7 +380,7 @@ class _Reader:
         amount = raw.get("amount")
         if isinstance(amount, int) and not isinstance(amount, bool):
             amount = str(amount)
-        if not isinstance(amount, str) or not amount.isdigit() or int(amount) <= 0 or len(amount) > 78:
+        if not isinstance(amount, str) or not (amount.isascii() and amount.isdigit()) or int(amount) <= 0 or len(amount) > 78:
             self.problem(f"{path}.amount", f"must be a positive whole number of atomic units, got {amount!r}")
             amount = "0"
         extra = self.get(raw, "extra", dict, None, f"{path}.extra")
@@ -405,7 +409,7 @@ class _Reader:
             return None
         names = self.get(raw, "agents", list, [], f"{path}.agents")
         for name in names:
-            if name != "*" and name not in agents:
+            if not isinstance(name, str) or (name != "*" and name not in agents):
                 self.problem(f"{path}.agents", f"names no configured agent: {name!r}")
         return ApiKey(
             name=self.get(raw, "name", str, f"key-{index}", f"{path}.name"),

@@ -7,6 +7,7 @@ reading, before any parsing, so an oversized body costs nothing but its bytes.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,14 +104,49 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+MAX_DEPTH = 64  # objects and arrays nested deeper are refused before anything copies them
+
+
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf, which no answer can carry (allow_nan=False)
+        raise ValueError("number out of range")
+    return value
+
+
+def _check_tree(doc: Any) -> None:
+    """Refuse what parses but cannot be handled: lone surrogates (SQLite cannot bind them),
+    nesting past MAX_DEPTH (copy.deepcopy in Methods.stream recurses two frames a level)."""
+    stack = [(doc, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            value.encode("utf-8")  # UnicodeEncodeError (a ValueError) on a lone surrogate
+        elif isinstance(value, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise ValueError("nested too deeply")
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    key.encode("utf-8")
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in value)
+
+
+def load_json(body: bytes) -> Any:
+    """Strict JSON: no NaN or Infinity, no number too large for a float (ValueError)."""
+    return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def parse_call(body: bytes) -> Call:
     """Parse and validate one JSON-RPC 2.0 request; raises RpcError with its id when known."""
     try:
-        raw = json.loads(body, parse_constant=_reject_constant)
+        raw = load_json(body)
+        _check_tree(raw)
     except (ValueError, RecursionError):
         raise RpcError(PARSE_ERROR) from None
     if not isinstance(raw, dict):

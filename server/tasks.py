@@ -15,8 +15,6 @@ from typing import Any
 
 import sqlite_utils
 
-
-
 PENDING_OWNER = "payment-pending"  # an in-band payment request nobody has paid for yet
 
 

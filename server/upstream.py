@@ -8,7 +8,6 @@ forwarded; the only credential sent is the operator's, from the environment.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -19,7 +18,13 @@ import httpx
 
 from server.agents import AgentReply, AgentRequest
 from server.config import AgentConfig
-from server.dialects import INTERRUPTED_STATES, message_from_any, parts_from_any, state_from_any
+from server.dialects import (
+    INTERRUPTED_STATES,
+    message_from_any,
+    parts_from_any,
+    state_from_any,
+)
+from server.jsonrpc import load_json
 from server.tasks import new_id
 
 logger = logging.getLogger("a2a_gate.upstream")
@@ -61,7 +66,7 @@ def parse_answer(status_code: int, body: bytes) -> Answer:
     if status_code != 200:
         return Malformed(f"HTTP {status_code}")
     try:
-        doc = json.loads(body)
+        doc = load_json(body)
     except (ValueError, RecursionError):
         return Malformed("body is not JSON")
     if not isinstance(doc, dict):
