@@ -47,3 +47,20 @@ def test_twenty_concurrent_sends_same_token_different_texts_execute_once(paid):
     assert all(r.json()["error"] == "payment_already_used" for r in rejected)
     assert paid.count_tasks("paid") == 1
     assert len(paid.ledger()["settlements"]) == 1
+
+
+def test_the_claim_holds_across_worker_processes(tmp_path, facilitator, start_gate, write_config):
+    from tests.support.gate_process import free_port
+    from tests.support.paid import PaidSetup, paid_config
+
+    port = free_port()
+    gate = start_gate(write_config(paid_config(f"http://127.0.0.1:{port}", facilitator)), port=port,
+                      extra_args=["--workers", "2"])
+    paid = PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+    headers = Payer().header_for(gate.url)
+    bodies = [send_body(f"text {i % 2}", call_id=i) for i in range(30)]  # two different requests, one token
+    responses = asyncio.run(_storm(f"{gate.url}/a2a/paid", bodies, headers))
+    assert all(r.status_code in (200, 403) for r in responses)
+    assert paid.count_tasks("paid") == 1
+    assert len(paid.ledger()["settlements"]) == 1
+    assert len({r["result"]["id"] for r in (x.json() for x in responses if x.status_code == 200) if "result" in r}) == 1
