@@ -93,7 +93,7 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
             info.set("payment_required", "in-band")
             return in_band_payment_required(gate, plan, agent, resource, extension)
         return pricing.payment_required_response(pricing.payment_required(price, resource, agent.description))
-    log = dict(agent=agent.name, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset)
+    log = log_fields(agent, token)
     # 7. local checks
     try:
         requirements = tokens.check(token, price, resource)
@@ -134,7 +134,7 @@ async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, age
     """Steps 9 to 12, for a claimed token."""
     call, price, info = plan.call, agent.price, request.state.info
     assert price is not None
-    log = dict(agent=agent.name, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset)
+    log = log_fields(agent, token)
     extension = activated_extension(request.headers)
     # 9. facilitator verify
     try:
@@ -175,6 +175,13 @@ async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, age
     result = await gate.services.methods.send(plan, execution)
     info.set(*charge_outcome(execution.task))
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})
+
+
+def log_fields(agent: AgentConfig, token: tokens.Token) -> dict[str, str]:
+    """What every payment log row of this request names: the agent, the price, the token's digest."""
+    assert agent.price is not None
+    price = agent.price
+    return dict(agent=agent.name, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset)
 
 
 def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:
