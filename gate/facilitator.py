@@ -60,7 +60,8 @@ class FacilitatorClient:
             base_url=config.url,
             headers=headers,
             timeout=config.timeout_seconds,
-            limits=httpx.Limits(max_connections=config.max_in_flight, max_keepalive_connections=config.max_in_flight),
+            # httpcore walks its whole pool on every request, so a small pool is the fast one
+            limits=httpx.Limits(max_connections=config.connections, max_keepalive_connections=config.connections),
         )
         self.slots = asyncio.Semaphore(config.max_in_flight)
 

@@ -19,6 +19,7 @@ from gate.claims import RUNNING, SETTLING, Claims
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.limiter import AgentLimiters, Limiter
 from gate.payment_log import PaymentLog
+from gate.pricing import PaymentRequiredAnswers
 from gate.sealing import Sealer, load_key
 from gate.settlement import Payment, Settler
 from server.dialects import TERMINAL_STATES
@@ -44,6 +45,7 @@ class PaymentGate:
         self.log = PaymentLog(services.db)
         self.sealer = Sealer(load_key(settings.database))
         self.settler = Settler(self.facilitator, self.claims, self.log, settings.facilitator, services.metrics)
+        self.answers_402 = PaymentRequiredAnswers()
         self.reconciler: asyncio.Task[None] | None = None
         self.ready: tuple[float, str] = (0.0, "")
         services.metrics.watch_state(self.claims.count_in_flight, self.claims.count_owed)

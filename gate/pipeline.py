@@ -92,7 +92,7 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         if extension:
             info.set("payment_required", "in-band")
             return in_band_payment_required(gate, plan, agent, resource, extension)
-        return pricing.payment_required_response(pricing.payment_required(price, resource, agent.description))
+        return gate.answers_402.response(agent.name, price, resource, agent.description)
     log = log_fields(agent, token)
     # 7. local checks
     try:

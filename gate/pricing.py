@@ -12,7 +12,8 @@ import base64
 import json
 from typing import Any
 
-from starlette.responses import JSONResponse
+from cachetools import LRUCache
+from starlette.responses import JSONResponse, Response
 
 from server.cards import requirement
 from server.config import Price
@@ -65,10 +66,21 @@ def payment_required_v1(price: Price, resource_url: str, description: str = "", 
     return {"x402Version": 1, "accepts": [requirement_v1(price, resource_url, description)], "error": error}
 
 
-def payment_required_response(document: dict[str, Any]) -> JSONResponse:
-    """HTTP 402: the document in the `PAYMENT-REQUIRED` header and in the body."""
-    return JSONResponse(
-        {"detail": "Payment required", "payment_required": document},
-        status_code=402,
-        headers={"PAYMENT-REQUIRED": b64_json(document)},
-    )
+class PaymentRequiredAnswers:
+    """HTTP 402 answers: the document in the `PAYMENT-REQUIRED` header and in the body.
+
+    A door's price does not change while the server runs, so each answer is rendered
+    once per agent and resource URL (bounded: the URL may come from a trusted proxy).
+    """
+
+    def __init__(self, maxsize: int = 1024) -> None:
+        self.rendered: LRUCache[tuple[str, str], tuple[bytes, str]] = LRUCache(maxsize=maxsize)
+
+    def response(self, agent: str, price: Price, resource_url: str, description: str = "") -> Response:
+        rendered = self.rendered.get((agent, resource_url))
+        if rendered is None:
+            document = payment_required(price, resource_url, description)
+            body = JSONResponse({"detail": "Payment required", "payment_required": document}).body
+            rendered = self.rendered[(agent, resource_url)] = (body, b64_json(document))
+        return Response(rendered[0], status_code=402, headers={"PAYMENT-REQUIRED": rendered[1]},
+                        media_type="application/json")

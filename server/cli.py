@@ -80,8 +80,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             os.environ["A2A_GATE_OVERRIDES"] = json.dumps(overrides)
             os.environ["A2A_GATE_LOG_JSON"] = "1" if args.log_json else "0"
             os.environ["A2A_GATE_LOG_LEVEL"] = args.log_level
-            uvicorn.run("server.cli:app_from_env", factory=True, host=args.host, port=args.port, workers=args.workers,
-                        proxy_headers=False, access_log=False, log_level=args.log_level)
+            _run_workers(uvicorn.Config("server.cli:app_from_env", factory=True, host=args.host, port=args.port,
+                                        workers=args.workers, proxy_headers=False, access_log=False,
+                                        log_level=args.log_level))
         else:
             from server.app import create_app
 
@@ -92,6 +93,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
             facilitator.terminate()
             facilitator.wait(timeout=10)
     return 0
+
+
+def _run_workers(config: Any) -> None:
+    """`uvicorn.run(..., workers=N)`, but with TCP_NODELAY on every accepted connection.
+
+    uvicorn's `Config.bind_socket()` creates the listener with `proto` 0, accepted sockets
+    inherit it, and asyncio only sets TCP_NODELAY when `proto == IPPROTO_TCP`, so every
+    keep-alive request after the first waited ~40 ms for a delayed ACK
+    (https://github.com/Kludex/uvicorn/issues/3149). Re-wrapping the descriptor makes
+    Python ask the kernel, which says IPPROTO_TCP.
+    """
+    import socket
+
+    from uvicorn.supervisors import Multiprocess
+
+    sock = config.bind_socket()
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock = socket.socket(fileno=sock.detach())
+    Multiprocess(config, sockets=[sock]).run()
 
 
 def _wait_for(url: str, timeout: float = 15.0) -> None:

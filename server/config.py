@@ -75,6 +75,7 @@ class FacilitatorConfig:
     timeout_seconds: float = 10.0
     max_in_flight: int = 32
     max_wait_seconds: float = 2.0
+    connections: int = 8  # kept-alive HTTP connections; more calls than this queue for one
     auth_header_env: str = ""  # env var holding e.g. "Bearer abc"; never in the file
     settle_attempts: int = 4
     settle_backoff_seconds: float = 0.5
@@ -272,7 +273,8 @@ class _Reader:
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
         path = "facilitator"
-        self.unknown(raw, {"url", "timeout_seconds", "max_in_flight", "max_wait_seconds", "auth_header_env", "settle_attempts", "settle_backoff_seconds"}, path)
+        self.unknown(raw, {"url", "timeout_seconds", "max_in_flight", "max_wait_seconds", "connections", "auth_header_env",
+                           "settle_attempts", "settle_backoff_seconds"}, path)
         d = FacilitatorConfig()
         url = self.get(raw, "url", str, "", f"{path}.url")
         if url:
@@ -282,6 +284,7 @@ class _Reader:
             timeout_seconds=self.positive(raw, "timeout_seconds", d.timeout_seconds, f"{path}.timeout_seconds", float),
             max_in_flight=self.positive(raw, "max_in_flight", d.max_in_flight, f"{path}.max_in_flight"),
             max_wait_seconds=self.positive(raw, "max_wait_seconds", d.max_wait_seconds, f"{path}.max_wait_seconds", float),
+            connections=self.positive(raw, "connections", d.connections, f"{path}.connections"),
             auth_header_env=self.get(raw, "auth_header_env", str, "", f"{path}.auth_header_env"),
             settle_attempts=self.positive(raw, "settle_attempts", d.settle_attempts, f"{path}.settle_attempts"),
             settle_backoff_seconds=self.positive(raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float),

@@ -151,7 +151,8 @@ class Runner:
             history=[for_agent(m) for m in task.get("history", [])],
             task_id=task["id"],
             context_id=task["contextId"],
-            backend_ref=self.store.backend_ref(task["id"]),
+            # a new task (one message) has no backend memory yet; a continued one may
+            backend_ref=self.store.backend_ref(task["id"]) if len(task.get("history") or []) > 1 else {},
         )
         try:
             reply = await self.agents.backend(execution.agent).run(request)
@@ -168,9 +169,8 @@ class Runner:
         task = execution.task
         artifact = {"artifactId": new_id(), "name": "result", "parts": reply.parts}
         task.setdefault("artifacts", []).append(artifact)
-        if execution.settlement is None:
-            self.store.save(task)
-        else:
+        if execution.settlement is not None:
+            # (the free path saves the artifact with the final status below: nothing awaits in between)
             with transaction(self.store.db):
                 self.store.save(task)
                 execution.settlement.mark_delivered()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +119,17 @@ def _finite_float(text: str) -> float:
     return value
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _may_need_check(body: bytes) -> bool:
+    """Whether `_check_tree` could find anything. In UTF-8 (no NUL byte: UTF-16 and -32, which
+    json.loads also reads, always have one) only a \\uD800-\\uDFFF escape makes a lone
+    surrogate, and a document with fewer brackets than MAX_DEPTH cannot nest that deep."""
+    return (b"\x00" in body or body.count(b"[") + body.count(b"{") >= MAX_DEPTH
+            or _SURROGATE_ESCAPE.search(body) is not None)
+
+
 def _check_tree(doc: Any) -> None:
     """Refuse what parses but cannot be handled: lone surrogates (SQLite cannot bind them),
     nesting past MAX_DEPTH (copy.deepcopy in Methods.stream recurses two frames a level)."""
@@ -146,7 +158,8 @@ def parse_call(body: bytes) -> Call:
     """Parse and validate one JSON-RPC 2.0 request; raises RpcError with its id when known."""
     try:
         raw = load_json(body)
-        _check_tree(raw)
+        if _may_need_check(body):
+            _check_tree(raw)
     except (ValueError, RecursionError):
         raise RpcError(PARSE_ERROR) from None
     if not isinstance(raw, dict):

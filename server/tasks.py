@@ -77,22 +77,14 @@ class TaskStore:
         self.db = db
         self.deadline_seconds = deadline_seconds
 
+    _INSERT = ("INSERT INTO tasks (id, agent, context_id, state, owner, document, backend_ref, created_at, updated_at,"
+               " deadline_at) VALUES (?, ?, ?, ?, ?, ?, '{}', ?, ?, ?)")
+
     def create(self, task: dict[str, Any], *, agent: str, owner: str) -> None:
         now = time.time()
-        self.db["tasks"].insert(
-            {
-                "id": task["id"],
-                "agent": agent,
-                "context_id": task["contextId"],
-                "state": task["status"]["state"],
-                "owner": owner,
-                "document": json.dumps(task, separators=(",", ":")),
-                "backend_ref": "{}",
-                "created_at": now,
-                "updated_at": now,
-                "deadline_at": now + self.deadline_seconds,
-            }
-        )
+        self.db.conn.execute(self._INSERT, (task["id"], agent, task["contextId"], task["status"]["state"], owner,
+                                            json.dumps(task, separators=(",", ":")), now, now,
+                                            now + self.deadline_seconds))
 
     def save(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> None:
         document = json.dumps(task, separators=(",", ":"))

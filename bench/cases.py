@@ -1,0 +1,421 @@
+"""The benchmark cases: which servers, which requests, which comparisons.
+
+a. principal `message/send` on the echo agent: a2a-gate (API key) vs the a2a-sdk 1.x
+   server vs a bare Starlette echo (the floor); also a2a-gate with `--workers 2`.
+b. anonymous refusals: a2a-gate's 402 (priced agent, no token) and its 429 (per-IP
+   limit 1/min), each vs the bare echo.
+c. paid `message/send` (verify, execute, settle) through one development facilitator
+   in dev-trusting mode shared by every compared server: a2a-gate vs the x402
+   package's own ASGI payment middleware; plus a2a-gate against a real-crypto
+   facilitator. Every request carries its own token, signed before the window.
+d. limiter memory: many distinct client addresses through `X-Forwarded-For` from a
+   trusted proxy; the server's RSS before and after.
+
+Each case returns `Row`s (one per server measured) and `Target`s (a goal and whether
+the measurement met it); `bench.__main__` prints them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from bench import load, servers
+from bench.servers import AMOUNT, ASSET, NETWORK, PAY_TO, ServerProcess
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class Params:
+    duration: float = 3.0  # measured window per server, seconds
+    warmup: float = 1.0  # warm-up per server, seconds
+    concurrency: int = 32  # closed-loop workers (one keep-alive connection each)
+    addresses: int = 100_000  # case d
+    paid_tokens: int = 1000  # case c, per server on the trusting facilitator (the real-crypto run signs a third)
+    sign_processes: int = os.cpu_count() or 1
+    gate_src: Path = servers.REPO  # the tree whose server/ and gate/ are benchmarked
+
+
+@dataclass
+class Row:
+    case: str
+    key: str  # a short id, used by targets and the JSON output
+    server: str
+    result: load.Result
+    peak_rss: int  # bytes, whole process tree
+    server_cpu: float  # server CPU seconds / window seconds (1.0 = one core)
+    reference: list[str] = field(default_factory=list)  # keys of the rows this one is compared with
+    note: str = ""
+    other_cpu: float = 0.0  # CPU used by processes outside this measurement, in cores (noise)
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        """Server CPU per answer: what a request costs the server, whatever bounds the rate."""
+        return self.server_cpu / self.result.rps * 1000 if self.result.rps else 0.0
+
+
+@dataclass
+class Target:
+    case: str
+    text: str
+    measured: float
+    goal: float
+    unit: str = "×"  # × (a ratio) or MiB
+
+    @property
+    def met(self) -> bool:
+        return self.measured <= self.goal if self.unit == "MiB" else self.measured >= self.goal
+
+
+@dataclass
+class MemoryResult:
+    addresses: int
+    seconds: float
+    rss_before: int
+    rss_after: int
+    peak_rss: int
+    statuses: dict[int, int]
+    errors: int
+    client_cpu: float
+
+    @property
+    def growth(self) -> int:
+        return self.rss_after - self.rss_before
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (all processes, all cores)."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+class Bench:
+    """Shared state of one benchmark run: parameters, a work directory, measured rows."""
+
+    def __init__(self, params: Params, workdir: Path, log=print) -> None:
+        self.params = params
+        self.workdir = workdir
+        self.log = log
+        self.rows: dict[str, Row] = {}
+        self.targets: list[Target] = []
+        self.memory: MemoryResult | None = None
+        self.notes: list[str] = []
+        self._pool: ProcessPoolExecutor | None = None
+        self._trusting: ServerProcess | None = None
+        self._count = 0
+
+    # -- helpers ---------------------------------------------------------
+
+    def path(self, name: str) -> Path:
+        self._count += 1
+        folder = self.workdir / f"{self._count:02d}-{name}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            import multiprocessing
+
+            self._pool = ProcessPoolExecutor(self.params.sign_processes, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def trusting_facilitator(self) -> ServerProcess:
+        """One dev-trusting facilitator for the whole run (every paid server shares it)."""
+        if self._trusting is None:
+            folder = self.path("facilitator-trusting")
+            self._trusting = servers.facilitator(folder / "ledger.db", folder / "log.txt", trust_signatures=True).start()
+        return self._trusting
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        if self._trusting is not None:
+            self._trusting.stop()
+            self._trusting = None
+
+    def measure(self, case: str, key: str, server: ServerProcess, spec: load.Spec, label: str,
+                reference: list[str] | None = None, note: str = "", also: list[ServerProcess] = ()) -> Row:
+        """Drive `server` with `spec` and record a row (server CPU sampled over the window)."""
+        self.log(f"  {case}: {label} ...")
+        marks: list[list[float]] = []
+
+        def sample() -> None:
+            marks.append([server.cpu_seconds(), *(p.cpu_seconds() for p in also), busy_seconds()])
+
+        result = load.run_load(spec, on_window_start=sample, on_window_end=sample)
+        seconds = result.seconds or 1.0
+        cpu = [(b - a) / seconds for a, b in zip(marks[0], marks[1])] if len(marks) == 2 else [0.0] * (2 + len(also))
+        machine = cpu.pop()  # the whole machine's busy cores; the rest is ours or someone else's
+        other = max(0.0, machine - sum(cpu) - result.client_cpu)
+        for proc, used in zip(also, cpu[1:]):
+            note = (note + "; " if note else "") + f"{proc.label} CPU {used:.0%}"
+        row = Row(case, key, label, result, server.peak_rss(), cpu[0], reference or [], note, other)
+        self.rows[key] = row
+        if result.ok_fraction < 0.95:
+            self.notes.append(f"{label}: only {result.ok_fraction:.0%} of answers as expected; e.g. {result.sample}")
+        self.log(f"    {result.rps:,.0f} req/s, p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, "
+                 f"ok {result.ok_fraction:.0%}, server CPU {cpu[0]:.0%}, client CPU {result.client_cpu:.0%}, "
+                 f"other CPU {other:.0%}")
+        return row
+
+    def spec(self, port: int, requests: list[bytes], **kw: Any) -> load.Spec:
+        p = self.params
+        return load.Spec(port=port, source=load.Source("cycle", requests), concurrency=p.concurrency,
+                         duration=p.duration, warmup=p.warmup, **kw)
+
+    def ratio(self, key: str, ref: str) -> float:
+        a, b = self.rows.get(key), self.rows.get(ref)
+        return a.result.rps / b.result.rps if a and b and b.result.rps else 0.0
+
+    def target(self, case: str, text: str, key: str, ref: str, goal: float) -> None:
+        if key in self.rows and ref in self.rows:
+            self.targets.append(Target(case, text, self.ratio(key, ref), goal))
+
+    # -- the reference rows ------------------------------------------------
+
+    def bare(self) -> Row:
+        """The bare Starlette echo, measured once per run and used as the floor by a and b."""
+        if "bare" not in self.rows:
+            folder = self.path("bare")
+            with servers.reference("bare", folder / "log.txt") as server:
+                self.measure("a", "bare", server, self.spec(server.port, send_requests(server.port, "/a2a/echo"),
+                                                              expect_marker=b'"result"'), "bare Starlette echo (floor)")
+        return self.rows["bare"]
+
+
+# ---------------------------------------------------------------------------
+# Requests and configurations
+# ---------------------------------------------------------------------------
+
+
+def send_body(i: int, text: str = "hello") -> bytes:
+    """The same v0.3 `message/send` body for every server (a fresh messageId per request)."""
+    message = {"kind": "message", "role": "user", "messageId": f"bench-{i}", "parts": [{"kind": "text", "text": text}]}
+    return json.dumps({"jsonrpc": "2.0", "id": i, "method": "message/send", "params": {"message": message}},
+                      separators=(",", ":")).encode()
+
+
+def send_requests(port: int, path: str, headers: dict[str, str] | None = None, n: int = 512) -> list[bytes]:
+    return [load.build_request(port, path, send_body(i), headers) for i in range(n)]
+
+
+GATE_CONFIG = """\
+# generated by bench/cases.py
+public_url = "http://127.0.0.1:{port}"
+database = "gate.db"
+
+[limits]
+per_ip_per_minute = {per_ip}
+per_agent_per_minute = {per_agent}
+
+[proxy]
+trusted = {trusted}
+
+[facilitator]
+url = "{facilitator}"
+
+[agents.echo]
+description = "Echoes the text it is sent. Free for API keys."
+
+[agents.paid-echo]
+description = "paid echo"
+price = {{ scheme = "exact", network = "{network}", asset = "{asset}", amount = "{amount}", pay_to = "{pay_to}" }}
+"""
+
+BIG = 1_000_000_000  # a limit the benchmark never reaches
+KEY_LINE = re.compile(r"key \(shown once, keep it secret\): (\S+)")
+
+
+def gate_config(folder: Path, *, facilitator: str = "", per_ip: int = BIG, per_agent: int = BIG,
+                trusted: tuple[str, ...] = ()) -> tuple[Path, int]:
+    """Write a gate configuration for a fresh port; returns (file, port)."""
+    port = servers.free_port()
+    config = folder / "a2a-gate.toml"
+    config.write_text(GATE_CONFIG.format(
+        port=port, per_ip=per_ip, per_agent=per_agent, trusted=json.dumps(list(trusted)),
+        # a priced agent needs a facilitator URL to answer 402 rather than 501; the 402 and
+        # 429 paths never call it, so an unused loopback port is enough there
+        facilitator=facilitator or f"http://127.0.0.1:{servers.free_port()}",
+        network=NETWORK, asset=ASSET, amount=AMOUNT, pay_to=PAY_TO,
+    ))
+    return config, port
+
+
+def create_key(config: Path, src: Path = servers.REPO) -> str:
+    """`a2a-gate keys --config ... create bench --agent echo`; returns the key it prints once."""
+    done = subprocess.run([sys.executable, "-m", "server.cli", "keys", "--config", str(config), "create", "bench",
+                           "--agent", "echo"], capture_output=True, text=True, cwd=src, timeout=60, check=False)
+    match = KEY_LINE.search(done.stdout)
+    if done.returncode != 0 or not match:
+        raise RuntimeError(f"a2a-gate keys create failed:\n{done.stdout}\n{done.stderr}")
+    return match.group(1)
+
+
+# ---------------------------------------------------------------------------
+# a. principal message/send
+# ---------------------------------------------------------------------------
+
+
+def case_a(bench: Bench) -> None:
+    bench.log("case a: principal message/send on the echo agent")
+    bench.bare()
+    folder = bench.path("sdk")
+    with servers.reference("sdk", folder / "log.txt") as server:
+        bench.measure("a", "sdk", server, bench.spec(server.port, send_requests(server.port, "/a2a/echo"),
+                                                     expect_marker=b'"completed"'), "a2a-sdk server (DefaultRequestHandler)")
+    for key, workers in (("gate", 1), ("gate-w2", 2)):
+        folder = bench.path(key)
+        config, port = gate_config(folder)
+        api_key = create_key(config, bench.params.gate_src)
+        extra = ["--workers", "2"] if workers == 2 else []
+        with servers.gate(config, port, folder / "log.txt", *extra, src=bench.params.gate_src) as server:
+            requests = send_requests(port, "/a2a/echo", {"Authorization": f"Bearer {api_key}"})
+            label = "a2a-gate (API key)" + (" --workers 2" if workers == 2 else "")
+            note = "peak RSS is the supervisor and both workers together" if workers == 2 else ""
+            bench.measure("a", key, server, bench.spec(port, requests, expect_marker=b'"completed"'), label,
+                          reference=["sdk", "bare"], note=note)
+    bench.target("a", "a2a-gate req/s ≥ 5× a2a-sdk server", "gate", "sdk", 5.0)
+    bench.target("a", "a2a-gate req/s ≥ 50% of bare echo", "gate", "bare", 0.5)
+    bench.target("a", "a2a-gate --workers 2 req/s ≥ 5× a2a-sdk server", "gate-w2", "sdk", 5.0)
+    bench.target("a", "a2a-gate --workers 2 req/s ≥ 50% of bare echo", "gate-w2", "bare", 0.5)
+
+
+# ---------------------------------------------------------------------------
+# b. anonymous refusals
+# ---------------------------------------------------------------------------
+
+
+def case_b(bench: Bench) -> None:
+    bench.log("case b: anonymous refusals")
+    bench.bare()
+    for key, status, per_ip, label in (("gate-402", 402, BIG, "a2a-gate 402 (priced, no token)"),
+                                       ("gate-429", 429, 1, "a2a-gate 429 (per-IP limit 1/min)")):
+        folder = bench.path(key)
+        config, port = gate_config(folder, per_ip=per_ip)
+        with servers.gate(config, port, folder / "log.txt", src=bench.params.gate_src) as server:
+            bench.measure("b", key, server, bench.spec(port, send_requests(port, "/a2a/paid-echo"), expect_status=status),
+                          label, reference=["bare"])
+        bench.target("b", f"a2a-gate {status} req/s ≥ 70% of bare echo", key, "bare", 0.7)
+
+
+# ---------------------------------------------------------------------------
+# c. paid message/send
+# ---------------------------------------------------------------------------
+
+
+def sign_chunk(payment_required: dict[str, Any], count: int) -> list[str]:
+    """`count` fresh tokens (one throwaway key, a fresh nonce each), as PAYMENT-SIGNATURE values."""
+    from gate.dev_payer import encode_header, new_private_key, sign_payment
+
+    key = new_private_key()
+    return [encode_header(sign_payment(payment_required, key)) for _ in range(count)]
+
+
+def price_of(server: ServerProcess, path: str) -> dict[str, Any]:
+    """Ask the server for its price: the PaymentRequired document of its 402."""
+    answer = httpx.post(server.url + path, content=send_body(0), headers={"content-type": "application/json"})
+    if answer.status_code != 402:
+        raise RuntimeError(f"{server.label}: expected 402, got {answer.status_code} {answer.text[:300]}")
+    return json.loads(base64.b64decode(answer.headers["payment-required"]))
+
+
+def paid_spec(bench: Bench, server: ServerProcess, path: str, tokens: int) -> tuple[load.Spec, float]:
+    """Sign `tokens` tokens for this server's own 402 (before the window) and build one request per token."""
+    document = price_of(server, path)
+    started = time.perf_counter()
+    chunk = 25
+    sizes = [min(chunk, tokens - i) for i in range(0, tokens, chunk)]
+    headers = [h for part in bench.pool().map(sign_chunk, [document] * len(sizes), sizes) for h in part]
+    signing = time.perf_counter() - started
+    requests = [load.build_request(server.port, path, send_body(i), {"PAYMENT-SIGNATURE": h})
+                for i, h in enumerate(headers)]
+    p = bench.params
+    spec = load.Spec(port=server.port, source=load.Source("once", requests), concurrency=p.concurrency,
+                     duration=p.duration, warmup=p.warmup, warmup_requests=max(p.concurrency, tokens // 10),
+                     expect_status=200, expect_marker=b"payment-response:")
+    return spec, signing
+
+
+def case_c(bench: Bench) -> None:
+    bench.log("case c: paid message/send (verify, execute, settle)")
+    p = bench.params
+    trusting = bench.trusting_facilitator()
+    path = "/a2a/paid-echo"
+
+    folder = bench.path("x402-middleware")
+    with servers.reference("x402", folder / "log.txt", "--facilitator", trusting.url) as server:
+        spec, signing = paid_spec(bench, server, path, p.paid_tokens)
+        bench.log(f"    signed {p.paid_tokens} tokens in {signing:.1f}s")
+        bench.measure("c", "x402", server, spec, "x402 ASGI payment middleware (FastAPI)", also=[trusting])
+
+    folder = bench.path("gate-paid")
+    config, port = gate_config(folder, facilitator=trusting.url)
+    with servers.gate(config, port, folder / "log.txt", src=bench.params.gate_src) as server:
+        spec, signing = paid_spec(bench, server, path, p.paid_tokens)
+        bench.log(f"    signed {p.paid_tokens} tokens in {signing:.1f}s")
+        bench.measure("c", "gate-paid", server, spec, "a2a-gate paid", reference=["x402"], also=[trusting])
+    bench.target("c", "a2a-gate paid req/s ≥ 2× x402 middleware", "gate-paid", "x402", 2.0)
+
+    folder = bench.path("gate-paid-real")
+    with servers.facilitator(folder / "ledger.db", folder / "facilitator-log.txt", trust_signatures=False) as real:
+        config, port = gate_config(folder, facilitator=real.url)
+        with servers.gate(config, port, folder / "log.txt", src=bench.params.gate_src) as server:
+            tokens = max(p.concurrency * 2, p.paid_tokens // 3)
+            spec, signing = paid_spec(bench, server, path, tokens)
+            bench.log(f"    signed {tokens} tokens in {signing:.1f}s")
+            bench.measure("c", "gate-paid-real", server, spec, "a2a-gate paid, real-crypto facilitator",
+                          reference=["gate-paid"], also=[real])
+
+
+# ---------------------------------------------------------------------------
+# d. limiter memory
+# ---------------------------------------------------------------------------
+
+
+def case_d(bench: Bench) -> None:
+    p = bench.params
+    bench.log(f"case d: limiter memory, {p.addresses:,} distinct X-Forwarded-For addresses")
+    folder = bench.path("gate-limiter")
+    # priced agent, anonymous callers; per-agent limit 1/min, so after each address's
+    # bucket is made the answer is a cheap 429 (the per-IP limiter has run by then)
+    config, port = gate_config(folder, per_ip=30, per_agent=1, trusted=("127.0.0.1",))
+    with servers.gate(config, port, folder / "log.txt", src=bench.params.gate_src) as server:
+        body = send_body(0)
+        # warm the server up from a few addresses, then take the baseline
+        warm = [load.build_request(port, "/a2a/paid-echo", body, {"X-Forwarded-For": f"192.0.2.{i}"}) for i in range(8)]
+        load.run_load(load.Spec(port=port, source=load.Source("cycle", warm), concurrency=p.concurrency,
+                                duration=min(1.0, p.duration), warmup=0.0, expect_status=429))
+        time.sleep(0.2)
+        before = server.rss()
+        head, tail = load.build_request(port, "/a2a/paid-echo", body, {"X-Forwarded-For": "\0"}).split(b"\0")
+        source = load.Source("xff", head=head, tail=tail, count=p.addresses)
+        spec = load.Spec(port=port, source=source, concurrency=p.concurrency, duration=max(60.0, p.addresses / 200),
+                         warmup=0.0, expect_status=429)
+        result = load.run_load(spec)
+        time.sleep(0.2)
+        after = server.rss()
+        bench.memory = MemoryResult(p.addresses, result.seconds, before, after, server.peak_rss(), result.statuses,
+                                    result.errors, result.client_cpu)
+        sent = sum(result.statuses.values())
+        bench.log(f"    {sent:,} answers in {result.seconds:.1f}s; RSS {before / MIB:.1f} -> {after / MIB:.1f} MiB")
+        if sent < p.addresses * 0.99:
+            bench.notes.append(f"case d: only {sent:,} of {p.addresses:,} addresses answered")
+    bench.targets.append(Target("d", f"RSS growth over {p.addresses:,} addresses ≤ 100 MiB",
+                                bench.memory.growth / MIB, 100.0, "MiB"))
+
+
+CASES = {"a": case_a, "b": case_b, "c": case_c, "d": case_d}
