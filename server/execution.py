@@ -122,8 +122,9 @@ class Runner:
     async def _run(self, execution: Execution, message: dict[str, Any]) -> None:
         task = execution.task
         try:
+            # "working" lives in memory (tasks/get and streams of this process read it); the
+            # stored row stays "submitted" until the next stored state, one write fewer per task
             set_status(task, "working")
-            self.store.save(task)
             execution.publish(status_event(task, final=False))
             reply = await self._call_backend(execution, message)
             if reply.state == "completed":
