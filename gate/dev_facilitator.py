@@ -307,40 +307,18 @@ def _unsupported_reason(payload: PaymentPayload | PaymentPayloadV1) -> str | Non
 
 
 async def verify(request: Request) -> Response:
-    state = request.app.state
-    state.calls["verify"] += 1
-    faulty = await _apply_fault(request, "verify")
-    if faulty is not None:
-        return faulty
-    try:
-        payload, requirements = await _parse_payment_request(request)
-    except BadRequest as exc:
-        return _error(400, "invalid_request", str(exc))
-    reason = _unsupported_reason(payload)
-    try:
-        if reason is not None:
-            result = VerifyResponse(is_valid=False, invalid_reason=reason, payer=_payer_of(payload))
-        else:
-            result = await run_in_threadpool(state.facilitator.verify, payload, requirements)
-    except (ValueError, TypeError, KeyError) as exc:
-        return _error(400, "invalid_request", f"{type(exc).__name__}: {exc}")
-    except Exception as exc:
-        logger.error("verify failed unexpectedly: %s", type(exc).__name__, exc_info=True)
-        return _error(500, "internal_error")
-    logger.info(
-        "verify v%s payer=%s valid=%s reason=%s",
-        payload.x402_version,
-        result.payer,
-        result.is_valid,
-        result.invalid_reason,
-    )
-    return _model_response(result)
+    return await _decide(request, "verify")
 
 
 async def settle(request: Request) -> Response:
+    return await _decide(request, "settle")
+
+
+async def _decide(request: Request, kind: str) -> Response:
+    """One verify or settle call: faults first, then the x402 scheme, off the event loop."""
     state = request.app.state
-    state.calls["settle"] += 1
-    faulty = await _apply_fault(request, "settle")
+    state.calls[kind] += 1
+    faulty = await _apply_fault(request, kind)
     if faulty is not None:
         return faulty
     try:
@@ -350,32 +328,31 @@ async def settle(request: Request) -> Response:
     reason = _unsupported_reason(payload)
     try:
         if reason is not None:
-            result = SettleResponse(
-                success=False,
-                error_reason=reason,
-                payer=_payer_of(payload),
-                transaction="",
-                network=str(requirements.network),
-            )
+            result = _refusal(kind, reason, payload, requirements)
         else:
-            result = await run_in_threadpool(state.facilitator.settle, payload, requirements)
+            result = await run_in_threadpool(getattr(state.facilitator, kind), payload, requirements)
     except (ValueError, TypeError, KeyError) as exc:
         return _error(400, "invalid_request", f"{type(exc).__name__}: {exc}")
     except Exception as exc:
-        logger.error("settle failed unexpectedly: %s", type(exc).__name__, exc_info=True)
+        logger.error("%s failed unexpectedly: %s", kind, type(exc).__name__, exc_info=True)
         return _error(500, "internal_error")
-    if result.success and result.amount is None:
+    if isinstance(result, SettleResponse) and result.success and result.amount is None:
         # The exact scheme always moves exactly the required amount; say so.
         result = result.model_copy(update={"amount": requirements.get_amount()})
-    logger.info(
-        "settle v%s payer=%s success=%s reason=%s tx=%s",
-        payload.x402_version,
-        result.payer,
-        result.success,
-        result.error_reason,
-        result.transaction,
-    )
+    if isinstance(result, VerifyResponse):
+        outcome = f"valid={result.is_valid} reason={result.invalid_reason}"
+    else:
+        outcome = f"success={result.success} reason={result.error_reason} tx={result.transaction}"
+    logger.info("%s v%s payer=%s %s", kind, payload.x402_version, result.payer, outcome)
     return _model_response(result)
+
+
+def _refusal(kind: str, reason: str, payload: Any, requirements: Any) -> VerifyResponse | SettleResponse:
+    """The answer for a payment the dev chain cannot take at all."""
+    if kind == "verify":
+        return VerifyResponse(is_valid=False, invalid_reason=reason, payer=_payer_of(payload))
+    return SettleResponse(success=False, error_reason=reason, payer=_payer_of(payload), transaction="",
+                          network=str(requirements.network))
 
 
 async def supported(request: Request) -> Response:
