@@ -60,10 +60,6 @@ class Claims:
         rows = list(self.db.query("SELECT * FROM claims WHERE token_digest = ?", [token_digest]))
         return rows[0] if rows else None
 
-    def for_task(self, task_id: str) -> dict[str, Any] | None:
-        rows = list(self.db.query("SELECT * FROM claims WHERE task_id = ? ORDER BY created_at DESC LIMIT 1", [task_id]))
-        return rows[0] if rows else None
-
     def bind(self, token_digest: str, payer: str, task_id: str) -> None:
         self._set(token_digest, payer=payer, task_id=task_id)
 

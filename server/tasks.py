@@ -118,10 +118,6 @@ class TaskStore:
         )
         return self.get(task_id, owner, agent) if cursor.rowcount == 1 else None
 
-    def owner_of(self, task_id: str) -> str | None:
-        row = self.db.conn.execute("SELECT owner FROM tasks WHERE id = ?", (task_id,)).fetchone()
-        return None if row is None else row[0]
-
     def expire(self, retention_seconds: float) -> int:
         """Delete tasks idle past the retention (finished or waiting on their caller), and
         unpaid in-band payment requests past the task deadline; returns how many went."""
