@@ -14,6 +14,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -35,7 +36,7 @@ class Token:
     version: int  # x402Version: 1 or 2
     source: str  # metadata | PAYMENT-SIGNATURE | X-PAYMENT
 
-    @property
+    @cached_property  # claims, logs and sealing all ask; the canonical JSON is built once
     def digest(self) -> str:
         """Identity of the token for claims and logs; the token itself is never stored."""
         canonical = json.dumps(self.payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
