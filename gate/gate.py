@@ -19,9 +19,10 @@ from gate.claims import RUNNING, SETTLING, Claims
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.limiter import AgentLimiters, Limiter
 from gate.payment_log import PaymentLog
+from gate.pipeline import handle_anonymous
 from gate.pricing import PaymentRequiredAnswers
 from gate.sealing import Sealer, load_key
-from gate.settlement import Payment, Settler
+from gate.settlement import Payment, Settler, attach_payment_metadata
 from server.dialects import TERMINAL_STATES
 from server.execution import Settlement
 from server.tasks import agent_message, set_status
@@ -51,8 +52,6 @@ class PaymentGate:
         services.metrics.watch_state(self.claims.count_in_flight, self.claims.count_owed)
 
     async def handle(self, request: Request, agent: str) -> Response:
-        from gate.pipeline import handle_anonymous
-
         return await handle_anonymous(self, request, agent)
 
     def settlement_for(self, payment: Payment) -> Settlement:
@@ -66,9 +65,8 @@ class PaymentGate:
 
         async def not_delivered(task: dict[str, Any]) -> None:
             self.claims.release(payment.token_digest)
-            self.log.append("release", agent=payment.agent, token_digest=payment.token_digest, payer=payment.payer,
-                            amount=payment.amount, network=payment.network, asset=payment.asset,
-                            task_id=task["id"], error=f"task {task['status']['state']}: not charged")
+            self.log.append("release", **payment.log_fields(task["id"]),
+                            error=f"task {task['status']['state']}: not charged")
 
         return Settlement(mark_delivered=mark_delivered, delivered=delivered, not_delivered=not_delivered)
 
@@ -114,15 +112,28 @@ class PaymentGate:
 
     async def reconcile(self, older_than: float = 0.0) -> list[dict[str, Any]]:
         """Settle owed claims once each; returns one outcome per claim attempted."""
-        from gate.pipeline import settle_owed
-
         outcomes = []
         for row in self.claims.owed(older_than=older_than):
             if not self.claims.take_owed(row["token_digest"]):
                 continue
             payload = self.sealer.unseal(row["sealed_payment"], row["token_digest"])
-            outcomes.append(await settle_owed(self, row, payload))
+            outcomes.append(await self.settle_owed(row, payload))
         return outcomes
+
+    async def settle_owed(self, row: dict[str, Any], sealed: dict[str, Any]) -> dict[str, Any]:
+        """Settle one owed claim (already taken for this process) and update its task."""
+        config = self.services.agents.get(row["agent"])
+        price = config.price if config is not None else None
+        amount, network, asset = (price.amount, price.network, price.asset) if price else ("", "", "")
+        payment = Payment(row["token_digest"], sealed["version"], sealed["payload"], sealed["requirements"],
+                          row["agent"], row["payer"], amount, network, asset)
+        metadata = await self.settler.settle(payment, row["task_id"])
+        store = self.services.store
+        task = store.get(row["task_id"], f"payer:{row['payer']}", row["agent"])
+        if task is not None:
+            attach_payment_metadata(task, metadata)
+            store.save(task)
+        return {"task_id": row["task_id"], "payer": row["payer"], "agent": row["agent"], **metadata}
 
     async def _reconcile_loop(self) -> None:
         interval = self.services.settings.reconcile_interval_seconds

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -118,7 +119,7 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         info.payer = outcome.row["payer"]
         return await replay(gate, plan, outcome.row, payment)
     try:
-        return await verified_send(gate, request, plan, agent, token, requirements, payment)
+        return await verified_send(gate, request, plan, agent, token, requirements, payment, extension)
     except BaseException:
         # a bug of ours (or a cancellation) before the work started: the claim must not
         # stay "running" forever and lock the payer out; after the start it is bound to
@@ -130,12 +131,10 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
 
 
 async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: AgentConfig, token: tokens.Token,
-                        requirements: dict[str, Any], payment: Payment) -> Response:
+                        requirements: dict[str, Any], payment: Payment, extension: str) -> Response:
     """Steps 9 to 12, for a claimed token."""
-    call, price, info = plan.call, agent.price, request.state.info
-    assert price is not None
+    call, info = plan.call, request.state.info
     log = log_fields(agent, token)
-    extension = activated_extension(request.headers)
     # 9. facilitator verify
     try:
         verification = await gate.facilitator.verify(token.version, token.payload, requirements)
@@ -158,7 +157,7 @@ async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, age
         return payment_rejected("payer_not_allowed")
     gate.log.append("verify", **log, payer=verification.payer)
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
-    payment = Payment(**{**payment.__dict__, "payer": verification.payer})
+    payment = replace(payment, payer=verification.payer)
     try:
         execution = gate.services.methods.start_send(
             plan, agent.name, f"payer:{payment.payer}", gate.settlement_for(payment), adopt_pending=True
@@ -199,53 +198,17 @@ async def replay(gate: PaymentGate, plan: SendPlan, row: dict[str, Any], payment
     """The same token with the same request: the stored answer, re-driving an owed settlement."""
     owner, call = f"payer:{row['payer']}", plan.call
     if row["state"] == "settle_failed" and gate.claims.take_owed(row["token_digest"]):
-        await settle_owed(gate, row, payment.sealable())
+        await gate.settle_owed(row, payment.sealable())
     task = gate.services.store.get(row["task_id"], owner, row["agent"])
     if task is None:
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
-    gate.log.append("replay", agent=row["agent"], token_digest=row["token_digest"], payer=row["payer"],
-                    task_id=row["task_id"], amount=payment.amount, network=payment.network, asset=payment.asset)
+    gate.log.append("replay", **replace(payment, payer=row["payer"]).log_fields(row["task_id"]))
     headers = {"X-Idempotent-Replay": "true", **payment_response_header(task)}
     task = trim_history(task, plan.history_length)
     if call.operation == "stream":
         body = sse(call.id, dialects.send_result(task, call.dialect))
         return StreamingResponse(iter([body]), media_type="text/event-stream", headers=headers)
     return result_response(call.id, dialects.send_result(task, call.dialect), headers)
-
-
-async def settle_owed(gate: PaymentGate, row: dict[str, Any], sealed: dict[str, Any]) -> dict[str, Any]:
-    """Settle one owed claim (already taken for this process) and update its task."""
-    payment = Payment(row["token_digest"], sealed["version"], sealed["payload"], sealed["requirements"], row["agent"],
-                      row["payer"], *_price_fields(gate, row["agent"]))
-    metadata = await gate.settler.settle(payment, row["task_id"])
-    store = gate.services.store
-    task = store.get(row["task_id"], f"payer:{row['payer']}", row["agent"])
-    if task is not None:
-        attach_payment_metadata(task, metadata)
-        store.save(task)
-    return {"task_id": row["task_id"], "payer": row["payer"], "agent": row["agent"], **metadata}
-
-
-def _price_fields(gate: PaymentGate, agent: str) -> tuple[str, str, str]:
-    config = gate.services.agents.get(agent)
-    price = config.price if config is not None else None
-    return (price.amount, price.network, price.asset) if price else ("", "", "")
-
-
-def attach_payment_metadata(task: dict[str, Any], metadata: dict[str, Any]) -> None:
-    """Put payment metadata on the status message and mirror it at task.metadata.
-
-    Only delivered work is settled, so a task a crash left `working` after its
-    delivery was saved is completed here.
-    """
-    if task["status"]["state"] != "completed":
-        set_status(task, "completed", agent_message(task, "Done."))
-    message = task["status"].get("message") or agent_message(task, "Done.")
-    kept = {k: v for k, v in (message.get("metadata") or {}).items() if not k.startswith("x402.")}
-    message["metadata"] = {**kept, **metadata}
-    task["status"]["message"] = message
-    task_kept = {k: v for k, v in (task.get("metadata") or {}).items() if not k.startswith("x402.")}
-    task["metadata"] = {**task_kept, **metadata}
 
 
 async def bound_task_call(gate: PaymentGate, request: Request, call: Call, agent: AgentConfig) -> Response:

@@ -17,6 +17,7 @@ from gate.facilitator import FacilitatorClient, Unavailable
 from gate.payment_log import PaymentLog
 from server.config import FacilitatorConfig
 from server.metrics import Metrics
+from server.tasks import agent_message, set_status
 
 STATUS = "x402.payment.status"
 RECEIPTS = "x402.payment.receipts"
@@ -37,6 +38,11 @@ class Payment:
     network: str
     asset: str
 
+    def log_fields(self, task_id: str = "") -> dict[str, str]:
+        """What a payment log row says about this payment (never the payload itself)."""
+        return dict(agent=self.agent, token_digest=self.token_digest, payer=self.payer, amount=self.amount,
+                    network=self.network, asset=self.asset, task_id=task_id)
+
     def sealable(self) -> dict[str, Any]:
         return {"version": self.version, "payload": self.payload, "requirements": self.requirements}
 
@@ -47,6 +53,22 @@ def completed_metadata(receipt: dict[str, Any]) -> dict[str, Any]:
 
 def verified_metadata(error: str) -> dict[str, Any]:
     return {STATUS: "payment-verified", ERROR: error}
+
+
+def attach_payment_metadata(task: dict[str, Any], metadata: dict[str, Any]) -> None:
+    """Put payment metadata on the status message and mirror it at task.metadata.
+
+    Only delivered work is settled, so a task a crash left `working` after its
+    delivery was saved is completed here.
+    """
+    if task["status"]["state"] != "completed":
+        set_status(task, "completed", agent_message(task, "Done."))
+    message = task["status"].get("message") or agent_message(task, "Done.")
+    kept = {k: v for k, v in (message.get("metadata") or {}).items() if not k.startswith("x402.")}
+    message["metadata"] = {**kept, **metadata}
+    task["status"]["message"] = message
+    task_kept = {k: v for k, v in (task.get("metadata") or {}).items() if not k.startswith("x402.")}
+    task["metadata"] = {**task_kept, **metadata}
 
 
 class Settler:
@@ -61,8 +83,7 @@ class Settler:
 
     async def settle(self, payment: Payment, task_id: str) -> dict[str, Any]:
         """Settle a claim already in `settling`; returns the payment metadata for the task."""
-        log = dict(agent=payment.agent, token_digest=payment.token_digest, payer=payment.payer,
-                   amount=payment.amount, network=payment.network, asset=payment.asset, task_id=task_id)
+        log = payment.log_fields(task_id)
         try:
             result = await self._settle_with_retries(payment)
         except Unavailable as exc:
