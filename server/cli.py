@@ -114,7 +114,7 @@ def _run_workers(config: Any) -> None:
     Multiprocess(config, sockets=[sock]).run()
 
 
-def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     """Wait for `process` to answer on `url`; stop at once if it exits (the message is its own)."""
     import httpx
 
