@@ -107,6 +107,9 @@ class Settings:
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     keys: tuple[ApiKey, ...] = ()
     reconcile_interval_seconds: float = 30.0
+    # in-band requests awaiting payment: the original message kept (bytes), and how many per caller
+    in_band_max_message_bytes: int = 8192
+    in_band_pending_per_ip: int = 5
     source: str = "<embedded defaults>"
     warnings: tuple[str, ...] = ()  # problems that do not stop the server (shown by check-config)
 
@@ -219,7 +222,7 @@ class _Reader:
         known = {
             "public_url", "database", "default_agent", "max_body_bytes", "task_retention_days",
             "task_deadline_seconds", "limits", "proxy", "facilitator", "agents", "keys",
-            "reconcile_interval_seconds",
+            "reconcile_interval_seconds", "in_band",
         }
         self.unknown(raw, known, "")
         defaults = Settings()
@@ -234,6 +237,8 @@ class _Reader:
         self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries"}, "limits")
         proxy = self.table(raw, "proxy", "proxy")
         self.unknown(proxy, {"trusted"}, "proxy")
+        in_band = self.table(raw, "in_band", "in_band")
+        self.unknown(in_band, {"max_message_bytes", "pending_per_ip"}, "in_band")
         trusted = self.get(proxy, "trusted", list, [], "proxy.trusted")
         for i, item in enumerate(trusted):
             if not isinstance(item, str) or not item:
@@ -267,6 +272,8 @@ class _Reader:
             agents=agents,
             keys=keys,
             reconcile_interval_seconds=self.positive(raw, "reconcile_interval_seconds", defaults.reconcile_interval_seconds, "reconcile_interval_seconds", float),
+            in_band_max_message_bytes=self.positive(in_band, "max_message_bytes", defaults.in_band_max_message_bytes, "in_band.max_message_bytes"),
+            in_band_pending_per_ip=self.positive(in_band, "pending_per_ip", defaults.in_band_pending_per_ip, "in_band.pending_per_ip"),
             source=source,
             warnings=tuple(f"{source}: {w}" for w in self.warnings),
         )
