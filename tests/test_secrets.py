@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from gate.dev_payer import encode_header
+from devnet.payer import encode_header
 from tests.support.in_band import ACTIVATE, offer_v1, paying_body, task_of
 from tests.support.paid import Payer, send_body
 
