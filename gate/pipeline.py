@@ -89,7 +89,7 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
     # a message continuing an in-band request awaiting payment pays (or declines) for its original
     pending = in_band.find_pending(gate, plan, agent)
     if pending is not None and in_band.client_status(plan) == "payment-rejected":
-        info.set("declined", "in-band")
+        info.set("ok", "in-band payment declined: not charged")
         return in_band.declined(gate, plan, pending, active)
     # 6. the token: message metadata first, then PAYMENT-SIGNATURE, then X-PAYMENT
     token = tokens.extract(plan.message.get("metadata"), request.headers)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from devnet.payer import encode_header
-from tests.support.in_band import ACTIVATE, offer_v1, paying_body, task_of
+from tests.support.in_band import ACTIVATE, forge, offer_v1, paying_body, task_of
 from tests.support.paid import Payer, send_body
 
 
@@ -110,12 +110,12 @@ def test_no_token_signature_or_key_is_kept_or_echoed(paid):
     # a refused in-band payment (forged signature) answers on the task
     refused = task_of(post("paid", send_body("forged in band"), ACTIVATE).json()["result"])
     forged = seen.token(payer.sign_v1(offer))
-    forged["payload"]["signature"] = forged["payload"]["signature"][:-2] + "00"
+    forged["payload"]["signature"] = forge(forged["payload"]["signature"])
     post("paid", paying_body("pay", refused["id"], forged), ACTIVATE)
 
     # refusals and principals over the HTTP flow
     forged_header = seen.token(payer.token_for(paid.gate.url))
-    forged_header["payload"]["signature"] = forged_header["payload"]["signature"][:-2] + "00"
+    forged_header["payload"]["signature"] = forge(forged_header["payload"]["signature"])
     post("paid", send_body("x"), {"PAYMENT-SIGNATURE": encode_header(forged_header)})
     post("paid", send_body("x"), {"Authorization": f"Bearer {encode_header(forged_header)}"})
     post("echo", send_body("x", metadata={"x402.payment.payload": seen.token(payer.token_for(paid.gate.url))}),

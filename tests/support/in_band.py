@@ -24,6 +24,12 @@ def paying_body(text: str, task_id: str, payload: dict[str, Any] | None, *, meth
     return send_body(text, method=method, task_id=task_id, metadata=metadata, call_id=call_id)
 
 
+def forge(signature: str) -> str:
+    """A signature with one byte of `r` changed: it recovers no payer who signed anything."""
+    flipped = "%02x" % (int(signature[10:12], 16) ^ 0xFF)
+    return signature[:10] + flipped + signature[12:]
+
+
 def sse_results(response: httpx.Response) -> list[dict[str, Any]]:
     """Every `data:` event of an SSE answer, as JSON-RPC responses."""
     assert response.headers["content-type"].startswith("text/event-stream"), response.text[:300]
