@@ -102,6 +102,7 @@ class Settings:
     per_ip_per_minute: int = 30
     per_agent_per_minute: int = 120
     limiter_max_entries: int = 100_000
+    ipv6_prefix: int = 64  # an IPv6 caller is its network of this many bits (one household)
     trusted_proxies: tuple[str, ...] = ()
     facilitator: FacilitatorConfig = FacilitatorConfig()
     agents: dict[str, AgentConfig] = field(default_factory=dict)
@@ -231,7 +232,11 @@ class _Reader:
             database = str(base_dir / database)
 
         limits = self.table(raw, "limits", "limits")
-        self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries"}, "limits")
+        self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries", "ipv6_prefix"}, "limits")
+        ipv6_prefix = self.get(limits, "ipv6_prefix", int, defaults.ipv6_prefix, "limits.ipv6_prefix")
+        if not 16 <= ipv6_prefix <= 128:
+            self.problem("limits.ipv6_prefix", f"must be a prefix length from 16 to 128, got {ipv6_prefix}")
+            ipv6_prefix = defaults.ipv6_prefix
         proxy = self.table(raw, "proxy", "proxy")
         self.unknown(proxy, {"trusted"}, "proxy")
         trusted = self.get(proxy, "trusted", list, [], "proxy.trusted")
@@ -262,6 +267,7 @@ class _Reader:
             per_ip_per_minute=self.positive(limits, "per_ip_per_minute", defaults.per_ip_per_minute, "limits.per_ip_per_minute"),
             per_agent_per_minute=self.positive(limits, "per_agent_per_minute", defaults.per_agent_per_minute, "limits.per_agent_per_minute"),
             limiter_max_entries=self.positive(limits, "max_entries", defaults.limiter_max_entries, "limits.max_entries"),
+            ipv6_prefix=ipv6_prefix,
             trusted_proxies=tuple(t for t in trusted if isinstance(t, str)),
             facilitator=facilitator,
             agents=agents,
