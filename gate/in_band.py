@@ -149,7 +149,7 @@ def request_digest(agent: str, method: str, task_id: str) -> str:
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
 
 
-def payment_required(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, resource: str, client: str,
+def payment_required(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, resource: str, caller: str,
                      active: Activation, pending: Pending | None) -> Response:
     """The Task asking for payment; over a cap (message size, requests per caller) the HTTP 402 instead."""
     price = agent.price
@@ -159,7 +159,7 @@ def payment_required(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, reso
         task = pending.task
     else:
         message = scrub({k: v for k, v in plan.message.items() if k != "taskId"})
-        owner = pending_owner(client)
+        owner = pending_owner(caller)
         too_big = len(json.dumps(message, separators=(",", ":"))) > settings.in_band_max_message_bytes
         if too_big or store.count_pending(owner) >= settings.in_band_pending_per_ip:
             return gate.answers_402.response(agent.name, price, resource, agent.description)

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from gate import in_band, pricing, tokens
 from gate.facilitator import Unavailable
+from gate.limiter import caller_key
 from gate.settlement import STATUS, Payment
 from server.cards import agent_url
 from server.config import AgentConfig
@@ -96,7 +97,8 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
     if token is None:
         if active is not None:
             info.set("payment_required", "in-band")
-            return in_band.payment_required(gate, plan, agent, resource, info.client, active, pending)
+            caller = caller_key(info.client, gate.services.settings.ipv6_prefix)  # one household, one cap
+            return in_band.payment_required(gate, plan, agent, resource, caller, active, pending)
         return gate.answers_402.response(agent.name, price, resource, agent.description)
     log = log_fields(agent, token)
 

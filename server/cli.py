@@ -54,6 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server import request_log
+    from server.deadlines import server_config
 
     request_log.configure(json_lines=args.log_json, level=args.log_level)
     settings = load_settings(args.config)
@@ -80,14 +81,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             os.environ["A2A_GATE_OVERRIDES"] = json.dumps(overrides)
             os.environ["A2A_GATE_LOG_JSON"] = "1" if args.log_json else "0"
             os.environ["A2A_GATE_LOG_LEVEL"] = args.log_level
-            _run_workers(uvicorn.Config("server.cli:app_from_env", factory=True, host=args.host, port=args.port,
-                                        workers=args.workers, proxy_headers=False, access_log=False,
-                                        log_level=args.log_level))
+            _run_workers(server_config("server.cli:app_from_env", settings.http, factory=True, host=args.host,
+                                       port=args.port, workers=args.workers, proxy_headers=False, access_log=False,
+                                       log_level=args.log_level))
         else:
             from server.app import create_app
 
-            uvicorn.run(create_app(settings), host=args.host, port=args.port, proxy_headers=False,
-                        access_log=False, log_level=args.log_level)
+            server = uvicorn.Server(server_config(create_app(settings), settings.http, host=args.host, port=args.port,
+                                                  proxy_headers=False, access_log=False, log_level=args.log_level))
+            server.run()
+            if not server.started:
+                return 3  # uvicorn's own exit status for a server that could not start
     finally:
         if facilitator is not None:
             facilitator.terminate()
