@@ -11,18 +11,25 @@ endpoint configured for the payment's network.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from eth_abi import decode as abi_decode
-from eth_abi import encode as abi_encode
-from eth_utils import keccak, to_checksum_address
 
 from server.config import NetworkConfig
 
-AUTHORIZATION_STATE = keccak(text="authorizationState(address,bytes32)")[:4]
-AUTHORIZATION_USED_TOPIC = "0x" + keccak(text="AuthorizationUsed(address,bytes32)").hex()
+# The ABI needs no library for two fixed shapes (the production install carries none):
+# keccak("authorizationState(address,bytes32)")[:4] and keccak("AuthorizationUsed(address,bytes32)").
+AUTHORIZATION_STATE = "0xe94a0102"
+AUTHORIZATION_USED_TOPIC = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5"
+ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+WORD = re.compile(r"^0x[0-9a-fA-F]{64}$")
+
+
+def address_word(address: str) -> str:
+    """An address as one 32-byte ABI word (also its indexed-topic form), without 0x."""
+    return "00" * 12 + address.lower().removeprefix("0x")
 
 
 class ChainUnavailable(Exception):
@@ -44,9 +51,9 @@ class Authorization:
     """The EIP-3009 authorization a payment carries, as the chain knows it."""
 
     network: str
-    asset: str
-    authorizer: str
-    nonce: bytes
+    asset: str  # 0x address, lowercase
+    authorizer: str  # 0x address, lowercase
+    nonce: str  # 0x + 64 hex digits, lowercase
     valid_before: int
 
     @classmethod
@@ -56,13 +63,17 @@ class Authorization:
         auth = inner.get("authorization") if isinstance(inner, dict) else None
         if not isinstance(auth, dict):
             return None
+        asset, authorizer, nonce = requirements.get("asset"), auth.get("from"), auth.get("nonce")
+        if not all(isinstance(v, str) for v in (asset, authorizer, nonce)):
+            return None
+        if not (ADDRESS.match(asset) and ADDRESS.match(authorizer) and WORD.match(nonce)):
+            return None
         try:
-            nonce = bytes.fromhex(str(auth["nonce"]).removeprefix("0x"))
-            return cls(network=network, asset=to_checksum_address(str(requirements["asset"])),
-                       authorizer=to_checksum_address(str(auth["from"])), nonce=nonce,
-                       valid_before=int(auth["validBefore"])) if len(nonce) == 32 else None
+            valid_before = int(auth["validBefore"])
         except (KeyError, ValueError, TypeError):
             return None
+        return cls(network=network, asset=asset.lower(), authorizer=authorizer.lower(), nonce=nonce.lower(),
+                   valid_before=valid_before)
 
 
 class Chain:
@@ -83,16 +94,14 @@ class Chain:
         return AuthorizationFacts(used=True, transaction=await self._used_in(authorization))
 
     async def _authorization_state(self, a: Authorization) -> bool:
-        data = AUTHORIZATION_STATE + abi_encode(["address", "bytes32"], [a.authorizer, a.nonce])
-        result = await self._rpc(a.network, "eth_call", [{"to": a.asset, "data": "0x" + data.hex()}, "latest"])
-        try:
-            return bool(abi_decode(["bool"], bytes.fromhex(str(result).removeprefix("0x")))[0])
-        except Exception:
-            raise ChainUnavailable("malformed_eth_call_answer") from None
+        data = AUTHORIZATION_STATE + address_word(a.authorizer) + a.nonce.removeprefix("0x")
+        result = await self._rpc(a.network, "eth_call", [{"to": a.asset, "data": data}, "latest"])
+        if not isinstance(result, str) or not WORD.match(result):
+            raise ChainUnavailable("malformed_eth_call_answer")
+        return int(result, 16) != 0
 
     async def _used_in(self, a: Authorization) -> str:
-        topics = [AUTHORIZATION_USED_TOPIC, "0x" + "00" * 12 + a.authorizer.lower().removeprefix("0x"),
-                  "0x" + a.nonce.hex()]
+        topics = [AUTHORIZATION_USED_TOPIC, "0x" + address_word(a.authorizer), a.nonce]
         logs = await self._rpc(a.network, "eth_getLogs",
                                [{"address": a.asset, "fromBlock": "earliest", "toBlock": "latest", "topics": topics}])
         if not isinstance(logs, list):
