@@ -1,7 +1,8 @@
 """Prometheus metrics (prometheus-client), served at /metrics.
 
-Labels are bounded: agents are the configured ones (anything else is "unknown") and
-outcomes come from a fixed set. Gauges that describe stored state (claims in flight,
+Labels come from bounded, public sets: an agent is named only when it is exposed
+(`agent_label`), outcomes come from a fixed set. A label naming a hidden agent would
+tell anyone who can scrape which names the identical 401s are hiding. Gauges that describe stored state (claims in flight,
 the reconciler's backlog) are read from the database at scrape time. With several
 workers each serves its own counters.
 """
@@ -9,11 +10,23 @@ workers each serves its own counters.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
+
+
+UNKNOWN_AGENT = "unknown"  # a name no agent is configured under
+HIDDEN_AGENT = "other"  # a configured agent that is not exposed
+
+
+def agent_label(name: str, agent: Any | None) -> str:
+    """How a metric label or a log line names the agent a request asked for."""
+    if agent is None:
+        return UNKNOWN_AGENT
+    return name if agent.exposed else HIDDEN_AGENT
 
 
 class Metrics:
