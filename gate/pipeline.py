@@ -22,7 +22,7 @@ from gate.facilitator import Unavailable
 from gate.settlement import STATUS, Payment
 from server import dialects
 from server.cards import X402_EXTENSIONS, agent_url
-from server.config import AgentConfig
+from server.config import AgentConfig, payment_window_seconds
 from server.jsonrpc import (
     INTERNAL_ERROR,
     TASK_NOT_FOUND,
@@ -95,9 +95,11 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
             return in_band_payment_required(gate, plan, agent, resource, extension)
         return gate.answers_402.response(agent.name, price, resource, agent.description)
     log = log_fields(agent, token)
-    # 7. local checks
+    # 7. local checks; a retry of a claimed token is answered by its claim whatever the clock says
     try:
-        requirements = tokens.check(token, price, resource)
+        requirements = tokens.check_payload(token, price, resource)
+        if gate.claims.find(token.digest) is None:
+            tokens.check_window(token, min_window=payment_window_seconds(agent, gate.services.settings.facilitator))
     except tokens.Rejection as exc:
         gate.log.append("reject", **log, error=exc.reason)
         info.set("rejected", exc.reason)
