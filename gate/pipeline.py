@@ -144,7 +144,7 @@ async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, age
         gate.claims.release(token.digest)
         logger.warning("facilitator verify unavailable: %s", exc.reason)
         info.set("verify_unavailable", exc.reason)
-        return error_response(call.id, verify_unavailable())
+        return error_response(call.id, verify_unavailable(exc.retry_after))
     info.payer = verification.payer
     if not verification.valid:
         gate.claims.release(token.digest)
@@ -307,5 +307,8 @@ def payment_rejected(reason: str) -> JSONResponse:
     return JSONResponse({"detail": "Payment verification failed", "error": reason}, status_code=403)
 
 
-def verify_unavailable() -> RpcError:
-    return RpcError(INTERNAL_ERROR, "Payment verification unavailable", {"code": "verify_unavailable", "retryable": True})
+def verify_unavailable(retry_after: float = 0.0) -> RpcError:
+    data: dict[str, Any] = {"code": "verify_unavailable", "retryable": True}
+    if retry_after > 0:  # the facilitator's breaker is open: when a retry can get through
+        data["retry_after"] = math.ceil(retry_after)
+    return RpcError(INTERNAL_ERROR, "Payment verification unavailable", data)

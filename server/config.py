@@ -78,6 +78,9 @@ class FacilitatorConfig:
     max_wait_seconds: float = 2.0
     connections: int = 8  # kept-alive HTTP connections; more calls than this queue for one
     auth_header_env: str = ""  # env var holding e.g. "Bearer abc"; never in the file
+    auth: str = ""  # "package.module:callable" minting headers per call ({"verify": {...}, "settle": {...}})
+    breaker_failures: int = 5  # consecutive failures that open the circuit breaker
+    breaker_cooldown_seconds: float = 30.0  # how long it stays open before one probe
     settle_attempts: int = 4
     settle_backoff_seconds: float = 0.5
     settle_margin_seconds: float = 6.0  # time a facilitator wants left on a token to settle it (x402's: 6 s)
@@ -283,7 +286,8 @@ class _Reader:
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
         path = "facilitator"
         self.unknown(raw, {"url", "timeout_seconds", "max_in_flight", "max_wait_seconds", "connections", "auth_header_env",
-                           "settle_attempts", "settle_backoff_seconds", "settle_margin_seconds"}, path)
+                           "settle_attempts", "settle_backoff_seconds", "settle_margin_seconds", "auth",
+                           "breaker_failures", "breaker_cooldown_seconds"}, path)
         d = FacilitatorConfig()
         url = self.get(raw, "url", str, "", f"{path}.url")
         if url:
@@ -295,6 +299,10 @@ class _Reader:
             max_wait_seconds=self.positive(raw, "max_wait_seconds", d.max_wait_seconds, f"{path}.max_wait_seconds", float),
             connections=self.positive(raw, "connections", d.connections, f"{path}.connections"),
             auth_header_env=self.get(raw, "auth_header_env", str, "", f"{path}.auth_header_env"),
+            auth=self.callable_name(raw, "auth", f"{path}.auth"),
+            breaker_failures=self.positive(raw, "breaker_failures", d.breaker_failures, f"{path}.breaker_failures"),
+            breaker_cooldown_seconds=self.positive(raw, "breaker_cooldown_seconds", d.breaker_cooldown_seconds,
+                                                   f"{path}.breaker_cooldown_seconds", float),
             settle_attempts=self.positive(raw, "settle_attempts", d.settle_attempts, f"{path}.settle_attempts"),
             settle_backoff_seconds=self.positive(raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float),
             settle_margin_seconds=self.positive(raw, "settle_margin_seconds", d.settle_margin_seconds, f"{path}.settle_margin_seconds", float),
@@ -320,6 +328,12 @@ class _Reader:
                          f" plus {SIGNING_ALLOWANCE_SECONDS} s for the client; use at least {needed} or shorten those")
             return agent
         return replace(agent, price=replace(agent.price, max_timeout_seconds=needed))
+
+    def callable_name(self, raw: dict[str, Any], key: str, path: str) -> str:
+        target = self.get(raw, key, str, "", path)
+        if target and not re.match(r"^[\w.]+:[\w.]+$", target):
+            self.problem(path, f"must be 'package.module:callable', got {target!r}")
+        return target
 
     def agent(self, name: str, raw: Any) -> AgentConfig:
         path = f"agents.{name}"
