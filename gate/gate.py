@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from gate.claims import RUNNING, SETTLING, Claims
 from gate.facilitator import FacilitatorClient, Unavailable
-from gate.limiter import AgentLimiters, Limiter
+from gate.limiter import AgentLimiters, CallerLimiter
 from gate.payment_log import PaymentLog
 from gate.pipeline import handle_anonymous
 from gate.pricing import PaymentRequiredAnswers
@@ -37,7 +37,7 @@ class PaymentGate:
     def __init__(self, services: Services) -> None:
         settings = services.settings
         self.services = services
-        self.ip_limiter = Limiter(settings.per_ip_per_minute, settings.limiter_max_entries)
+        self.ip_limiter = CallerLimiter(settings.per_ip_per_minute, settings.limiter_max_entries, settings.ipv6_prefix)
         overrides = {a.name: a.per_agent_per_minute for a in settings.agents.values() if a.per_agent_per_minute}
         self.agent_limiters = AgentLimiters(settings.per_agent_per_minute, overrides)
         self.metrics = services.metrics

@@ -24,6 +24,7 @@ from server.agents import AgentRegistry
 from server.cards import agent_card
 from server.config import Settings
 from server.database import open_database
+from server.deadlines import BodyDeadline
 from server.execution import Runner
 from server.jsonrpc import (
     INTERNAL_ERROR,
@@ -221,7 +222,8 @@ def create_app(settings: Settings) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    middleware = []
+    # a request reaches the routes only whole: its body read within the deadline
+    middleware = [Middleware(BodyDeadline, seconds=settings.http.body_timeout_seconds, max_bytes=settings.max_body_bytes)]
     if settings.trusted_proxies:
         # uvicorn's proxy-header handling: forwarded headers count only from these peers
         middleware.append(Middleware(TrustedProxyMiddleware, trusted_hosts=list(settings.trusted_proxies)))

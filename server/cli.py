@@ -54,6 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server import request_log
+    from server.deadlines import server_config
 
     request_log.configure(json_lines=args.log_json, level=args.log_level)
     settings = load_settings(args.config)
@@ -68,10 +69,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.dev_facilitator:
         ledger = settings.database + ".ledger"
         facilitator = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "facilitator", "--port", str(args.dev_facilitator), "--db", ledger]
+            [sys.executable, "-m", "devnet", "facilitator", "--port", str(args.dev_facilitator), "--db", ledger]
         )
         overrides["facilitator_url"] = f"http://127.0.0.1:{args.dev_facilitator}"
-        _wait_for(f"http://127.0.0.1:{args.dev_facilitator}/healthz")
+        _wait_for(f"http://127.0.0.1:{args.dev_facilitator}/healthz", facilitator)
     settings = _apply_overrides(settings, overrides)
     try:
         if args.workers > 1:
@@ -80,14 +81,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             os.environ["A2A_GATE_OVERRIDES"] = json.dumps(overrides)
             os.environ["A2A_GATE_LOG_JSON"] = "1" if args.log_json else "0"
             os.environ["A2A_GATE_LOG_LEVEL"] = args.log_level
-            _run_workers(uvicorn.Config("server.cli:app_from_env", factory=True, host=args.host, port=args.port,
-                                        workers=args.workers, proxy_headers=False, access_log=False,
-                                        log_level=args.log_level))
+            _run_workers(server_config("server.cli:app_from_env", settings.http, factory=True, host=args.host,
+                                       port=args.port, workers=args.workers, proxy_headers=False, access_log=False,
+                                       log_level=args.log_level))
         else:
             from server.app import create_app
 
-            uvicorn.run(create_app(settings), host=args.host, port=args.port, proxy_headers=False,
-                        access_log=False, log_level=args.log_level)
+            server = uvicorn.Server(server_config(create_app(settings), settings.http, host=args.host, port=args.port,
+                                                  proxy_headers=False, access_log=False, log_level=args.log_level))
+            server.run()
+            if not server.started:
+                return 3  # uvicorn's own exit status for a server that could not start
     finally:
         if facilitator is not None:
             facilitator.terminate()
@@ -114,11 +118,14 @@ def _run_workers(config: Any) -> None:
     Multiprocess(config, sockets=[sock]).run()
 
 
-def _wait_for(url: str, timeout: float = 15.0) -> None:
+def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """Wait for `process` to answer on `url`; stop at once if it exits (the message is its own)."""
     import httpx
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"error: the development facilitator exited with status {process.returncode}")
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
                 return
@@ -204,21 +211,6 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_facilitator(args: argparse.Namespace) -> int:
-    from gate.dev_facilitator import run
-
-    run(host=args.host, port=args.port, db_path=args.db, trust_signatures=args.trust_signatures)
-    return 0
-
-
-def cmd_pay(args: argparse.Namespace) -> int:
-    from gate.dev_client import pay
-
-    result = asyncio.run(pay(args.url, args.text, private_key=args.key))
-    print(json.dumps(result, indent=2))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="a2a-gate", description="An A2A server with an x402 payment gate.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -231,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trusted-proxy", action="append", help="peer address whose X-Forwarded-* headers count (repeatable)")
     serve.add_argument("--database", help="SQLite file (overrides the configuration)")
     serve.add_argument("--dev-facilitator", type=int, metavar="PORT",
-                       help="also start the development facilitator on this port and use it")
+                       help="also start the development facilitator on this port and use it "
+                            "(a2a-gate-devnet, from the [dev] extra)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-json", action="store_true", help="one JSON object per log line")
     serve.set_defaults(func=cmd_serve)
@@ -266,19 +259,6 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.add_argument("--database")
     reconcile.set_defaults(func=cmd_reconcile)
 
-    facilitator = sub.add_parser("facilitator", help="run the development x402 facilitator (simulated ledger)")
-    facilitator.add_argument("--host", default="127.0.0.1")
-    facilitator.add_argument("--port", type=int, default=8402)
-    facilitator.add_argument("--db", default="dev-ledger.db")
-    facilitator.add_argument("--trust-signatures", action="store_true",
-                             help="DEVELOPMENT/BENCHMARK ONLY: skip signature recovery (nonces still tracked)")
-    facilitator.set_defaults(func=cmd_facilitator)
-
-    pay = sub.add_parser("pay", help="send a message to a priced agent, paying with a throwaway key")
-    pay.add_argument("url", help="the agent's endpoint, e.g. http://127.0.0.1:8000/a2a/paid-echo")
-    pay.add_argument("text")
-    pay.add_argument("--key", help="payer private key (default: a new throwaway key)")
-    pay.set_defaults(func=cmd_pay)
     return parser
 
 

@@ -93,6 +93,16 @@ class FacilitatorConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """How long a client may take to send a request, and to stay idle (see server/deadlines.py)."""
+
+    head_timeout_seconds: float = 10.0  # request line and headers, from the request's first byte
+    body_timeout_seconds: float = 30.0  # the whole body, from the end of the headers
+    keep_alive_seconds: float = 5.0  # an idle connection between requests
+    max_head_bytes: int = 16_384  # request line and headers together; a larger head is answered 400
+
+
+@dataclass(frozen=True)
 class ApiKey:
     """A key declared in the file by its SHA-256 digest (see `a2a-gate keys create`)."""
 
@@ -113,8 +123,10 @@ class Settings:
     per_ip_per_minute: int = 30
     per_agent_per_minute: int = 120
     limiter_max_entries: int = 100_000
+    ipv6_prefix: int = 64  # an IPv6 caller is its network of this many bits (one household)
     trusted_proxies: tuple[str, ...] = ()
     facilitator: FacilitatorConfig = FacilitatorConfig()
+    http: HttpConfig = HttpConfig()
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     keys: tuple[ApiKey, ...] = ()
     reconcile_interval_seconds: float = 30.0
@@ -230,7 +242,7 @@ class _Reader:
         known = {
             "public_url", "database", "default_agent", "max_body_bytes", "task_retention_days",
             "task_deadline_seconds", "limits", "proxy", "facilitator", "agents", "keys",
-            "reconcile_interval_seconds",
+            "reconcile_interval_seconds", "http",
         }
         self.unknown(raw, known, "")
         defaults = Settings()
@@ -242,7 +254,11 @@ class _Reader:
             database = str(base_dir / database)
 
         limits = self.table(raw, "limits", "limits")
-        self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries"}, "limits")
+        self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries", "ipv6_prefix"}, "limits")
+        ipv6_prefix = self.get(limits, "ipv6_prefix", int, defaults.ipv6_prefix, "limits.ipv6_prefix")
+        if not 16 <= ipv6_prefix <= 128:
+            self.problem("limits.ipv6_prefix", f"must be a prefix length from 16 to 128, got {ipv6_prefix}")
+            ipv6_prefix = defaults.ipv6_prefix
         proxy = self.table(raw, "proxy", "proxy")
         self.unknown(proxy, {"trusted"}, "proxy")
         trusted = self.get(proxy, "trusted", list, [], "proxy.trusted")
@@ -274,13 +290,25 @@ class _Reader:
             per_ip_per_minute=self.positive(limits, "per_ip_per_minute", defaults.per_ip_per_minute, "limits.per_ip_per_minute"),
             per_agent_per_minute=self.positive(limits, "per_agent_per_minute", defaults.per_agent_per_minute, "limits.per_agent_per_minute"),
             limiter_max_entries=self.positive(limits, "max_entries", defaults.limiter_max_entries, "limits.max_entries"),
+            ipv6_prefix=ipv6_prefix,
             trusted_proxies=tuple(t for t in trusted if isinstance(t, str)),
             facilitator=facilitator,
+            http=self.http(self.table(raw, "http", "http")),
             agents=agents,
             keys=keys,
             reconcile_interval_seconds=self.positive(raw, "reconcile_interval_seconds", defaults.reconcile_interval_seconds, "reconcile_interval_seconds", float),
             source=source,
             warnings=tuple(f"{source}: {w}" for w in self.warnings),
+        )
+
+    def http(self, raw: dict[str, Any]) -> HttpConfig:
+        self.unknown(raw, {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes"}, "http")
+        d = HttpConfig()
+        return HttpConfig(
+            head_timeout_seconds=self.positive(raw, "head_timeout_seconds", d.head_timeout_seconds, "http.head_timeout_seconds", float),
+            body_timeout_seconds=self.positive(raw, "body_timeout_seconds", d.body_timeout_seconds, "http.body_timeout_seconds", float),
+            keep_alive_seconds=self.positive(raw, "keep_alive_seconds", d.keep_alive_seconds, "http.keep_alive_seconds", float),
+            max_head_bytes=self.positive(raw, "max_head_bytes", d.max_head_bytes, "http.max_head_bytes"),
         )
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:

@@ -91,7 +91,7 @@ SECRET = "s3cr3t-facilitator-signing-key"
 
 @pytest.fixture
 def guarded_facilitator(tmp_path):
-    from gate.dev_facilitator import create_facilitator_app
+    from devnet.facilitator import create_facilitator_app
     from tests.support.facilitator_auth import OneUseBearer
     from tests.support.serve import serve_app
 

@@ -48,7 +48,7 @@ def test_refused_connection_is_verify_unavailable(tmp_path, facilitator, start_g
     gate = start_gate(write_config(paid_config(f"http://127.0.0.1:{port}", dead)), port=port)
     # sign against the real price, then send it to a gate whose facilitator is down
     response = httpx.post(f"{gate.url}/a2a/paid", json=send_body("x"))
-    from gate.dev_payer import encode_header, sign_payment
+    from devnet.payer import encode_header, sign_payment
     from tests.support.paid import decode_header
 
     token = sign_payment(decode_header(response.headers["PAYMENT-REQUIRED"]), Payer().key)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
 from gate import tokens
-from gate.dev_payer import encode_header, new_private_key, sign_payment
+from devnet.payer import encode_header, new_private_key, sign_payment
 from gate.pricing import payment_required
 from server.config import DEMO_PRICE
 

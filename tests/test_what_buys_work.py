@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from gate.dev_payer import encode_header, sign_payment
+from devnet.payer import encode_header, sign_payment
 from server.config import ConfigError, parse_config
 from tests.support.gate_process import free_port
 from tests.support.paid import PAY_TO, Payer, decode_header, paid_config, send_body

@@ -26,8 +26,8 @@ from x402.mechanisms.evm.exact import ExactEvmFacilitatorScheme
 from x402.mechanisms.evm.types import TransactionReceipt
 from x402.schemas.helpers import parse_payment_payload, parse_payment_requirements
 
-from gate.dev_chain import DEV_NETWORK, LedgerEvmSigner
-from gate.dev_ledger import DevLedger
+from devnet.chain import DEV_NETWORK, LedgerEvmSigner
+from devnet.ledger import DevLedger
 
 MAX_UINT256 = 2**256 - 1
 

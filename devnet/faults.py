@@ -2,7 +2,7 @@
 
 Tests make the facilitator misbehave through ``POST /dev/faults``; this module
 holds the validated fault configuration and hands out one mode per call. What
-each mode does to an HTTP response is ``gate.dev_facilitator``'s business.
+each mode does to an HTTP response is ``devnet.facilitator``'s business.
 """
 
 from __future__ import annotations

@@ -3,25 +3,23 @@
 It speaks the standard facilitator HTTP API (``POST /verify``, ``POST /settle``,
 ``GET /supported``) and decides every payment with the x402 package's own
 exact-EVM schemes (v2 and v1). Only the blockchain is fake: the schemes talk to
-``LedgerEvmSigner`` (``gate.dev_chain``), which answers the contract calls they
+``LedgerEvmSigner`` (``devnet.chain``), which answers the contract calls they
 make (``balanceOf``, ``authorizationState``, ``transferWithAuthorization`` and
-so on) from a SQLite ledger (``gate.dev_ledger``) instead of an RPC node.
+so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC node.
 
 ``trust_signatures=True`` is a development-only mode for benchmarks: signature
 recovery is skipped, everything else (amounts, recipient, time window, nonces,
 balances) is still checked. Never point real money at it.
 
 Tests can make the facilitator misbehave through ``POST /dev/faults``
-(``gate.dev_faults``) and count charges through ``GET /dev/ledger``.
+(``devnet.faults``) and count charges through ``GET /dev/ledger``.
 """
 
 from __future__ import annotations
 
-import argparse
 import hmac
 import json
 import logging
-import os
 import re
 from typing import Any
 
@@ -49,7 +47,7 @@ from x402.schemas import (
 )
 from x402.schemas.helpers import detect_version, parse_payment_payload, parse_payment_requirements
 
-from .dev_chain import (
+from .chain import (
     DEV_CHAIN_ID,
     DEV_NETWORK,
     DEV_NETWORK_V1,
@@ -58,8 +56,8 @@ from .dev_chain import (
     TokenInfo,
     default_tokens,
 )
-from .dev_faults import DEV_FAULT_REASON, FaultInjector
-from .dev_ledger import DEFAULT_INITIAL_BALANCE, DevLedger
+from .faults import DEV_FAULT_REASON, FaultInjector
+from .ledger import DEFAULT_INITIAL_BALANCE, DevLedger
 
 __all__ = [
     "DEV_CHAIN_ID",
@@ -72,7 +70,6 @@ __all__ = [
     "TokenInfo",
     "create_facilitator_app",
     "default_tokens",
-    "main",
     "run",
 ]
 
@@ -444,44 +441,3 @@ def run(
         auth_token=auth_token,
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``a2a-gate facilitator [--host H] [--port P] [--db PATH] [--trust-signatures]``."""
-    parser = argparse.ArgumentParser(
-        prog="a2a-gate facilitator",
-        description="Development x402 facilitator over a simulated SQLite token ledger.",
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8402)
-    parser.add_argument("--db", default="dev-ledger.db", help="SQLite ledger file")
-    parser.add_argument(
-        "--trust-signatures",
-        action="store_true",
-        help="dev-trusting mode for benchmarks: skip signature recovery",
-    )
-    parser.add_argument("--initial-balance", type=int, default=DEFAULT_INITIAL_BALANCE)
-    parser.add_argument(
-        "--auth-token",
-        default=os.environ.get("A2A_GATE_FACILITATOR_TOKEN"),
-        help="require this bearer token (default: $A2A_GATE_FACILITATOR_TOKEN)",
-    )
-    parser.add_argument("--log-level", default="info")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    run(
-        args.host,
-        args.port,
-        args.db,
-        args.trust_signatures,
-        initial_balance=args.initial_balance,
-        auth_token=args.auth_token,
-        log_level=args.log_level,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -4,9 +4,9 @@ The x402 package's exact-EVM facilitator schemes (v2 and v1) never touch a
 node themselves: they talk to a ``FacilitatorEvmSigner``, calling
 ``balanceOf``, ``authorizationState``, ``transferWithAuthorization`` and the
 like through it. ``LedgerEvmSigner`` is such a signer, but it answers from the
-SQLite ledger (``gate.dev_ledger``) instead of an RPC node, playing a
+SQLite ledger (``devnet.ledger``) instead of an RPC node, playing a
 FiatToken (USDC) contract on Base Sepolia. The HTTP side lives in
-``gate.dev_facilitator``.
+``devnet.facilitator``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from x402.mechanisms.evm.types import (
     TypedDataField,
 )
 
-from .dev_ledger import DevLedger, LedgerRevert, Transfer
+from .ledger import DevLedger, LedgerRevert, Transfer
 
 __all__ = [
     "DEV_CHAIN_ID",
@@ -64,7 +64,7 @@ DEV_CHAIN_ID = 84532
 #: The address the facilitator claims to send transactions from (it never signs any).
 FACILITATOR_ADDRESS = to_checksum_address(keccak(text="a2a-gate dev facilitator")[-20:])
 
-# Not in gate.dev_ledger: the ledger is pure state, signatures are the token's business.
+# Not in devnet.ledger: the ledger is pure state, signatures are the token's business.
 REVERT_INVALID_SIGNATURE = "FiatTokenV2: invalid signature"
 
 # Stand-in bytecode: only its non-emptiness matters to the x402 package.
