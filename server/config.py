@@ -68,6 +68,10 @@ class AgentConfig:
     allowed_payers: tuple[str, ...] | None = None
     per_agent_per_minute: int | None = None
     streaming: bool = True
+    on_settle_failure: str = "deliver"  # "withhold": settle before the answer leaves
+
+
+SETTLE_FAILURE_POLICIES = ("deliver", "withhold")
 
 
 @dataclass(frozen=True)
@@ -84,12 +88,22 @@ class FacilitatorConfig:
     settle_attempts: int = 4
     settle_backoff_seconds: float = 0.5
     settle_margin_seconds: float = 6.0  # time a facilitator wants left on a token to settle it (x402's: 6 s)
+    settle_passes: int = 6  # reconciler passes for owed work before the chain is asked
+    settle_max_delay_seconds: float = 3600.0  # the longest backoff between two passes
 
     @property
     def settle_budget_seconds(self) -> float:
         """The longest the in-request settle can take: every attempt, its wait for a slot and the backoffs."""
         backoffs = sum(self.settle_backoff_seconds * 2**i for i in range(self.settle_attempts - 1))
         return self.settle_attempts * (self.timeout_seconds + self.max_wait_seconds) + backoffs
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """A chain the gate may ask directly (settlement ground truth, DESIGN section 6)."""
+
+    rpc_url: str = ""
+    timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,8 @@ class Settings:
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     keys: tuple[ApiKey, ...] = ()
     reconcile_interval_seconds: float = 30.0
+    claim_lease_seconds: float = 30.0  # an owner renews its claims' leases; a lapsed one is an orphan
+    networks: dict[str, NetworkConfig] = field(default_factory=dict)
     source: str = "<embedded defaults>"
     warnings: tuple[str, ...] = ()  # problems that do not stop the server (shown by check-config)
 
@@ -242,7 +258,7 @@ class _Reader:
         known = {
             "public_url", "database", "default_agent", "max_body_bytes", "task_retention_days",
             "task_deadline_seconds", "limits", "proxy", "facilitator", "agents", "keys",
-            "reconcile_interval_seconds", "http",
+            "reconcile_interval_seconds", "http", "claim_lease_seconds", "networks",
         }
         self.unknown(raw, known, "")
         defaults = Settings()
@@ -297,6 +313,8 @@ class _Reader:
             agents=agents,
             keys=keys,
             reconcile_interval_seconds=self.positive(raw, "reconcile_interval_seconds", defaults.reconcile_interval_seconds, "reconcile_interval_seconds", float),
+            claim_lease_seconds=self.positive(raw, "claim_lease_seconds", defaults.claim_lease_seconds, "claim_lease_seconds", float),
+            networks=self.networks(self.table(raw, "networks", "networks")),
             source=source,
             warnings=tuple(f"{source}: {w}" for w in self.warnings),
         )
@@ -315,7 +333,7 @@ class _Reader:
         path = "facilitator"
         self.unknown(raw, {"url", "timeout_seconds", "max_in_flight", "max_wait_seconds", "connections", "auth_header_env",
                            "settle_attempts", "settle_backoff_seconds", "settle_margin_seconds", "auth",
-                           "breaker_failures", "breaker_cooldown_seconds"}, path)
+                           "breaker_failures", "breaker_cooldown_seconds", "settle_passes", "settle_max_delay_seconds"}, path)
         d = FacilitatorConfig()
         url = self.get(raw, "url", str, "", f"{path}.url")
         if url:
@@ -334,6 +352,8 @@ class _Reader:
             settle_attempts=self.positive(raw, "settle_attempts", d.settle_attempts, f"{path}.settle_attempts"),
             settle_backoff_seconds=self.positive(raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float),
             settle_margin_seconds=self.positive(raw, "settle_margin_seconds", d.settle_margin_seconds, f"{path}.settle_margin_seconds", float),
+            settle_passes=self.positive(raw, "settle_passes", d.settle_passes, f"{path}.settle_passes"),
+            settle_max_delay_seconds=self.positive(raw, "settle_max_delay_seconds", d.settle_max_delay_seconds, f"{path}.settle_max_delay_seconds", float),
         )
 
     def fit_payment_window(self, agent: AgentConfig, raw: Any, facilitator: FacilitatorConfig) -> AgentConfig:
@@ -363,6 +383,25 @@ class _Reader:
             self.problem(path, f"must be 'package.module:callable', got {target!r}")
         return target
 
+    def networks(self, raw: dict[str, Any]) -> dict[str, NetworkConfig]:
+        networks = {}
+        for name, body in raw.items():
+            path = f'networks."{name}"'
+            if not CAIP2_NETWORK.match(name):
+                self.problem(path, "must be a CAIP-2 network such as 'eip155:8453'")
+            if not isinstance(body, dict):
+                self.problem(path, "must be a table")
+                continue
+            self.unknown(body, {"rpc_url", "timeout_seconds"}, path)
+            rpc_url = self.get(body, "rpc_url", str, "", f"{path}.rpc_url")
+            if rpc_url:
+                rpc_url = self.http_url(rpc_url, f"{path}.rpc_url")
+            networks[name] = NetworkConfig(
+                rpc_url=rpc_url,
+                timeout_seconds=self.positive(body, "timeout_seconds", 10.0, f"{path}.timeout_seconds", float),
+            )
+        return networks
+
     def agent(self, name: str, raw: Any) -> AgentConfig:
         path = f"agents.{name}"
         if not AGENT_NAME.match(name):
@@ -373,7 +412,7 @@ class _Reader:
         known = {
             "description", "backend", "exposed", "price", "skills", "url", "upstream_auth_env",
             "timeout_seconds", "poll_interval_seconds", "deadline_seconds", "callable",
-            "allowed_payers", "per_agent_per_minute", "streaming",
+            "allowed_payers", "per_agent_per_minute", "streaming", "on_settle_failure",
         }
         self.unknown(raw, known, path)
         backend = self.get(raw, "backend", str, "echo", f"{path}.backend")
@@ -418,7 +457,15 @@ class _Reader:
             allowed_payers=allowed,
             per_agent_per_minute=None if per_agent is None else self.positive(raw, "per_agent_per_minute", None, f"{path}.per_agent_per_minute"),
             streaming=self.get(raw, "streaming", bool, True, f"{path}.streaming"),
+            on_settle_failure=self.settle_failure_policy(raw, path),
         )
+
+    def settle_failure_policy(self, raw: dict[str, Any], path: str) -> str:
+        policy = self.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
+        if policy not in SETTLE_FAILURE_POLICIES:
+            self.problem(f"{path}.on_settle_failure", f"must be one of {', '.join(SETTLE_FAILURE_POLICIES)}, got {policy!r}")
+            return "deliver"
+        return policy
 
     def skill(self, raw: Any, path: str) -> Skill:
         if not isinstance(raw, dict):

@@ -115,8 +115,9 @@ class BodyDeadline:
             await self.app(scope, receive, send)
             return
         try:
-            received = await asyncio.wait_for(self.read(receive), self.seconds)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.seconds):
+                received = await self.read(receive)
+        except TimeoutError:
             late = JSONResponse({"detail": "Request body not received in time"}, status_code=408,
                                 headers={"connection": "close"})
             await late(scope, receive, send)

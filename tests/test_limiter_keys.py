@@ -111,3 +111,16 @@ def test_caller_key(address, prefix, key):
     from gate.limiter import caller_key
 
     assert caller_key(address, prefix) == key
+
+
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="this machine has no IPv6 (a dual-stack listener needs it)")
+def test_trusted_ipv4_proxy_on_a_dual_stack_listener(facilitator, start_gate, write_config):
+    """Listening on `::` (dual stack), an IPv4 peer arrives as ::ffff:a.b.c.d; a proxy trusted
+    as 127.0.0.1 must still be recognised, or every client behind it shares its bucket."""
+    port = free_port()
+    text = limited_config(f"http://127.0.0.1:{port}", facilitator, trusted="127.0.0.1")
+    gate = start_gate(write_config(text), port=port, host="::", extra_args=["--workers", "2"])
+    via_proxy = f"http://127.0.0.1:{gate.port}"
+    # more than two workers' worth of one bucket: unrecognised, some worker would refuse
+    codes = [forwarded_for(via_proxy, f"198.51.100.{i}") for i in range(1, 2 * PER_IP + 2)]
+    assert codes == [402] * (2 * PER_IP + 1), codes
