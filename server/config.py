@@ -94,7 +94,7 @@ class FacilitatorConfig:
     @property
     def settle_budget_seconds(self) -> float:
         """The longest the in-request settle can take: every attempt, its wait for a slot and the backoffs."""
-        backoffs = sum(self.settle_backoff_seconds * 2**i for i in range(self.settle_attempts - 1))
+        backoffs = 1.5 * sum(self.settle_backoff_seconds * 2**i for i in range(self.settle_attempts - 1))  # jittered up to +50%
         return self.settle_attempts * (self.timeout_seconds + self.max_wait_seconds) + backoffs
 
 
