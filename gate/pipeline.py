@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gate import pricing, tokens
+from gate.claims import Claim, ClaimState
 from gate.facilitator import Unavailable
 from gate.settlement import STATUS, Payment
 from server import dialects
@@ -114,19 +115,19 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         info.set("in_flight")
         return error_response(call.id, RpcError(INTERNAL_ERROR, "Request in flight", {"code": "in_flight", "retryable": True}))
     if outcome.kind == "replay":
-        assert outcome.row is not None
+        assert outcome.claim is not None
         info.set("replay")
-        info.payer = outcome.row["payer"]
-        return await replay(gate, plan, outcome.row, payment)
+        info.payer = outcome.claim.payer
+        return await replay(gate, plan, outcome.claim, payment)
     try:
         return await verified_send(gate, request, plan, agent, token, requirements, payment, extension)
     except BaseException:
         # a bug of ours (or a cancellation) before the work started: the claim must not
         # stay "running" forever and lock the payer out; after the start it is bound to
         # the execution, which releases or settles it.
-        row = gate.claims.find(token.digest)
-        if row is not None and row["state"] == "running" and not row["task_id"]:
-            gate.claims.release(token.digest)
+        claim = gate.claims.find(token.digest)
+        if claim is not None and not claim.task_id:
+            gate.claims.release(token.digest)  # only ever a running claim
         raise
 
 
@@ -194,15 +195,17 @@ def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:
     return "ok", f"task {task['status']['state']}: not charged"
 
 
-async def replay(gate: PaymentGate, plan: SendPlan, row: dict[str, Any], payment: Payment) -> Response:
+async def replay(gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payment) -> Response:
     """The same token with the same request: the stored answer, re-driving an owed settlement."""
-    owner, call = f"payer:{row['payer']}", plan.call
-    if row["state"] == "settle_failed" and gate.claims.take_owed(row["token_digest"]):
-        await gate.settle_owed(row, payment.sealable())
-    task = gate.services.store.get(row["task_id"], owner, row["agent"])
+    owner, call = f"payer:{claim.payer}", plan.call
+    if claim.state == ClaimState.SETTLE_FAILED:
+        taken = gate.claims.take_owed(claim.token_digest)
+        if taken is not None:
+            await gate.settle_owed(taken)
+    task = gate.services.store.get(claim.task_id, owner, claim.agent)
     if task is None:
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
-    gate.log.append("replay", **replace(payment, payer=row["payer"]).log_fields(row["task_id"]))
+    gate.log.append("replay", **replace(payment, payer=claim.payer).log_fields(claim.task_id))
     headers = {"X-Idempotent-Replay": "true", **payment_response_header(task)}
     task = trim_history(task, plan.history_length)
     if call.operation == "stream":
@@ -230,9 +233,9 @@ async def prove_payer(gate: PaymentGate, request: Request, call: Call, agent: Ag
     token = tokens.extract(call.params.get("metadata"), request.headers)
     if token is None:
         return None
-    row = gate.claims.find(token.digest)
-    if row is not None and row["payer"]:
-        return f"payer:{row['payer']}"
+    claim = gate.claims.find(token.digest)
+    if claim is not None and claim.payer:
+        return f"payer:{claim.payer}"
     assert agent.price is not None
     try:
         resource = agent_url(public_base_url(request, gate.services.settings.public_url), agent.name)

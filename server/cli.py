@@ -226,7 +226,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_payments(args: argparse.Namespace) -> int:
     from gate.payment_log import PaymentLog
 
-    rows = PaymentLog(_database(args)).rows(agent=args.agent, payer=args.payer, action=args.action, limit=args.limit)
+    action = "write_off" if args.unsettled else "needs_attention" if args.needs_attention else args.action
+    rows = PaymentLog(_database(args)).rows(agent=args.agent, payer=args.payer, action=action, limit=args.limit)
     for row in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         print(f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
@@ -244,15 +245,14 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     async def run() -> list[dict[str, Any]]:
         services = Services(settings)
         try:
-            services.gate.recover()
-            return await services.gate.reconcile()
+            return await services.gate.reconcile_once()
         finally:
             await services.gate.close()
             await services.agents.aclose()
 
     outcomes = asyncio.run(run())
     for outcome in outcomes:
-        print(f"{outcome['task_id']}\t{outcome['payer']}\t{outcome['x402.payment.status']}\t"
+        print(f"{outcome['task_id']}\t{outcome['payer']}\t{outcome['state']}\t{outcome['x402.payment.status']}\t"
               f"{outcome.get('x402.payment.error', '')}")
     print(f"{len(outcomes)} owed settlement(s) attempted")
     return 0
@@ -297,7 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
     payments.add_argument("--database")
     payments.add_argument("--agent")
     payments.add_argument("--payer")
-    payments.add_argument("--action", choices=["verify", "reject", "settle", "settle_failed", "replay", "release"])
+    payments.add_argument("--action", choices=["verify", "reject", "settle", "settle_failed", "write_off",
+                                               "needs_attention", "replay", "release"])
+    terminal = payments.add_mutually_exclusive_group()
+    terminal.add_argument("--unsettled", action="store_true",
+                          help="delivered work written off: the settlement was refused for good (write_off rows)")
+    terminal.add_argument("--needs-attention", action="store_true",
+                          help="settlements nobody could decide (no chain endpoint, chain unreachable)")
     payments.add_argument("--limit", type=int, default=50)
     payments.set_defaults(func=cmd_payments)
 

@@ -67,6 +67,10 @@ class AgentConfig:
     allowed_payers: tuple[str, ...] | None = None
     per_agent_per_minute: int | None = None
     streaming: bool = True
+    on_settle_failure: str = "deliver"  # "withhold": settle before the answer leaves
+
+
+SETTLE_FAILURE_POLICIES = ("deliver", "withhold")
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,16 @@ class FacilitatorConfig:
     auth_header_env: str = ""  # env var holding e.g. "Bearer abc"; never in the file
     settle_attempts: int = 4
     settle_backoff_seconds: float = 0.5
+    settle_passes: int = 6  # reconciler passes for owed work before the chain is asked
+    settle_max_delay_seconds: float = 3600.0  # the longest backoff between two passes
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """A chain the gate may ask directly (settlement ground truth, DESIGN section 6)."""
+
+    rpc_url: str = ""
+    timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +133,8 @@ class Settings:
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     keys: tuple[ApiKey, ...] = ()
     reconcile_interval_seconds: float = 30.0
+    claim_lease_seconds: float = 30.0  # an owner renews its claims' leases; a lapsed one is an orphan
+    networks: dict[str, NetworkConfig] = field(default_factory=dict)
     source: str = "<embedded defaults>"
     warnings: tuple[str, ...] = ()  # problems that do not stop the server (shown by check-config)
 
@@ -231,7 +247,7 @@ class _Reader:
         known = {
             "public_url", "database", "default_agent", "max_body_bytes", "task_retention_days",
             "task_deadline_seconds", "limits", "proxy", "facilitator", "agents", "keys",
-            "reconcile_interval_seconds", "http",
+            "reconcile_interval_seconds", "http", "claim_lease_seconds", "networks",
         }
         self.unknown(raw, known, "")
         defaults = Settings()
@@ -285,6 +301,8 @@ class _Reader:
             agents=agents,
             keys=keys,
             reconcile_interval_seconds=self.positive(raw, "reconcile_interval_seconds", defaults.reconcile_interval_seconds, "reconcile_interval_seconds", float),
+            claim_lease_seconds=self.positive(raw, "claim_lease_seconds", defaults.claim_lease_seconds, "claim_lease_seconds", float),
+            networks=self.networks(self.table(raw, "networks", "networks")),
             source=source,
             warnings=tuple(f"{source}: {w}" for w in self.warnings),
         )
@@ -302,7 +320,7 @@ class _Reader:
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
         path = "facilitator"
         self.unknown(raw, {"url", "timeout_seconds", "max_in_flight", "max_wait_seconds", "connections", "auth_header_env",
-                           "settle_attempts", "settle_backoff_seconds"}, path)
+                           "settle_attempts", "settle_backoff_seconds", "settle_passes", "settle_max_delay_seconds"}, path)
         d = FacilitatorConfig()
         url = self.get(raw, "url", str, "", f"{path}.url")
         if url:
@@ -316,7 +334,28 @@ class _Reader:
             auth_header_env=self.get(raw, "auth_header_env", str, "", f"{path}.auth_header_env"),
             settle_attempts=self.positive(raw, "settle_attempts", d.settle_attempts, f"{path}.settle_attempts"),
             settle_backoff_seconds=self.positive(raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float),
+            settle_passes=self.positive(raw, "settle_passes", d.settle_passes, f"{path}.settle_passes"),
+            settle_max_delay_seconds=self.positive(raw, "settle_max_delay_seconds", d.settle_max_delay_seconds, f"{path}.settle_max_delay_seconds", float),
         )
+
+    def networks(self, raw: dict[str, Any]) -> dict[str, NetworkConfig]:
+        networks = {}
+        for name, body in raw.items():
+            path = f'networks."{name}"'
+            if not CAIP2_NETWORK.match(name):
+                self.problem(path, "must be a CAIP-2 network such as 'eip155:8453'")
+            if not isinstance(body, dict):
+                self.problem(path, "must be a table")
+                continue
+            self.unknown(body, {"rpc_url", "timeout_seconds"}, path)
+            rpc_url = self.get(body, "rpc_url", str, "", f"{path}.rpc_url")
+            if rpc_url:
+                rpc_url = self.http_url(rpc_url, f"{path}.rpc_url")
+            networks[name] = NetworkConfig(
+                rpc_url=rpc_url,
+                timeout_seconds=self.positive(body, "timeout_seconds", 10.0, f"{path}.timeout_seconds", float),
+            )
+        return networks
 
     def agent(self, name: str, raw: Any) -> AgentConfig:
         path = f"agents.{name}"
@@ -328,7 +367,7 @@ class _Reader:
         known = {
             "description", "backend", "exposed", "price", "skills", "url", "upstream_auth_env",
             "timeout_seconds", "poll_interval_seconds", "deadline_seconds", "callable",
-            "allowed_payers", "per_agent_per_minute", "streaming",
+            "allowed_payers", "per_agent_per_minute", "streaming", "on_settle_failure",
         }
         self.unknown(raw, known, path)
         backend = self.get(raw, "backend", str, "echo", f"{path}.backend")
@@ -373,7 +412,15 @@ class _Reader:
             allowed_payers=allowed,
             per_agent_per_minute=None if per_agent is None else self.positive(raw, "per_agent_per_minute", None, f"{path}.per_agent_per_minute"),
             streaming=self.get(raw, "streaming", bool, True, f"{path}.streaming"),
+            on_settle_failure=self.settle_failure_policy(raw, path),
         )
+
+    def settle_failure_policy(self, raw: dict[str, Any], path: str) -> str:
+        policy = self.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
+        if policy not in SETTLE_FAILURE_POLICIES:
+            self.problem(f"{path}.on_settle_failure", f"must be one of {', '.join(SETTLE_FAILURE_POLICIES)}, got {policy!r}")
+            return "deliver"
+        return policy
 
     def skill(self, raw: Any, path: str) -> Skill:
         if not isinstance(raw, dict):

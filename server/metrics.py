@@ -41,6 +41,12 @@ class Metrics:
                                           ["call", "reason"], registry=self.registry)
         self.settle_failures = Counter("a2a_gate_settle_failures", "Settlements that did not succeed",
                                        registry=self.registry)
+        self.settlements = Counter("a2a_gate_settlements", "Settle passes by outcome (settled, owed, unsettled,"
+                                   " needs_attention)", ["outcome"], registry=self.registry)
+        self.unsettled = Gauge("a2a_gate_claims_unsettled", "Delivered work written off (never paid)",
+                               registry=self.registry)
+        self.needs_attention = Gauge("a2a_gate_claims_needs_attention", "Settlements an operator must resolve",
+                                     registry=self.registry)
         self.limiter_refusals = Counter("a2a_gate_limiter_refusals", "Anonymous requests refused by a limiter",
                                         ["limiter"], registry=self.registry)
         self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling",
@@ -51,6 +57,10 @@ class Metrics:
     def watch_state(self, in_flight: Callable[[], float], backlog: Callable[[], float]) -> None:
         self.claims_in_flight.set_function(in_flight)
         self.reconciler_backlog.set_function(backlog)
+
+    def watch_terminal(self, unsettled: Callable[[], float], needs_attention: Callable[[], float]) -> None:
+        self.unsettled.set_function(unsettled)
+        self.needs_attention.set_function(needs_attention)
 
     def endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
