@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from gate import tokens
 from devnet.payer import encode_header, new_private_key, sign_payment
+from gate import tokens
 from gate.pricing import payment_required
 from server.config import DEMO_PRICE
 
