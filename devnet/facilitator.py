@@ -48,6 +48,8 @@ from x402.schemas import (
 from x402.schemas.helpers import detect_version, parse_payment_payload, parse_payment_requirements
 
 from .chain import (
+    ChainRpc,
+    JsonRpcError,
     DEV_CHAIN_ID,
     DEV_NETWORK,
     DEV_NETWORK_V1,
@@ -228,10 +230,9 @@ def _model_response(model: VerifyResponse | SettleResponse) -> JSONResponse:
     return JSONResponse(model.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
-async def _apply_fault(request: Request, kind: str) -> Response | None:
+async def _apply_fault(request: Request, kind: str, mode: str) -> Response | None:
     """Return the faulty response for this call, or None to answer normally."""
-    mode = request.app.state.faults.take(kind)
-    if mode == "none":
+    if mode == "none" or mode.startswith("late:"):
         return None
     if mode.startswith("slow:"):
         await anyio.sleep(float(mode.removeprefix("slow:")))
@@ -315,9 +316,18 @@ async def _decide(request: Request, kind: str) -> Response:
     """One verify or settle call: faults first, then the x402 scheme, off the event loop."""
     state = request.app.state
     state.calls[kind] += 1
-    faulty = await _apply_fault(request, kind)
+    mode = state.faults.take(kind)
+    faulty = await _apply_fault(request, kind, mode)
     if faulty is not None:
         return faulty
+    answer = await _answer(request, kind)
+    if mode.startswith("late:"):  # decided (a settle has moved the money); the answer comes late
+        await anyio.sleep(float(mode.removeprefix("late:")))
+    return answer
+
+
+async def _answer(request: Request, kind: str) -> Response:
+    state = request.app.state
     try:
         payload, requirements = await _parse_payment_request(request)
     except BadRequest as exc:
@@ -350,6 +360,24 @@ def _refusal(kind: str, reason: str, payload: Any, requirements: Any) -> VerifyR
         return VerifyResponse(is_valid=False, invalid_reason=reason, payer=_payer_of(payload))
     return SettleResponse(success=False, error_reason=reason, payer=_payer_of(payload), transaction="",
                           network=str(requirements.network))
+
+
+async def chain_rpc(request: Request) -> Response:
+    """The simulated chain's Ethereum JSON-RPC: ``eth_call`` and ``eth_getLogs`` on the ledger."""
+    try:
+        call = _load_json(await request.body())
+    except ValueError as exc:
+        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": str(exc)}})
+    if not isinstance(call, dict):
+        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "not an object"}})
+    params = call.get("params")
+    try:
+        result = await run_in_threadpool(
+            request.app.state.chain.answer, call.get("method"), params if isinstance(params, list) else []
+        )
+    except JsonRpcError as exc:
+        return JSONResponse({"jsonrpc": "2.0", "id": call.get("id"), "error": {"code": exc.code, "message": str(exc)}})
+    return JSONResponse({"jsonrpc": "2.0", "id": call.get("id"), "result": result})
 
 
 async def supported(request: Request) -> Response:
@@ -407,11 +435,13 @@ def create_facilitator_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/dev/faults", dev_faults, methods=["POST"]),
         Route("/dev/ledger", dev_ledger, methods=["GET"]),
+        Route("/rpc", chain_rpc, methods=["POST"]),
     ]
     middleware = [Middleware(BearerAuthMiddleware, token=auth_token)] if auth_token else []
     app = Starlette(routes=routes, middleware=middleware, max_body_size=MAX_BODY_SIZE)
     app.state.ledger = ledger
     app.state.signer = signer
+    app.state.chain = ChainRpc(signer)
     app.state.facilitator = facilitator
     app.state.faults = FaultInjector()
     app.state.calls = {"verify": 0, "settle": 0}

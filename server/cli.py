@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -54,6 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server import request_log
+    from server.deadlines import server_config
 
     request_log.configure(json_lines=args.log_json, level=args.log_level)
     settings = load_settings(args.config)
@@ -64,35 +68,82 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["trusted_proxies"] = args.trusted_proxy
     if args.database:
         overrides["database"] = args.database
-    facilitator = None
-    if args.dev_facilitator:
-        ledger = settings.database + ".ledger"
-        facilitator = subprocess.Popen(
-            [sys.executable, "-m", "devnet", "facilitator", "--port", str(args.dev_facilitator), "--db", ledger]
-        )
-        overrides["facilitator_url"] = f"http://127.0.0.1:{args.dev_facilitator}"
-        _wait_for(f"http://127.0.0.1:{args.dev_facilitator}/healthz", facilitator)
-    settings = _apply_overrides(settings, overrides)
-    try:
+    _unwind_on_sigterm()
+    with contextlib.ExitStack() as stack:
+        if args.dev_facilitator:
+            ledger = settings.database + ".ledger"
+            overrides["facilitator_url"] = stack.enter_context(_dev_facilitator(args.dev_facilitator, ledger))
+        settings = _apply_overrides(settings, overrides)
         if args.workers > 1:
             if args.config:
                 os.environ[CONFIG_ENV] = os.path.abspath(args.config)
             os.environ["A2A_GATE_OVERRIDES"] = json.dumps(overrides)
             os.environ["A2A_GATE_LOG_JSON"] = "1" if args.log_json else "0"
             os.environ["A2A_GATE_LOG_LEVEL"] = args.log_level
-            _run_workers(uvicorn.Config("server.cli:app_from_env", factory=True, host=args.host, port=args.port,
-                                        workers=args.workers, proxy_headers=False, access_log=False,
-                                        log_level=args.log_level))
+            _run_workers(server_config("server.cli:app_from_env", settings.http, factory=True, host=args.host,
+                                       port=args.port, workers=args.workers, proxy_headers=False, access_log=False,
+                                       log_level=args.log_level))
         else:
             from server.app import create_app
 
-            uvicorn.run(create_app(settings), host=args.host, port=args.port, proxy_headers=False,
-                        access_log=False, log_level=args.log_level)
-    finally:
-        if facilitator is not None:
-            facilitator.terminate()
-            facilitator.wait(timeout=10)
+            server = uvicorn.Server(server_config(create_app(settings), settings.http, host=args.host, port=args.port,
+                                                  proxy_headers=False, access_log=False, log_level=args.log_level))
+            server.run()
+            if not server.started:
+                return 3  # uvicorn's own exit status for a server that could not start
     return 0
+
+
+def _unwind_on_sigterm() -> None:
+    """Let SIGTERM unwind the stack like Ctrl-C does, so cleanup (`finally`, `with`) runs.
+
+    uvicorn handles SIGTERM itself, shuts down, then raises the signal again; with the
+    default action the process ended right there, before the development facilitator
+    was stopped. Exit status 143 (128 + SIGTERM) is what a supervisor expects.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+@contextlib.contextmanager
+def _dev_facilitator(port: int, ledger: str) -> Iterator[str]:
+    """The development facilitator as a child process; yields its URL, stops it on the way out.
+
+    On Linux the child also asks the kernel for SIGTERM when this process dies, however
+    it dies (SIGKILL, a crash), so it never outlives the gate holding its port.
+    """
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", ledger],
+                               preexec_fn=_die_with_parent())
+    try:
+        _wait_for(f"{url}/healthz", process)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` that makes Linux send the child SIGTERM when this process ends; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return preexec
 
 
 def _run_workers(config: Any) -> None:
@@ -175,7 +226,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_payments(args: argparse.Namespace) -> int:
     from gate.payment_log import PaymentLog
 
-    rows = PaymentLog(_database(args)).rows(agent=args.agent, payer=args.payer, action=args.action, limit=args.limit)
+    action = "write_off" if args.unsettled else "needs_attention" if args.needs_attention else args.action
+    rows = PaymentLog(_database(args)).rows(agent=args.agent, payer=args.payer, action=action, limit=args.limit)
     for row in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         print(f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
@@ -193,15 +245,14 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     async def run() -> list[dict[str, Any]]:
         services = Services(settings)
         try:
-            services.gate.recover()
-            return await services.gate.reconcile()
+            return await services.gate.reconcile_once()
         finally:
             await services.gate.close()
             await services.agents.aclose()
 
     outcomes = asyncio.run(run())
     for outcome in outcomes:
-        print(f"{outcome['task_id']}\t{outcome['payer']}\t{outcome['x402.payment.status']}\t"
+        print(f"{outcome['task_id']}\t{outcome['payer']}\t{outcome['state']}\t{outcome['x402.payment.status']}\t"
               f"{outcome.get('x402.payment.error', '')}")
     print(f"{len(outcomes)} owed settlement(s) attempted")
     return 0
@@ -246,7 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
     payments.add_argument("--database")
     payments.add_argument("--agent")
     payments.add_argument("--payer")
-    payments.add_argument("--action", choices=["verify", "reject", "settle", "settle_failed", "replay", "release"])
+    payments.add_argument("--action", choices=["verify", "reject", "settle", "settle_failed", "write_off",
+                                               "needs_attention", "replay", "release"])
+    terminal = payments.add_mutually_exclusive_group()
+    terminal.add_argument("--unsettled", action="store_true",
+                          help="delivered work written off: the settlement was refused for good (write_off rows)")
+    terminal.add_argument("--needs-attention", action="store_true",
+                          help="settlements nobody could decide (no chain endpoint, chain unreachable)")
     payments.add_argument("--limit", type=int, default=50)
     payments.set_defaults(func=cmd_payments)
 

@@ -64,6 +64,16 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
         setup=lambda: paid.faults(settle="http500"), after=recover)
     row("upstream agent down", "task failed, -", agent="paid-upstream-down")
 
+    # a token whose window closes before the work could be settled: refused before any work
+    short = decode_header(httpx.post(f"{gate.url}/a2a/paid", json=send_body("x")).headers["PAYMENT-REQUIRED"])
+    short["accepts"][0]["maxTimeoutSeconds"] = 7
+    verified = paid.ledger()["verify_calls"]
+    answer = answer_of(paid.post("paid", send_body("short window"),
+                                 {"PAYMENT-SIGNATURE": encode_header(sign_payment(short, Payer().key))}))
+    rows.append(("token window too short to collect", answer, 0,
+                 f"verify calls: {paid.ledger()['verify_calls'] - verified}, no work"))
+    assert answer == "HTTP 403 payment_window_too_short" and paid.ledger()["verify_calls"] == verified
+
     # the facilitator refusing connections: a gate pointed at a port nobody listens on
     port2 = free_port()
     down = start_gate(write_config(paid_config(f"http://127.0.0.1:{port2}", f"http://127.0.0.1:{refused_port}"),
@@ -73,6 +83,16 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
                                   headers={"PAYMENT-SIGNATURE": encode_header(sign_payment(required, Payer().key))}))
     rows.append(("facilitator refuses connections", answer, 0, ""))
     assert answer == "-32603 verify_unavailable"
+    # after breaker_failures (5) such failures in a row the breaker opens and answers at once
+    token = {"PAYMENT-SIGNATURE": encode_header(sign_payment(required, Payer().key))}
+    for _ in range(4):
+        httpx.post(f"{down.url}/a2a/paid", json=send_body("x"), headers=token)
+    started = time.monotonic()
+    response = httpx.post(f"{down.url}/a2a/paid", json=send_body("x"), headers=token)
+    elapsed = time.monotonic() - started
+    retry_after = response.json()["error"]["data"].get("retry_after")
+    rows.append(("facilitator breaker open", answer_of(response), 0, f"retry_after {retry_after} s, {elapsed * 1000:.0f} ms"))
+    assert answer_of(response) == "-32603 verify_unavailable" and retry_after and retry_after > 0
 
     # settle pending: the slow first call wakes up later and must not charge twice
     time.sleep(2.0)

@@ -98,12 +98,21 @@ def test_reconcile_command_settles_owed_work_once(paid):
     assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle_failed", "settle"]
 
 
-def test_settle_rejected_by_facilitator_keeps_delivery_and_owes(paid):
-    paid.faults(settle="invalid", count=1)
+def test_settle_refusal_the_gate_cannot_read_keeps_delivery_and_owes(paid):
+    """An unknown refusal reason is "unknown", not "failed": retried, and owed while it lasts."""
+    paid.faults(settle="invalid")
     task = paid.post("paid", send_body("x"), Payer().header_for(paid.gate.url)).json()["result"]
     assert task["status"]["state"] == "completed"
     assert task["metadata"]["x402.payment.status"] == "payment-verified"
     assert task["metadata"]["x402.payment.error"] == "dev_fault"
+    assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle_failed"]
+
+
+def test_one_unreadable_refusal_is_retried_at_once(paid):
+    paid.faults(settle="invalid", count=1)
+    task = paid.post("paid", send_body("x"), Payer().header_for(paid.gate.url)).json()["result"]
+    assert task["metadata"]["x402.payment.status"] == "payment-completed"
+    assert len(paid.ledger()["settlements"]) == 1
 
 
 def test_client_disconnect_never_cancels_paid_work_or_its_settlement(paid):
