@@ -23,7 +23,7 @@ from gate.facilitator import Unavailable
 from gate.settlement import STATUS, Payment
 from server import dialects
 from server.cards import X402_EXTENSIONS, agent_url
-from server.config import AgentConfig
+from server.config import AgentConfig, payment_window_seconds
 from server.jsonrpc import (
     INTERNAL_ERROR,
     TASK_NOT_FOUND,
@@ -96,9 +96,11 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
             return in_band_payment_required(gate, plan, agent, resource, extension)
         return gate.answers_402.response(agent.name, price, resource, agent.description)
     log = log_fields(agent, token)
-    # 7. local checks
+    # 7. local checks; a retry of a claimed token is answered by its claim whatever the clock says
     try:
-        requirements = tokens.check(token, price, resource)
+        requirements = tokens.check_payload(token, price, resource)
+        if gate.claims.find(token.digest) is None:
+            tokens.check_window(token, min_window=payment_window_seconds(agent, gate.services.settings.facilitator))
     except tokens.Rejection as exc:
         gate.log.append("reject", **log, error=exc.reason)
         info.set("rejected", exc.reason)
@@ -143,7 +145,7 @@ async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, age
         gate.claims.release(token.digest)
         logger.warning("facilitator verify unavailable: %s", exc.reason)
         info.set("verify_unavailable", exc.reason)
-        return error_response(call.id, verify_unavailable())
+        return error_response(call.id, verify_unavailable(exc.retry_after))
     info.payer = verification.payer
     if not verification.valid:
         gate.claims.release(token.digest)
@@ -308,5 +310,8 @@ def payment_rejected(reason: str) -> JSONResponse:
     return JSONResponse({"detail": "Payment verification failed", "error": reason}, status_code=403)
 
 
-def verify_unavailable() -> RpcError:
-    return RpcError(INTERNAL_ERROR, "Payment verification unavailable", {"code": "verify_unavailable", "retryable": True})
+def verify_unavailable(retry_after: float = 0.0) -> RpcError:
+    data: dict[str, Any] = {"code": "verify_unavailable", "retryable": True}
+    if retry_after > 0:  # the facilitator's breaker is open: when a retry can get through
+        data["retry_after"] = math.ceil(retry_after)
+    return RpcError(INTERNAL_ERROR, "Payment verification unavailable", data)

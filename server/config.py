@@ -7,10 +7,11 @@ operator can fix a file from the message alone; `load_config` raises one
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -81,10 +82,20 @@ class FacilitatorConfig:
     max_wait_seconds: float = 2.0
     connections: int = 8  # kept-alive HTTP connections; more calls than this queue for one
     auth_header_env: str = ""  # env var holding e.g. "Bearer abc"; never in the file
+    auth: str = ""  # "package.module:callable" minting headers per call ({"verify": {...}, "settle": {...}})
+    breaker_failures: int = 5  # consecutive failures that open the circuit breaker
+    breaker_cooldown_seconds: float = 30.0  # how long it stays open before one probe
     settle_attempts: int = 4
     settle_backoff_seconds: float = 0.5
+    settle_margin_seconds: float = 6.0  # time a facilitator wants left on a token to settle it (x402's: 6 s)
     settle_passes: int = 6  # reconciler passes for owed work before the chain is asked
     settle_max_delay_seconds: float = 3600.0  # the longest backoff between two passes
+
+    @property
+    def settle_budget_seconds(self) -> float:
+        """The longest the in-request settle can take: every attempt, its wait for a slot and the backoffs."""
+        backoffs = 1.5 * sum(self.settle_backoff_seconds * 2**i for i in range(self.settle_attempts - 1))  # jittered up to +50%
+        return self.settle_attempts * (self.timeout_seconds + self.max_wait_seconds) + backoffs
 
 
 @dataclass(frozen=True)
@@ -284,6 +295,7 @@ class _Reader:
         if facilitator.url == "" and any(a.price for a in agents.values()):
             self.warn("facilitator.url", "missing: priced agents answer 501 until a facilitator is set")
 
+        agents = {name: self.fit_payment_window(agent, agents_raw.get(name), facilitator) for name, agent in agents.items()}
         return Settings(
             public_url=public_url,
             database=database,
@@ -320,7 +332,8 @@ class _Reader:
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
         path = "facilitator"
         self.unknown(raw, {"url", "timeout_seconds", "max_in_flight", "max_wait_seconds", "connections", "auth_header_env",
-                           "settle_attempts", "settle_backoff_seconds", "settle_passes", "settle_max_delay_seconds"}, path)
+                           "settle_attempts", "settle_backoff_seconds", "settle_margin_seconds", "auth",
+                           "breaker_failures", "breaker_cooldown_seconds", "settle_passes", "settle_max_delay_seconds"}, path)
         d = FacilitatorConfig()
         url = self.get(raw, "url", str, "", f"{path}.url")
         if url:
@@ -332,11 +345,43 @@ class _Reader:
             max_wait_seconds=self.positive(raw, "max_wait_seconds", d.max_wait_seconds, f"{path}.max_wait_seconds", float),
             connections=self.positive(raw, "connections", d.connections, f"{path}.connections"),
             auth_header_env=self.get(raw, "auth_header_env", str, "", f"{path}.auth_header_env"),
+            auth=self.callable_name(raw, "auth", f"{path}.auth"),
+            breaker_failures=self.positive(raw, "breaker_failures", d.breaker_failures, f"{path}.breaker_failures"),
+            breaker_cooldown_seconds=self.positive(raw, "breaker_cooldown_seconds", d.breaker_cooldown_seconds,
+                                                   f"{path}.breaker_cooldown_seconds", float),
             settle_attempts=self.positive(raw, "settle_attempts", d.settle_attempts, f"{path}.settle_attempts"),
             settle_backoff_seconds=self.positive(raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float),
+            settle_margin_seconds=self.positive(raw, "settle_margin_seconds", d.settle_margin_seconds, f"{path}.settle_margin_seconds", float),
             settle_passes=self.positive(raw, "settle_passes", d.settle_passes, f"{path}.settle_passes"),
             settle_max_delay_seconds=self.positive(raw, "settle_max_delay_seconds", d.settle_max_delay_seconds, f"{path}.settle_max_delay_seconds", float),
         )
+
+    def fit_payment_window(self, agent: AgentConfig, raw: Any, facilitator: FacilitatorConfig) -> AgentConfig:
+        """A priced agent's maxTimeoutSeconds covers its payment window plus a client's time to sign and send.
+
+        Unset, it grows to fit; set too short, it is a problem: every honest token would
+        be refused as `payment_window_too_short`.
+        """
+        if agent.price is None:
+            return agent
+        window = payment_window_seconds(agent, facilitator)
+        needed = math.ceil(window) + SIGNING_ALLOWANCE_SECONDS
+        if agent.price.max_timeout_seconds >= needed:
+            return agent
+        if isinstance(raw, dict) and isinstance(raw.get("price"), dict) and "max_timeout_seconds" in raw["price"]:
+            self.problem(f"agents.{agent.name}.price.max_timeout_seconds",
+                         f"{agent.price.max_timeout_seconds} s cannot collect a payment: this agent needs {window:g} s"
+                         f" (deadline_seconds {agent.deadline_seconds:g} + facilitator settle retries"
+                         f" {facilitator.settle_budget_seconds:g} + settle_margin_seconds {facilitator.settle_margin_seconds:g})"
+                         f" plus {SIGNING_ALLOWANCE_SECONDS} s for the client; use at least {needed} or shorten those")
+            return agent
+        return replace(agent, price=replace(agent.price, max_timeout_seconds=needed))
+
+    def callable_name(self, raw: dict[str, Any], key: str, path: str) -> str:
+        target = self.get(raw, key, str, "", path)
+        if target and not re.match(r"^[\w.]+:[\w.]+$", target):
+            self.problem(path, f"must be 'package.module:callable', got {target!r}")
+        return target
 
     def networks(self, raw: dict[str, Any]) -> dict[str, NetworkConfig]:
         networks = {}
@@ -495,6 +540,15 @@ class _Reader:
             agents=tuple(str(n) for n in names),
             revoked=self.get(raw, "revoked", bool, False, f"{path}.revoked"),
         )
+
+
+SIGNING_ALLOWANCE_SECONDS = 30  # inside maxTimeoutSeconds: a client's time to sign a token and send it
+
+
+def payment_window_seconds(agent: AgentConfig, facilitator: FacilitatorConfig) -> float:
+    """How long a token must stay valid for this agent's work to be delivered and then collected:
+    its execution deadline, the settle retry budget and the facilitator's settle margin."""
+    return agent.deadline_seconds + facilitator.settle_budget_seconds + facilitator.settle_margin_seconds
 
 
 # EIP-712 domain of well-known USDC deployments, so a price needs no `extra` table.

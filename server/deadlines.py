@@ -24,6 +24,7 @@ import json
 from typing import Any
 
 import uvicorn
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
@@ -101,8 +102,9 @@ class HeadDeadlineProtocol(HeadDeadline, AutoHTTPProtocol):  # type: ignore[misc
 class BodyDeadline:
     """ASGI guard: read the whole body within `seconds`, then run the application.
 
-    Reading stops early once more than `max_bytes` arrived: the application refuses an
-    oversized body itself (JSON-RPC -32600), and the rest is never buffered here.
+    Reading stops early once more than `max_bytes` arrived, and a body declared larger
+    is not read at all: the application refuses an oversized body itself (JSON-RPC
+    -32600), and nothing past the limit is buffered here.
     """
 
     def __init__(self, app: ASGIApp, seconds: float, max_bytes: int) -> None:
@@ -111,7 +113,7 @@ class BodyDeadline:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or self.declared_too_large(scope):
             await self.app(scope, receive, send)
             return
         try:
@@ -128,6 +130,10 @@ class BodyDeadline:
 
         await self.app(scope, replay, send)
 
+    def declared_too_large(self, scope: Scope) -> bool:
+        declared = Headers(scope=scope).get("content-length", "")
+        return declared.isdigit() and int(declared) > self.max_bytes
+
     async def read(self, receive: Receive) -> list[Message]:
         messages: list[Message] = []
         size = 0
@@ -141,7 +147,8 @@ class BodyDeadline:
 
 def server_config(app: Any, http: HttpConfig, **options: Any) -> uvicorn.Config:
     """A uvicorn configuration with the deadlines and the head size limit of `http`."""
-    config = uvicorn.Config(app, http=HeadDeadlineProtocol, timeout_keep_alive=http.keep_alive_seconds,  # type: ignore[arg-type]
+    # ws="none": the gate serves no WebSocket, so an upgrade request is an ordinary request
+    config = uvicorn.Config(app, http=HeadDeadlineProtocol, ws="none", timeout_keep_alive=http.keep_alive_seconds,  # type: ignore[arg-type]
                             h11_max_incomplete_event_size=http.max_head_bytes, **options)
     config.head_timeout = http.head_timeout_seconds  # type: ignore[attr-defined]  # read by HeadDeadline
     return config

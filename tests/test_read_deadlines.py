@@ -158,3 +158,17 @@ def test_a_request_sent_at_ordinary_speed_is_answered(gate):
             time.sleep(0.2)
         data, _ = wait_closed(sock)
     assert data.startswith(b"HTTP/1.1 402 "), data[:200]  # read whole, parsed, and priced
+
+
+def test_a_body_declared_too_large_is_refused_without_reading_it(gate):
+    head = b"POST /a2a/paid HTTP/1.1\r\nHost: gate\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: 100000000\r\n\r\n"
+    with connect(gate) as sock:
+        sock.sendall(head)
+        started = time.monotonic()
+        sock.settimeout(GIVE_UP)
+        answer = b""
+        while b"}" not in answer and (chunk := sock.recv(65536)):  # head and JSON body may come apart
+            answer += chunk
+    assert time.monotonic() - started < BODY_TIMEOUT, "the gate waited for the body"
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"-32600" in answer, answer[:300]
