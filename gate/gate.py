@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gate import in_band
 from gate.chain import Chain
 from gate.claims import FINAL_STATES, Claim, Claims, ClaimState
 from gate.facilitator import FacilitatorClient, Unavailable
@@ -24,6 +25,8 @@ from gate.pipeline import handle_anonymous
 from gate.pricing import PaymentRequiredAnswers
 from gate.sealing import Sealer, load_key
 from gate.settlement import Collection, Payment, Settler, attach_payment_metadata, metadata_for, withheld_metadata
+from server.cards import agent_url
+from server.config import AgentConfig
 from server.database import commit_until_stored
 from server.dialects import TERMINAL_STATES
 from server.execution import Collected, Settlement
@@ -59,6 +62,16 @@ class PaymentGate:
 
     async def handle(self, request: Request, agent: str) -> Response:
         return await handle_anonymous(self, request, agent)
+
+    @staticmethod
+    def scrub_message(message: dict[str, Any]) -> dict[str, Any]:
+        """Handed to the server: a message keeps no signed payment material, on any path."""
+        return in_band.scrub(message)
+
+    @staticmethod
+    def card_extensions(agent: AgentConfig, public_url: str) -> list[dict[str, Any]]:
+        """Handed to the server's card: the x402 extensions a priced agent accepts."""
+        return in_band.card_extensions(agent.price, agent_url(public_url, agent.name))
 
     def settlement_for(self, payment: Payment) -> Settlement:
         """The hooks an execution calls: settle after delivery, release otherwise."""

@@ -132,6 +132,16 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
                  "replay after restart"))
     assert answer == "task completed, payment-completed"
 
+    # a token whose window closes before the work could be settled: refused before any work
+    short = decode_header(httpx.post(f"{gate.url}/a2a/paid", json=send_body("x")).headers["PAYMENT-REQUIRED"])
+    short["accepts"][0]["maxTimeoutSeconds"] = 7
+    verified = paid.ledger()["verify_calls"]
+    answer = answer_of(paid.post("paid", send_body("short window"),
+                                 {"PAYMENT-SIGNATURE": encode_header(sign_payment(short, Payer().key))}))
+    rows.append(("token window too short to collect", answer, 0,
+                 f"verify calls: {paid.ledger()['verify_calls'] - verified}, no work"))
+    assert answer == "HTTP 403 payment_window_too_short" and paid.ledger()["verify_calls"] == verified
+
     # the facilitator refusing connections: a gate pointed at a port nobody listens on
     port2 = free_port()
     down = start_gate(write_config(paid_config(f"http://127.0.0.1:{port2}", f"http://127.0.0.1:{refused_port}"),
@@ -141,10 +151,20 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
                                   headers={"PAYMENT-SIGNATURE": encode_header(sign_payment(required, Payer().key))}))
     rows.append(("facilitator refuses connections", answer, 0, ""))
     assert answer == "-32603 verify_unavailable"
+    # after breaker_failures (5) such failures in a row the breaker opens and answers at once
+    token = {"PAYMENT-SIGNATURE": encode_header(sign_payment(required, Payer().key))}
+    for _ in range(4):
+        httpx.post(f"{down.url}/a2a/paid", json=send_body("x"), headers=token)
+    started = time.monotonic()
+    response = httpx.post(f"{down.url}/a2a/paid", json=send_body("x"), headers=token)
+    elapsed = time.monotonic() - started
+    retry_after = response.json()["error"]["data"].get("retry_after")
+    rows.append(("facilitator breaker open", answer_of(response), 0, f"retry_after {retry_after} s, {elapsed * 1000:.0f} ms"))
+    assert answer_of(response) == "-32603 verify_unavailable" and retry_after and retry_after > 0
 
     # settle pending: the slow first call wakes up later and must not charge twice
     time.sleep(2.0)
-    assert len(paid.ledger()["settlements"]) == 6  # each row below once
+    assert len(paid.ledger()["settlements"]) == 6  # each charged row above, once
     expected_charges = {"none": 1, "settle pending (first attempt times out)": 1, "settle failing then recovering": 1,
                         "database locked when settle returns": 1, "settle unknown, then landed": 1,
                         "restart with the same pid, mid-settle": 1}
