@@ -45,6 +45,13 @@ def test_card_declares_the_x402_extension_and_price(paid):
         [offer] = extension["params"]["accepts"]
         assert (offer["amount"], offer["network"]) == ("1000", "eip155:84532")
     assert card["url"] == f"{paid.gate.url}/a2a/paid"
+    # the bearer key in both card shapes; on a priced agent paying anonymously is the other way in
+    [scheme] = card["securitySchemes"].values()
+    assert (scheme["type"], scheme["scheme"], scheme["httpAuthSecurityScheme"]["scheme"]) == ("http", "bearer", "Bearer")
+    assert card["security"] == [{"apiKey": []}, {}]
+    assert card["securityRequirements"] == [{"schemes": {"apiKey": {"list": []}}}, {}]
+    free = httpx.get(f"{paid.gate.url}/a2a/echo/.well-known/agent-card.json").json()
+    assert free["security"] == [{"apiKey": []}] and "extensions" not in free["capabilities"]
     assert httpx.get(f"{paid.gate.url}/a2a/unpaid-hidden/.well-known/agent-card.json").status_code == 404
 
 
