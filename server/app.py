@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -31,8 +32,7 @@ from server.jsonrpc import (
     Call,
     RpcError,
     error_response,
-    parse_call,
-    read_body,
+    read_call,
     result_response,
 )
 from server.methods import Methods, plan_send, unsupported
@@ -122,7 +122,7 @@ async def branch(services: Services, request: Request, name: str, info: RequestI
     if services.agents.get(name) is None:
         return JSONResponse({"detail": "Agent not found"}, status_code=404)
     try:
-        call = parse_call(await read_body(request, services.settings.max_body_bytes))
+        call = await read_call(request, services.settings.max_body_bytes)
     except RpcError as exc:
         return error_response(exc.call_id, exc)
     info.method = call.method
@@ -155,6 +155,10 @@ async def dispatch_free(services: Services, call: Call, agent: str, owner: str) 
             return result_response(call.id, methods.get(call, agent, owner))
         if call.operation == "cancel":
             return result_response(call.id, await methods.cancel(call, agent, owner))
+        if call.operation == "subscribe":
+            return methods.subscribe(call, agent, owner)
+        if call.operation == "list":
+            return result_response(call.id, methods.list(call, agent, owner))
         raise unsupported(call)
     except RpcError as exc:
         return error_response(call.id, exc)
@@ -169,7 +173,23 @@ async def card_endpoint(request: Request) -> Response:
     agent = services.agents.get(name)
     if agent is None or not agent.exposed:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
-    return JSONResponse(agent_card(agent, public_base_url(request, services.settings.public_url)))
+    card = JSONResponse(agent_card(agent, public_base_url(request, services.settings.public_url)))
+    return cached(request, card)
+
+
+CARD_MAX_AGE_SECONDS = 300
+
+
+def cached(request: Request, response: Response) -> Response:
+    """A strong ETag from the body's bytes, `Cache-Control`, and 304 for a matching If-None-Match."""
+    tag = f'"{hashlib.sha256(response.body).hexdigest()[:32]}"'
+    headers = {"ETag": tag, "Cache-Control": f"public, max-age={CARD_MAX_AGE_SECONDS}"}
+    wanted = request.headers.get("if-none-match", "")
+    # weak comparison, as RFC 9110 13.1.2 asks for If-None-Match: W/"x" matches "x"
+    if wanted.strip() == "*" or tag in (t.strip().removeprefix("W/") for t in wanted.split(",")):
+        return Response(status_code=304, headers=headers)
+    response.headers.update(headers)
+    return response
 
 
 async def healthz(request: Request) -> Response:
@@ -213,6 +233,7 @@ def create_app(settings: Settings) -> Starlette:
 
     routes = [
         Route("/a2a/{agent}", a2a_endpoint, methods=["POST"]),
+        Route("/a2a/{agent}/", a2a_endpoint, methods=["POST"]),  # answered, not redirected: clients drop a 307's body
         Route("/a2a/{agent}/.well-known/agent-card.json", card_endpoint, methods=["GET"]),
         Route("/a2a/{agent}/.well-known/agent.json", card_endpoint, methods=["GET"]),
         Route("/.well-known/agent-card.json", card_endpoint, methods=["GET"]),

@@ -58,6 +58,8 @@ def create_schema(db: sqlite_utils.Database) -> None:
             if_not_exists=True,
         )
         db["tasks"].create_index(["state", "updated_at"], if_not_exists=True)
+    # ListTasks: one owner's tasks at one agent, newest first (also added to older files)
+    db["tasks"].create_index(["owner", "agent", "updated_at"], if_not_exists=True)
     if "api_keys" not in tables:
         db["api_keys"].create(
             {"sha256": str, "name": str, "agents": str, "revoked": int, "created_at": float},

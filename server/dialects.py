@@ -18,8 +18,7 @@ METHODS: dict[str, tuple[str, str]] = {
     "message/stream": (V03, "stream"),
     "tasks/get": (V03, "get"),
     "tasks/cancel": (V03, "cancel"),
-    "tasks/resubscribe": (V03, "unsupported"),
-    "tasks/list": (V03, "unsupported"),
+    "tasks/resubscribe": (V03, "subscribe"),
     "agent/getAuthenticatedExtendedCard": (V03, "unsupported"),
     "tasks/pushNotificationConfig/set": (V03, "push"),
     "tasks/pushNotificationConfig/get": (V03, "push"),
@@ -29,8 +28,8 @@ METHODS: dict[str, tuple[str, str]] = {
     "SendStreamingMessage": (V10, "stream"),
     "GetTask": (V10, "get"),
     "CancelTask": (V10, "cancel"),
-    "ListTasks": (V10, "unsupported"),
-    "SubscribeToTask": (V10, "unsupported"),
+    "ListTasks": (V10, "list"),
+    "SubscribeToTask": (V10, "subscribe"),
     "GetExtendedAgentCard": (V10, "unsupported"),
     "CreateTaskPushNotificationConfig": (V10, "push"),
     "GetTaskPushNotificationConfig": (V10, "push"),
@@ -65,6 +64,8 @@ def message_in(raw: Any, dialect: str) -> dict[str, Any]:
     parts = [p for p in (read(item) for item in parts_raw) if p is not None]
     if not parts:
         raise InvalidShape("params.message has no usable parts (text, data or file)")
+    if raw.get("messageId") is None:
+        raise InvalidShape("params.message.messageId is required")
     message: dict[str, Any] = {"kind": "message", "role": "user", "parts": parts}
     for key in ("messageId", "contextId", "taskId"):
         value = raw.get(key)
@@ -132,6 +133,16 @@ def _file_in(uri: Any, data: Any, media_type: Any, name: Any) -> dict[str, Any] 
     if isinstance(name, str):
         file["name"] = name
     return file
+
+
+def state_in(raw: Any, dialect: str) -> str | None:
+    """A task state filter (`TASK_STATE_*` in v1.0, kebab-case in v0.3); None when absent."""
+    if raw is None or raw == "" or raw == "TASK_STATE_UNSPECIFIED":
+        return None
+    state = _STATE_FROM_V10.get(raw) if dialect == V10 else (raw if raw in _STATE_TO_V10 else None)
+    if state is None:
+        raise InvalidShape(f"status must be one of {', '.join(_STATE_FROM_V10 if dialect == V10 else STATES_V03)}")
+    return state
 
 
 def history_length(raw: Any) -> int | None:

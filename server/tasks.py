@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -72,6 +73,17 @@ def trim_history(task: dict[str, Any], length: int | None) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class TaskQuery:
+    """ListTasks filters: all optional but the page size; `after` is the cursor."""
+
+    size: int
+    context_id: str | None = None
+    state: str | None = None
+    status_after: str | None = None  # an ISO timestamp as `now_iso` writes them
+    after: tuple[float, str] | None = None
+
+
 class TaskStore:
     def __init__(self, db: sqlite_utils.Database, *, deadline_seconds: float = 600.0) -> None:
         self.db = db
@@ -108,6 +120,33 @@ class TaskStore:
             "SELECT document FROM tasks WHERE id = ? AND owner = ? AND agent = ?", (task_id, owner, agent)
         ).fetchone()
         return None if row is None else json.loads(row[0])
+
+    def page(self, owner: str, agent: str, query: TaskQuery) -> tuple[list[dict[str, Any]], int, tuple[float, str] | None]:
+        """One page of `owner`'s tasks at `agent`, most recently updated first: the tasks,
+        how many match in all, and the cursor after the last one (None on the last page)."""
+        where, args = ["owner = ?", "agent = ?"], [owner, agent]
+        if query.context_id is not None:
+            where.append("context_id = ?")
+            args.append(query.context_id)
+        if query.state is not None:
+            where.append("state = ?")
+            args.append(query.state)
+        if query.status_after is not None:  # timestamps of one format compare as strings
+            where.append("json_extract(document, '$.status.timestamp') > ?")
+            args.append(query.status_after)
+        condition = " AND ".join(where)
+        total = self.db.conn.execute(f"SELECT COUNT(*) FROM tasks WHERE {condition}", args).fetchone()[0]
+        if query.after is not None:
+            condition += " AND (updated_at < ? OR (updated_at = ? AND id < ?))"
+            args += [query.after[0], query.after[0], query.after[1]]
+        rows = self.db.conn.execute(
+            f"SELECT document, updated_at, id FROM tasks WHERE {condition} ORDER BY updated_at DESC, id DESC LIMIT ?",
+            [*args, query.size + 1],
+        ).fetchall()
+        more = len(rows) > query.size
+        rows = rows[: query.size]
+        cursor = (rows[-1][1], rows[-1][2]) if more and rows else None
+        return [json.loads(r[0]) for r in rows], total, cursor
 
     def adopt(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
         """Give a task awaiting its first payment to the payer who paid for it."""
