@@ -12,9 +12,12 @@ import contextlib
 import hashlib
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator
+from email.utils import formatdate, parsedate_to_datetime
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -62,6 +65,7 @@ class Services:
         self.methods = Methods(self.store, self.runner)
         self.metrics = Metrics()
         self.gate = PaymentGate(self)
+        self.started_at = time.time()  # cards come from the configuration read now
 
     async def start(self) -> None:
         await self.gate.start()
@@ -174,22 +178,36 @@ async def card_endpoint(request: Request) -> Response:
     if agent is None or not agent.exposed:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
     card = JSONResponse(agent_card(agent, public_base_url(request, services.settings.public_url)))
-    return cached(request, card)
+    return cached(request, card, services.started_at)
 
 
 CARD_MAX_AGE_SECONDS = 300
 
 
-def cached(request: Request, response: Response) -> Response:
-    """A strong ETag from the body's bytes, `Cache-Control`, and 304 for a matching If-None-Match."""
+def cached(request: Request, response: Response, modified: float) -> Response:
+    """Caching headers for a card: a strong ETag from the body's bytes, `Last-Modified` (when
+    the configuration it comes from was read), `Cache-Control`; 304 when the client has it."""
     tag = f'"{hashlib.sha256(response.body).hexdigest()[:32]}"'
-    headers = {"ETag": tag, "Cache-Control": f"public, max-age={CARD_MAX_AGE_SECONDS}"}
-    wanted = request.headers.get("if-none-match", "")
-    # weak comparison, as RFC 9110 13.1.2 asks for If-None-Match: W/"x" matches "x"
-    if wanted.strip() == "*" or tag in (t.strip().removeprefix("W/") for t in wanted.split(",")):
+    headers = {"ETag": tag, "Last-Modified": formatdate(modified, usegmt=True),
+               "Cache-Control": f"public, max-age={CARD_MAX_AGE_SECONDS}"}
+    if not_modified(request.headers, tag, modified):
         return Response(status_code=304, headers=headers)
     response.headers.update(headers)
     return response
+
+
+def not_modified(headers: Headers, tag: str, modified: float) -> bool:
+    """RFC 9110 13.1: If-None-Match (weak comparison) decides; If-Modified-Since only without it."""
+    wanted = headers.get("if-none-match")
+    if wanted is not None:
+        return wanted.strip() == "*" or tag in (t.strip().removeprefix("W/") for t in wanted.split(","))
+    since = headers.get("if-modified-since")
+    if since is None:
+        return False
+    try:
+        return int(modified) <= parsedate_to_datetime(since).timestamp()
+    except (TypeError, ValueError):  # an unreadable date is ignored, as the RFC says
+        return False
 
 
 async def healthz(request: Request) -> Response:

@@ -39,7 +39,6 @@ def agent_card(agent: AgentConfig, public_url: str) -> dict[str, Any]:
     capabilities: dict[str, Any] = {
         "streaming": agent.streaming,
         "pushNotifications": False,
-        "stateTransitionHistory": False,
     }
     if agent.price is not None:
         capabilities["extensions"] = [

@@ -52,6 +52,31 @@ class InvalidShape(ValueError):
 
 # --- inbound -----------------------------------------------------------------
 
+_OPAQUE = frozenset({"metadata", "data"})  # protobuf Structs: the client's own keys, never renamed
+
+
+def proto_json_names(value: Any) -> Any:
+    """v1.0 params with protobuf field names (`history_length`) also read as their JSON
+    names (`historyLength`): a ProtoJSON parser accepts both, as the a2a-sdk server does.
+    The JSON name wins when both are sent; Struct contents are left alone."""
+    if isinstance(value, list):
+        return [proto_json_names(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        name = _camel(key) if "_" in key else key
+        if name != key and name in value:
+            continue  # the JSON name was sent too
+        out[name] = item if key in _OPAQUE else proto_json_names(item)
+    return out
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word[:1].upper() + word[1:] for word in rest)
+
+
 
 def message_in(raw: Any, dialect: str) -> dict[str, Any]:
     """Read a request's message into the canonical shape, keeping only usable parts."""

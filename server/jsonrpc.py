@@ -20,7 +20,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from server.dialects import METHODS, V03, V10
+from server.dialects import METHODS, V03, V10, proto_json_names
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -69,6 +69,9 @@ SUPPORTED_VERSIONS = (V03, V10)
 # it, so an error raised anywhere while answering a v1.0 call carries the ErrorInfo
 # list. Each request runs in its own asyncio task, hence its own context.
 answering_dialect: contextvars.ContextVar[str] = contextvars.ContextVar("answering_dialect", default=V03)
+# v0.3 `tasks/resubscribe` answers its errors as one server-sent event, as the a2a-sdk does
+# (a v0.3 SSE client refuses a JSON body on a stream); every other error is a JSON body
+errors_as_event: contextvars.ContextVar[bool] = contextvars.ContextVar("errors_as_event", default=False)
 
 
 class RpcError(Exception):
@@ -132,8 +135,14 @@ def _metadata_value(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def error_response(call_id: Any, error: RpcError) -> JsonResponse:
-    response = JsonResponse(error_body(call_id, error))
+def error_response(call_id: Any, error: RpcError) -> Response:
+    body = error_body(call_id, error)
+    if errors_as_event.get():
+        data = json.dumps(body, separators=(",", ":"), allow_nan=False)
+        response: Response = Response(f"data: {data}\n\n".encode("ascii"), media_type="text/event-stream",
+                                      headers={"cache-control": "no-store"})
+    else:
+        response = JsonResponse(body)
     response.rpc_error = error.code  # type: ignore[attr-defined]  # for the request log
     return response
 
@@ -207,6 +216,7 @@ async def read_call(request: Request, limit: int) -> Call:
         answering_dialect.set(V10)  # even an envelope error of a v1.0 client is rendered for it
     call = parse_call(await read_body(request, limit))
     answering_dialect.set(V10 if V10 in (version, call.dialect) else V03)
+    errors_as_event.set(call.method == "tasks/resubscribe")
     if version not in SUPPORTED_VERSIONS:
         raise RpcError(VERSION_NOT_SUPPORTED, f"A2A-Version {version[:16]!r} is not supported",
                        {"supportedVersions": ", ".join(SUPPORTED_VERSIONS)}, call_id=call.id)
@@ -257,4 +267,6 @@ def parse_call(body: bytes) -> Call:
     if not isinstance(params, dict):
         raise RpcError(INVALID_PARAMS, "params must be an object", call_id=call_id)
     dialect, operation = METHODS[method]
+    if dialect == V10:
+        params = proto_json_names(params)
     return Call(id=call_id, method=method, dialect=dialect, operation=operation, params=params)

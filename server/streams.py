@@ -60,13 +60,13 @@ async def follow_live(call_id: Any, dialect: str, execution: Execution, subscrib
 
 async def follow_stored(call_id: Any, dialect: str, task: dict[str, Any],
                         reload: Callable[[], dict[str, Any] | None], deadline_seconds: float) -> AsyncIterator[bytes]:
-    """The Task, then its changes as another worker stores them, until it ends.
+    """The Task, then its changes as they are stored (by another worker, or by the next
+    turn of an interrupted task), until the turn under way ends: a terminal state, or a
+    new interruption. An interrupted task waits for its caller's next message.
 
     Bounded: past `deadline_seconds` (by then housekeeping has failed a task nobody runs)
     the stream closes with the last stored state; a task that disappears closes it too."""
     yield sse(call_id, dialects.send_result(task, dialect))
-    if task["status"]["state"] in ENDED_STATES:
-        return
     seen = {a.get("artifactId") for a in task.get("artifacts") or []}
     status = task["status"]
     give_up = time.monotonic() + deadline_seconds

@@ -126,9 +126,17 @@ def test_subscribe_to_an_unknown_or_foreign_task_is_task_not_found(gate: Gate) -
 def test_subscribe_on_an_agent_that_does_not_stream_is_unsupported(gate: Gate) -> None:
     task = rpc(gate.agent("flat"), "message/send", {"message": v03_message("x")}, gate.headers)["result"]
 
-    doc = rpc(gate.agent("flat"), "tasks/resubscribe", {"id": task["id"]}, gate.headers)
+    doc = rpc(gate.agent("flat"), "SubscribeToTask", {"id": task["id"]}, {**gate.headers, **V1})
 
     assert doc["error"]["code"] == -32004
+
+
+def test_v03_resubscribe_errors_arrive_as_an_event(gate: Gate) -> None:
+    """A v0.3 SSE client refuses a JSON body on a stream: the error is the stream's one event."""
+    response = post(gate.agent("echo"), rpc_body("tasks/resubscribe", {"id": "nope"}, call_id="r"), gate.headers)
+
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    assert sse_events(response.text) == [{"jsonrpc": "2.0", "id": "r", "error": {"code": -32001, "message": "Task not found"}}]
 
 
 def test_v03_resubscribe_streams_the_task_then_events_with_final(gate: Gate) -> None:
@@ -145,13 +153,24 @@ def test_v03_resubscribe_streams_the_task_then_events_with_final(gate: Gate) -> 
     assert events[-1]["final"] is True and events[-1]["status"]["state"] == "completed"
 
 
-def test_an_interrupted_task_is_streamed_once_and_closed(gate: Gate) -> None:
+def test_subscribe_to_an_interrupted_task_follows_its_next_turn_to_the_end(gate: Gate) -> None:
+    """input-required is not terminal: the stream stays open until the caller's next
+    message has finished the task."""
     url = gate.agent("interrupting")
     task = run(sdk.send_text(url, "weather?", headers=gate.headers))["task"]
 
-    events = run(subscribe(url, task["id"], gate.headers))
+    async def subscribe_then_answer() -> list[dict[str, Any]]:
+        stream = asyncio.ensure_future(subscribe(url, task["id"], gate.headers))
+        await asyncio.sleep(1.0)
+        assert not stream.done()
+        await sdk.send_text(url, "Oslo", headers=gate.headers, task_id=task["id"])
+        return await asyncio.wait_for(stream, 10)
 
-    assert [state(e["task"]) for e in events] == ["TASK_STATE_INPUT_REQUIRED"]
+    events = run(subscribe_then_answer())
+
+    assert state(events[0]["task"]) == "TASK_STATE_INPUT_REQUIRED"
+    assert [e["artifactUpdate"]["artifact"]["parts"] for e in events if "artifactUpdate" in e] == [[{"text": "weather in Oslo: sunny"}]]
+    assert events[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
 
 
 def test_subscribe_follows_a_task_another_worker_runs(gate: Gate, start_gate: Callable[..., GateProcess]) -> None:
@@ -332,6 +351,18 @@ def test_card_has_a_strong_etag_and_answers_304(gate: Gate) -> None:
         assert stale.status_code == 200 and stale.content == first.content
 
 
+def test_card_last_modified_and_if_modified_since(gate: Gate) -> None:
+    url = f"{gate.agent('echo')}/.well-known/agent-card.json"
+    first = httpx.get(url)
+    stamp = first.headers["last-modified"]
+
+    assert httpx.get(url, headers={"If-Modified-Since": stamp}).status_code == 304
+    assert httpx.get(url, headers={"If-Modified-Since": "Sat, 01 Jan 2000 00:00:00 GMT"}).status_code == 200
+    assert httpx.get(url, headers={"If-Modified-Since": "not a date"}).status_code == 200
+    # If-None-Match decides when both are sent
+    assert httpx.get(url, headers={"If-None-Match": '"stale"', "If-Modified-Since": stamp}).status_code == 200
+
+
 def test_cards_of_different_agents_have_different_etags(gate: Gate) -> None:
     tags = {httpx.get(f"{gate.agent(name)}/.well-known/agent-card.json").headers["etag"] for name in ("echo", "slow")}
     assert len(tags) == 2
@@ -398,7 +429,7 @@ def test_anonymous_subscribe_is_bound_to_the_payer(paid) -> None:
     ]
     stream = paid.post("paid-slow", resubscribe_body(task["id"]), paying)
 
-    expected = b'{"jsonrpc":"2.0","id":9,"error":{"code":-32001,"message":"Task not found"}}'
+    expected = b'data: {"jsonrpc":"2.0","id":9,"error":{"code":-32001,"message":"Task not found"}}\n\n'
     assert [(r.status_code, r.content) for r in refusals] == [(200, expected)] * 4
     events = [e["result"] for e in sse_events(stream.text)]
     assert events[0]["kind"] == "task" and events[-1]["final"] is True
