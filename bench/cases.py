@@ -319,7 +319,7 @@ def case_b(bench: Bench) -> None:
 
 def sign_chunk(payment_required: dict[str, Any], count: int) -> list[str]:
     """`count` fresh tokens (one throwaway key, a fresh nonce each), as PAYMENT-SIGNATURE values."""
-    from gate.dev_payer import encode_header, new_private_key, sign_payment
+    from devnet.payer import encode_header, new_private_key, sign_payment
 
     key = new_private_key()
     return [encode_header(sign_payment(payment_required, key)) for _ in range(count)]

@@ -185,15 +185,13 @@ def gate(config: Path, port: int, log: Path, *extra: str, src: Path = REPO) -> S
 
 
 def facilitator(db: Path, log: Path, *, trust_signatures: bool) -> ServerProcess:
-    """The development facilitator (`a2a-gate facilitator`), logging warnings only.
+    """The development facilitator (`a2a-gate-devnet facilitator`), logging warnings only.
 
-    Started through `gate.dev_facilitator`'s own entry point, which is what
-    `a2a-gate facilitator` runs, because only that one takes `--log-level`: a log
-    line per verify and settle would make the facilitator, shared by every compared
-    server, slower for all of them.
+    A log line per verify and settle would make the facilitator, shared by every
+    compared server, slower for all of them.
     """
     port = free_port()
-    command = [sys.executable, "-m", "gate.dev_facilitator", "--port", str(port), "--db", str(db),
+    command = [sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", str(db),
                "--log-level", "warning"]
     if trust_signatures:
         command.append("--trust-signatures")

@@ -2,30 +2,52 @@
 
 One pooled httpx client, a timeout on every call, and a concurrency gate (a bounded
 number of calls in flight, a bounded wait for a slot). Every way the facilitator can
-fail us (timeout, 5xx, refused connection, busy gate, malformed answer) raises
-`Unavailable`, which is our outage and must never read as the payer's rejection.
+fail us (timeout, 5xx, refused connection, busy gate, malformed answer, its refusal of
+our credentials) raises `Unavailable`, which is our outage and must never read as the
+payer's rejection. Its 400 or 422 for a payload is the payer's problem: an invalid
+payment (`invalid_payload`). A circuit breaker (`gate.breaker`) answers verify calls at
+once while the facilitator is down. Credentials come from `auth_header_env` (a fixed
+header) or `auth` (a callable minting headers for every call, e.g. a short-lived JWT).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 import os
+import pkgutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prometheus_client import Counter, Gauge
 
+from gate.breaker import OPEN, STATE_VALUES, CircuitBreaker
 from server.config import FacilitatorConfig
 from server.metrics import Metrics
 
+logger = logging.getLogger("a2a_gate.gate")
+
+PAYER_STATUSES = (400, 413, 422)  # the facilitator refuses the payload itself: the payer's problem
+
 
 class Unavailable(Exception):
-    """The facilitator could not give an answer; `reason` is a short code for logs."""
+    """The facilitator could not give an answer; `reason` is a short code for logs.
 
-    def __init__(self, reason: str) -> None:
+    `retry_after` is a hint in seconds for the client (set while the breaker is open).
+    """
+
+    def __init__(self, reason: str, retry_after: float = 0.0) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.retry_after = retry_after
+
+
+class PayloadRefused(Exception):
+    """The facilitator answered 400/422: the payment payload is malformed in its eyes."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +71,25 @@ def _text(value: Any, limit: int = 200) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
 
+def load_auth(target: str) -> Callable[[], Any] | None:
+    """The `auth` callable, ``package.module:callable``; it returns the x402 package's
+    `create_headers` shape: ``{"verify": {...}, "settle": {...}, "supported": {...}}``."""
+    if not target:
+        return None
+    function = pkgutil.resolve_name(target)
+    if not callable(function):
+        raise TypeError(f"facilitator.auth: {target} is not callable")
+    return function
+
+
 class FacilitatorClient:
     def __init__(self, config: FacilitatorConfig, metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics
+        self.auth = load_auth(config.auth)
+        self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_seconds)
+        if metrics is not None:
+            self._watch(metrics)
         headers = {"content-type": "application/json"}
         if config.auth_header_env and os.environ.get(config.auth_header_env):
             headers["authorization"] = os.environ[config.auth_header_env]
@@ -69,8 +106,18 @@ class FacilitatorClient:
     def configured(self) -> bool:
         return bool(self.config.url)
 
+    def _watch(self, metrics: Metrics) -> None:
+        state = Gauge("a2a_gate_facilitator_breaker_state", "Facilitator circuit breaker: 0 closed, 1 half-open, 2 open",
+                      registry=metrics.registry)
+        state.set_function(lambda: STATE_VALUES[self.breaker.state])
+        self.breaker_trips = Counter("a2a_gate_facilitator_breaker_opened", "Times the facilitator breaker opened",
+                                     registry=metrics.registry)
+
     async def verify(self, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> Verification:
-        doc = await self._post("/verify", version, payload, requirements)
+        try:
+            doc = await self._post("/verify", version, payload, requirements)
+        except PayloadRefused:
+            return Verification(valid=False, payer="", reason="invalid_payload")
         valid = doc.get("isValid")
         if not isinstance(valid, bool):
             raise Unavailable("malformed_verify_answer")
@@ -81,7 +128,10 @@ class FacilitatorClient:
         return Verification(valid=valid, payer=payer.lower(), reason=reason)
 
     async def settle(self, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> Settlement:
-        doc = await self._post("/settle", version, payload, requirements)
+        try:
+            doc = await self._post("/settle", version, payload, requirements)
+        except PayloadRefused:
+            return Settlement(success=False, transaction="", network="", payer="", reason="invalid_payload")
         success = doc.get("success")
         if not isinstance(success, bool):
             raise Unavailable("malformed_settle_answer")
@@ -98,7 +148,7 @@ class FacilitatorClient:
     async def supported(self) -> dict[str, Any]:
         async with self._slot():
             try:
-                response = await self.client.get("/supported")
+                response = await self.client.get("/supported", headers=await self._auth_headers("supported"))
             except httpx.HTTPError as exc:
                 raise Unavailable(type(exc).__name__) from None
         if response.status_code != 200:
@@ -109,19 +159,65 @@ class FacilitatorClient:
             raise Unavailable("malformed_answer") from None
 
     async def _post(self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return await self._post_once(path, version, payload, requirements)
-        except Unavailable as exc:
+        """One call through the breaker: verify is refused at once while it is open; every
+        answer or failure of the facilitator itself (never our own busy gate) moves it."""
+        call = path.strip("/")
+        if call == "verify" and not self.breaker.allow():
             if self.metrics is not None:
-                self.metrics.facilitator_errors.labels(path.strip("/"), exc.reason).inc()
+                self.metrics.facilitator_errors.labels(call, "circuit_open").inc()
+            raise Unavailable("circuit_open", retry_after=self.breaker.retry_after())
+        verdict = None
+        try:
+            doc = await self._post_once(path, version, payload, requirements)
+            verdict = True
+            return doc
+        except PayloadRefused:
+            verdict = True  # the facilitator is up: it answered
             raise
+        except Unavailable as exc:
+            verdict = None if exc.reason in ("busy", "auth_failed") else False
+            if self.metrics is not None:
+                self.metrics.facilitator_errors.labels(call, exc.reason).inc()
+            raise
+        finally:
+            self._record(verdict)
+
+    def _record(self, verdict: bool | None) -> None:
+        if verdict is None:
+            self.breaker.abandoned()
+        elif verdict:
+            self.breaker.succeeded()
+        else:
+            was_open = self.breaker.state == OPEN
+            self.breaker.failed()
+            if not was_open and self.breaker.state == OPEN:
+                logger.warning("facilitator breaker open for %gs after %d failures", self.breaker.cooldown, self.breaker.failures)
+                if self.metrics is not None:
+                    self.breaker_trips.inc()
+
+    async def _auth_headers(self, call: str) -> dict[str, str]:
+        """Headers the `auth` callable mints for this call; its failure is ours, never the payer's."""
+        if self.auth is None:
+            return {}
+        try:
+            minted = self.auth()
+            if inspect.isawaitable(minted):
+                minted = await minted
+            headers = minted.get(call, {}) if isinstance(minted, dict) else None
+            if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+                raise TypeError("auth must return {call: {header: value}}")
+        except Exception as exc:  # the message may hold a credential: its type only
+            logger.warning("facilitator auth callable failed: %s", type(exc).__name__)
+            raise Unavailable("auth_failed") from None
+        return headers
 
     async def _post_once(self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
         body = {"x402Version": version, "paymentPayload": payload, "paymentRequirements": requirements}
+        headers = await self._auth_headers(path.strip("/"))
         async with self._slot():
             started = time.perf_counter()
             try:
-                response = await self.client.post(path, json=body)
+                response = await self.client.post(path, json=body, headers=headers)
             except httpx.TimeoutException:
                 raise Unavailable("timeout") from None
             except httpx.HTTPError as exc:
@@ -129,7 +225,9 @@ class FacilitatorClient:
             finally:
                 if self.metrics is not None:
                     self.metrics.facilitator_seconds.labels(path.strip("/")).observe(time.perf_counter() - started)
-        if response.status_code >= 500 or response.status_code in (401, 403, 404, 408, 429):
+        if response.status_code in PAYER_STATUSES:
+            raise PayloadRefused(f"http_{response.status_code}")
+        if response.status_code != 200:  # 5xx, and 401/403/404/408/429...: our credentials, our URL, our outage
             raise Unavailable(f"http_{response.status_code}")
         try:
             doc = response.json()

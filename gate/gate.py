@@ -15,16 +15,18 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gate.claims import RUNNING, SETTLING, Claims
+from gate.chain import Chain
+from gate.claims import FINAL_STATES, Claim, Claims, ClaimState
 from gate.facilitator import FacilitatorClient, Unavailable
-from gate.limiter import AgentLimiters, Limiter
+from gate.limiter import AgentLimiters, CallerLimiter
 from gate.payment_log import PaymentLog
 from gate.pipeline import handle_anonymous
 from gate.pricing import PaymentRequiredAnswers
 from gate.sealing import Sealer, load_key
-from gate.settlement import Payment, Settler, attach_payment_metadata
+from gate.settlement import Collection, Payment, Settler, attach_payment_metadata, metadata_for
+from server.database import commit_until_stored
 from server.dialects import TERMINAL_STATES
-from server.execution import Settlement
+from server.execution import Collected, Settlement
 from server.tasks import agent_message, set_status
 
 if TYPE_CHECKING:
@@ -37,38 +39,54 @@ class PaymentGate:
     def __init__(self, services: Services) -> None:
         settings = services.settings
         self.services = services
-        self.ip_limiter = Limiter(settings.per_ip_per_minute, settings.limiter_max_entries)
+        self.ip_limiter = CallerLimiter(settings.per_ip_per_minute, settings.limiter_max_entries, settings.ipv6_prefix)
         overrides = {a.name: a.per_agent_per_minute for a in settings.agents.values() if a.per_agent_per_minute}
         self.agent_limiters = AgentLimiters(settings.per_agent_per_minute, overrides)
         self.metrics = services.metrics
         self.facilitator = FacilitatorClient(settings.facilitator, services.metrics)
-        self.claims = Claims(services.db)
+        self.claims = Claims(services.db, settings.claim_lease_seconds)
         self.log = PaymentLog(services.db)
         self.sealer = Sealer(load_key(settings.database))
-        self.settler = Settler(self.facilitator, self.claims, self.log, settings.facilitator, services.metrics)
+        self.chain = Chain(settings.networks)
+        self.settler = Settler(self.facilitator, self.claims, self.log, settings.facilitator, services.metrics,
+                               self.chain, pass_interval=settings.reconcile_interval_seconds)
         self.answers_402 = PaymentRequiredAnswers()
-        self.reconciler: asyncio.Task[None] | None = None
+        self.background: list[asyncio.Task[None]] = []
         self.ready: tuple[float, str] = (0.0, "")
         services.metrics.watch_state(self.claims.count_in_flight, self.claims.count_owed)
+        services.metrics.watch_terminal(lambda: self.claims.count(ClaimState.UNSETTLED),
+                                        lambda: self.claims.count(ClaimState.NEEDS_ATTENTION))
 
     async def handle(self, request: Request, agent: str) -> Response:
         return await handle_anonymous(self, request, agent)
 
     def settlement_for(self, payment: Payment) -> Settlement:
         """The hooks an execution calls: settle after delivery, release otherwise."""
+        agent = self.services.agents.get(payment.agent)
+        digest, outcome = payment.token_digest, []
 
-        def mark_delivered() -> None:
-            self.claims.settling(payment.token_digest)
+        def mark_delivered(withheld: dict[str, Any] | None) -> None:
+            self.claims.mark_delivered(digest, withheld)
 
-        async def delivered(task: dict[str, Any]) -> dict[str, Any]:
-            return await self.settler.settle(payment, task["id"])
+        async def delivered(task: dict[str, Any]) -> Collected:
+            collection = await self.settler.settle(payment, task["id"])
+            outcome.append(collection)
+            return Collected(collection.metadata, collection.paid)
 
         async def not_delivered(task: dict[str, Any]) -> None:
-            self.claims.release(payment.token_digest)
-            self.log.append("release", **payment.log_fields(task["id"]),
-                            error=f"task {task['status']['state']}: not charged")
+            def write() -> None:
+                self.claims.release(digest)
+                self.log.append("release", **payment.log_fields(task["id"]),
+                                error=f"task {task['status']['state']}: not charged")
 
-        return Settlement(mark_delivered=mark_delivered, delivered=delivered, not_delivered=not_delivered)
+            await commit_until_stored(self.claims.db, write, "a release")
+
+        def saved() -> None:
+            self.claims.task_synced(digest, final=bool(outcome) and outcome[-1].state in FINAL_STATES)
+
+        return Settlement(mark_delivered=mark_delivered, delivered=delivered, not_delivered=not_delivered,
+                          saved=saved, abandoned=lambda: self.claims.let_go(digest),
+                          withhold=agent is not None and agent.on_settle_failure == "withhold")
 
     async def facilitator_ready(self, ttl: float = 10.0) -> str:
         """"ok", "not configured", or the reason the facilitator cannot be reached (cached)."""
@@ -85,61 +103,117 @@ class PaymentGate:
         return answer
 
     async def start(self) -> None:
-        self.recover()
+        self.background.append(asyncio.create_task(self._renew_leases()))
+        await self.recover()
         if self.facilitator.configured:
-            self.reconciler = asyncio.create_task(self._reconcile_loop())
+            self.background.append(asyncio.create_task(self._reconcile_loop()))
 
     async def close(self) -> None:
-        if self.reconciler is not None:
-            self.reconciler.cancel()
+        for job in self.background:
+            job.cancel()
         await self.facilitator.aclose()
+        await self.chain.aclose()
 
-    def recover(self) -> None:
-        """Resolve claims of a crashed process: undelivered work is released, delivered work is owed."""
+    async def recover(self) -> None:
+        """Resolve orphans (claims whose owner's lease ran out): undelivered work is released,
+        delivered work is owed, and its settle may have been sent."""
         store = self.services.store
-        for row in self.claims.orphans():
-            if row["state"] == SETTLING:
-                self.claims.settle_failed(row["token_digest"])
+        for claim in self.claims.orphans():
+            if not self.claims.take_orphan(claim):
+                continue  # its owner renewed, or another process took it
+            if claim.state == ClaimState.SETTLING:
+                self.claims.orphan_settling(claim.token_digest)
                 continue
-            assert row["state"] == RUNNING
-            self.claims.release(row["token_digest"])
-            self.log.append("release", agent=row["agent"], token_digest=row["token_digest"], payer=row["payer"],
-                            task_id=row["task_id"], error="interrupted by a restart: not charged")
-            task = store.get(row["task_id"], f"payer:{row['payer']}", row["agent"]) if row["task_id"] else None
+            self.claims.release(claim.token_digest)
+            self.log.append("release", agent=claim.agent, token_digest=claim.token_digest, payer=claim.payer,
+                            task_id=claim.task_id, error="interrupted by a restart: not charged")
+            task = store.get(claim.task_id, f"payer:{claim.payer}", claim.agent) if claim.task_id else None
             if task is not None and task["status"]["state"] not in TERMINAL_STATES:
                 set_status(task, "failed", agent_message(task, "Interrupted by a server restart; nothing was charged."))
                 store.save(task)
 
-    async def reconcile(self, older_than: float = 0.0) -> list[dict[str, Any]]:
-        """Settle owed claims once each; returns one outcome per claim attempted."""
+    async def reconcile(self, *, now: bool = False) -> list[dict[str, Any]]:
+        """Settle owed claims that are due (all of them with `now`), then repair tasks left
+        behind their claims; returns one outcome per claim attempted."""
         outcomes = []
-        for row in self.claims.owed(older_than=older_than):
-            if not self.claims.take_owed(row["token_digest"]):
-                continue
-            payload = self.sealer.unseal(row["sealed_payment"], row["token_digest"])
-            outcomes.append(await self.settle_owed(row, payload))
+        for claim in self.claims.due(now=now):
+            taken = self.claims.take_owed(claim.token_digest)
+            if taken is not None:
+                outcomes.append(await self.settle_owed(taken))
+        for claim in self.claims.outdated():
+            if self.claims.take_orphan(claim):
+                await self.show_outcome(claim, metadata_for(claim))
         return outcomes
 
-    async def settle_owed(self, row: dict[str, Any], sealed: dict[str, Any]) -> dict[str, Any]:
-        """Settle one owed claim (already taken for this process) and update its task."""
-        config = self.services.agents.get(row["agent"])
+    async def reconcile_once(self) -> list[dict[str, Any]]:
+        """`a2a-gate reconcile`: one pass over orphans and every owed claim, now, beside live servers
+        (their claims' leases are renewed, so none is taken from them)."""
+        renewing = asyncio.create_task(self._renew_leases())
+        try:
+            await self.recover()
+            return await self.reconcile(now=True)
+        finally:
+            renewing.cancel()
+
+    async def settle_owed(self, claim: Claim) -> dict[str, Any]:
+        """Settle one owed claim (already taken for this process) and show the outcome on its task."""
+        sealed = self.sealer.unseal(claim.sealed_payment, claim.token_digest)
+        config = self.services.agents.get(claim.agent)
         price = config.price if config is not None else None
         amount, network, asset = (price.amount, price.network, price.asset) if price else ("", "", "")
-        payment = Payment(row["token_digest"], sealed["version"], sealed["payload"], sealed["requirements"],
-                          row["agent"], row["payer"], amount, network, asset)
-        metadata = await self.settler.settle(payment, row["task_id"])
+        payment = Payment(claim.token_digest, sealed["version"], sealed["payload"], sealed["requirements"],
+                          claim.agent, claim.payer, amount, network, asset)
+        collection = await self.settler.settle(payment, claim.task_id, claim)
+        await self.show_outcome(claim, collection.metadata, collection)
+        return {"task_id": claim.task_id, "payer": claim.payer, "agent": claim.agent, "state": str(collection.state),
+                **collection.metadata}
+
+    async def show_outcome(self, claim: Claim, metadata: dict[str, Any], collection: Collection | None = None) -> None:
+        """Bring a claim's stored task up to its recorded outcome (after a pass, a crash or a lost write)."""
+        state = collection.state if collection is not None else claim.state
         store = self.services.store
-        task = store.get(row["task_id"], f"payer:{row['payer']}", row["agent"])
+        task = store.get(claim.task_id, f"payer:{claim.payer}", claim.agent)
         if task is not None:
-            attach_payment_metadata(task, metadata)
-            store.save(task)
-        return {"task_id": row["task_id"], "payer": row["payer"], "agent": row["agent"], **metadata}
+            if claim.withheld is None:
+                attach_payment_metadata(task, metadata)
+            else:
+                show_withheld(task, claim.withheld, metadata, paid=state == ClaimState.SETTLED)
+
+        def write() -> None:
+            if task is not None:
+                store.save(task)
+            self.claims.task_synced(claim.token_digest, final=state in FINAL_STATES)
+
+        await commit_until_stored(self.claims.db, write, "a repaired task")
+
+    async def _renew_leases(self) -> None:
+        """While this process lives, the claims whose work is alive here stay its own."""
+        interval = self.claims.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.claims.renew()
+            except Exception:
+                logger.exception("renewing claim leases failed")
 
     async def _reconcile_loop(self) -> None:
         interval = self.services.settings.reconcile_interval_seconds
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min(interval, self.claims.lease_seconds))
             try:
-                await self.reconcile(older_than=interval)
+                await self.recover()
+                await self.reconcile()
             except Exception:
                 logger.exception("reconciler pass failed")
+
+
+def show_withheld(task: dict[str, Any], withheld: dict[str, Any], metadata: dict[str, Any], *, paid: bool) -> None:
+    """A withholding agent's task: the answer once paid, `failed` with no paid surface otherwise."""
+    if paid:
+        if not any(a.get("artifactId") == withheld["artifact"]["artifactId"] for a in task.get("artifacts") or []):
+            task.setdefault("artifacts", []).append(withheld["artifact"])
+        set_status(task, "completed", agent_message(task, withheld["text"], metadata))
+    else:
+        set_status(task, "failed", agent_message(task, "Payment failed: the answer is withheld.", metadata))
+    task["metadata"] = {**{k: v for k, v in (task.get("metadata") or {}).items() if not k.startswith("x402.")},
+                        **metadata}

@@ -3,10 +3,16 @@
 Buckets live in a cachetools LRU cache, so a flood from a million addresses costs a
 fixed amount of memory: the least recently seen addresses are forgotten, and a
 forgotten address simply starts again with a full bucket.
+
+The per-IP limiter keys on a caller, not on an address: an IPv4 address, or the IPv6
+network around an address (a home connection is handed a whole /64, 2^64 addresses to
+rotate through). An IPv4-mapped IPv6 address (``::ffff:198.51.100.7``, what a dual-stack
+listener reports for an IPv4 peer) is the IPv4 caller it carries.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Callable
 
@@ -48,3 +54,32 @@ class AgentLimiters:
     def take(self, agent: str) -> float:
         limiter = self.own.get(agent)
         return limiter.take(agent) if limiter is not None else self.default.take(agent)
+
+
+MAX_KEY_CHARS = 64  # a forwarded value that is not an address still gets a bucket, of bounded size
+
+
+def caller_key(address: str, ipv6_prefix: int = 64) -> str:
+    """The bucket key for a client address (already resolved through trusted proxies)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:  # not an address (a unix socket peer, "-", a proxy's odd value)
+        return address[:MAX_KEY_CHARS]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        network = int(ip) >> (128 - ipv6_prefix) << (128 - ipv6_prefix)  # drops a zone id too
+        return f"{ipaddress.IPv6Address(network)}/{ipv6_prefix}"
+    return str(ip)
+
+
+class CallerLimiter(Limiter):
+    """The per-IP limiter: one bucket per IPv4 address or IPv6 network (see `caller_key`)."""
+
+    def __init__(self, per_minute: int, max_entries: int = 100_000, ipv6_prefix: int = 64,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(per_minute, max_entries, clock)
+        self.ipv6_prefix = ipv6_prefix
+
+    def take(self, key: str) -> float:
+        return super().take(caller_key(key, self.ipv6_prefix))

@@ -1,7 +1,10 @@
-"""The payment log: append-only rows for verify, reject, settle, settle_failed, replay, release.
+"""The payment log: append-only rows, the operator's record of every charge and refusal.
 
-Each row names the token by its digest only. This is the operator's record of every
-charge and every refusal; rows are never updated or deleted by the gate.
+Actions: verify, reject, release (not delivered, not charged), settle (charged; the
+transaction), settle_failed (one settle pass failed, retried later), write_off
+(terminal: delivered, not paid), needs_attention (terminal: unknown, an operator must
+look), replay. Each row names the token by its digest only; rows are never updated or
+deleted by the gate.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import time
 
 import sqlite_utils
 
-ACTIONS = ("verify", "reject", "settle", "settle_failed", "replay", "release")
+ACTIONS = ("verify", "reject", "settle", "settle_failed", "write_off", "needs_attention", "replay", "release")
 
 
 class PaymentLog:
@@ -38,7 +41,8 @@ class PaymentLog:
             (time.time(), action, agent, task_id, token_digest, payer, amount, network, asset, transaction, error[:200]),
         )
 
-    def rows(self, *, agent: str | None = None, payer: str | None = None, action: str | None = None, limit: int = 50) -> list[dict]:
+    def rows(self, *, agent: str | None = None, payer: str | None = None, action: str | None = None,
+             limit: int = 50) -> list[dict]:
         where, args = [], []
         for column, value in (("agent", agent), ("payer", payer.lower() if payer else None), ("action", action)):
             if value:

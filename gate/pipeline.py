@@ -18,11 +18,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gate import pricing, tokens
+from gate.claims import Claim, ClaimState
 from gate.facilitator import Unavailable
 from gate.settlement import STATUS, Payment
 from server import dialects
 from server.cards import X402_EXTENSIONS, agent_url
-from server.config import AgentConfig
+from server.config import AgentConfig, payment_window_seconds
 from server.jsonrpc import (
     INTERNAL_ERROR,
     TASK_NOT_FOUND,
@@ -94,9 +95,11 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
             return in_band_payment_required(gate, plan, agent, resource, extension)
         return gate.answers_402.response(agent.name, price, resource, agent.description)
     log = log_fields(agent, token)
-    # 7. local checks
+    # 7. local checks; a retry of a claimed token is answered by its claim whatever the clock says
     try:
-        requirements = tokens.check(token, price, resource)
+        requirements = tokens.check_payload(token, price, resource)
+        if gate.claims.find(token.digest) is None:
+            tokens.check_window(token, min_window=payment_window_seconds(agent, gate.services.settings.facilitator))
     except tokens.Rejection as exc:
         gate.log.append("reject", **log, error=exc.reason)
         info.set("rejected", exc.reason)
@@ -113,19 +116,19 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         info.set("in_flight")
         return error_response(call.id, RpcError(INTERNAL_ERROR, "Request in flight", {"code": "in_flight", "retryable": True}))
     if outcome.kind == "replay":
-        assert outcome.row is not None
+        assert outcome.claim is not None
         info.set("replay")
-        info.payer = outcome.row["payer"]
-        return await replay(gate, plan, outcome.row, payment)
+        info.payer = outcome.claim.payer
+        return await replay(gate, plan, outcome.claim, payment)
     try:
         return await verified_send(gate, request, plan, agent, token, requirements, payment, extension)
     except BaseException:
         # a bug of ours (or a cancellation) before the work started: the claim must not
         # stay "running" forever and lock the payer out; after the start it is bound to
         # the execution, which releases or settles it.
-        row = gate.claims.find(token.digest)
-        if row is not None and row["state"] == "running" and not row["task_id"]:
-            gate.claims.release(token.digest)
+        claim = gate.claims.find(token.digest)
+        if claim is not None and not claim.task_id:
+            gate.claims.release(token.digest)  # only ever a running claim
         raise
 
 
@@ -141,7 +144,7 @@ async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, age
         gate.claims.release(token.digest)
         logger.warning("facilitator verify unavailable: %s", exc.reason)
         info.set("verify_unavailable", exc.reason)
-        return error_response(call.id, verify_unavailable())
+        return error_response(call.id, verify_unavailable(exc.retry_after))
     info.payer = verification.payer
     if not verification.valid:
         gate.claims.release(token.digest)
@@ -193,15 +196,17 @@ def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:
     return "ok", f"task {task['status']['state']}: not charged"
 
 
-async def replay(gate: PaymentGate, plan: SendPlan, row: dict[str, Any], payment: Payment) -> Response:
+async def replay(gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payment) -> Response:
     """The same token with the same request: the stored answer, re-driving an owed settlement."""
-    owner, call = f"payer:{row['payer']}", plan.call
-    if row["state"] == "settle_failed" and gate.claims.take_owed(row["token_digest"]):
-        await gate.settle_owed(row, payment.sealable())
-    task = gate.services.store.get(row["task_id"], owner, row["agent"])
+    owner, call = f"payer:{claim.payer}", plan.call
+    if claim.state == ClaimState.SETTLE_FAILED:
+        taken = gate.claims.take_owed(claim.token_digest)
+        if taken is not None:
+            await gate.settle_owed(taken)
+    task = gate.services.store.get(claim.task_id, owner, claim.agent)
     if task is None:
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
-    gate.log.append("replay", **replace(payment, payer=row["payer"]).log_fields(row["task_id"]))
+    gate.log.append("replay", **replace(payment, payer=claim.payer).log_fields(claim.task_id))
     headers = {"X-Idempotent-Replay": "true", **payment_response_header(task)}
     task = trim_history(task, plan.history_length)
     if call.operation == "stream":
@@ -235,9 +240,9 @@ async def prove_payer(gate: PaymentGate, request: Request, call: Call, agent: Ag
     token = tokens.extract(call.params.get("metadata"), request.headers)
     if token is None:
         return None
-    row = gate.claims.find(token.digest)
-    if row is not None and row["payer"]:
-        return f"payer:{row['payer']}"
+    claim = gate.claims.find(token.digest)
+    if claim is not None and claim.payer:
+        return f"payer:{claim.payer}"
     assert agent.price is not None
     try:
         resource = agent_url(public_base_url(request, gate.services.settings.public_url), agent.name)
@@ -310,5 +315,8 @@ def payment_rejected(reason: str) -> JSONResponse:
     return JSONResponse({"detail": "Payment verification failed", "error": reason}, status_code=403)
 
 
-def verify_unavailable() -> RpcError:
-    return RpcError(INTERNAL_ERROR, "Payment verification unavailable", {"code": "verify_unavailable", "retryable": True})
+def verify_unavailable(retry_after: float = 0.0) -> RpcError:
+    data: dict[str, Any] = {"code": "verify_unavailable", "retryable": True}
+    if retry_after > 0:  # the facilitator's breaker is open: when a retry can get through
+        data["retry_after"] = math.ceil(retry_after)
+    return RpcError(INTERNAL_ERROR, "Payment verification unavailable", data)

@@ -1,27 +1,53 @@
 """Settling delivered work: the one path shared by send, stream, replays and the reconciler.
 
-Settle runs only after a delivery. Timeouts and transport errors are retried with
-backoff; whatever the outcome, the claim and the payment log say so before the
-caller hears of it. A settle that could not complete means "unknown": the work stays
-delivered, marked `payment-verified` with the error, and the reconciler tries again.
+Settle runs only after a delivery. Every answer is classified (DESIGN section 6):
+- success: `settled`, with the receipt;
+- a definitive refusal (bad signature, no funds, expired, a nonce used with no earlier
+  attempt of ours that may have spent it): `unsettled`, written off;
+- unknown (timeout, 5xx, transport, a refusal we cannot read): retried with backoff and
+  jitter, then left owed for the reconciler, whose passes back off exponentially up to
+  a cap. When an owed claim hears "nonce already used", or reaches the cap, the chain
+  is asked: used -> `settled` with the real transaction; unused and expired ->
+  `unsettled`; no endpoint for the network -> `needs_attention`.
+Nothing is retried forever. Each outcome is committed (claim state and payment log
+row, one transaction, retried until it sticks) before anyone hears of it, so no later
+error can turn a charge into "not charged".
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from gate.claims import Claims
+from gate.chain import Authorization, Chain, ChainUnavailable
+from gate.claims import Claim, Claims, ClaimState
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.payment_log import PaymentLog
 from server.config import FacilitatorConfig
+from server.database import commit_until_stored
 from server.metrics import Metrics
 from server.tasks import agent_message, set_status
+
+logger = logging.getLogger("a2a_gate.settlement")
 
 STATUS = "x402.payment.status"
 RECEIPTS = "x402.payment.receipts"
 ERROR = "x402.payment.error"
+
+# Settle refusals that say the payment itself cannot be collected: retrying cannot help.
+# (x402's exact-EVM codes, and the plain names other facilitators use.)
+DEFINITIVE_REASONS = frozenset({
+    "invalid_exact_evm_payload_signature", "invalid_signature",
+    "invalid_exact_evm_insufficient_balance", "insufficient_funds", "insufficient_balance",
+    "invalid_exact_evm_payload_authorization_valid_before", "expired", "authorization_expired",
+    "invalid_exact_evm_payload_recipient_mismatch", "invalid_exact_evm_payload_authorization_value_mismatch",
+    "invalid_permit2_signature", "permit2_deadline_expired", "permit2_insufficient_balance",
+})
+NONCE_USED_REASONS = frozenset({"invalid_exact_evm_nonce_already_used", "nonce_already_used"})
 
 
 @dataclass(frozen=True)
@@ -47,12 +73,37 @@ class Payment:
         return {"version": self.version, "payload": self.payload, "requirements": self.requirements}
 
 
+@dataclass(frozen=True)
+class Collection:
+    """Where one settle pass left a claim, and what the task should say about it."""
+
+    state: ClaimState
+    metadata: dict[str, Any]
+
+    @property
+    def paid(self) -> bool:
+        return self.state == ClaimState.SETTLED
+
+
 def completed_metadata(receipt: dict[str, Any]) -> dict[str, Any]:
     return {STATUS: "payment-completed", RECEIPTS: [receipt]}
 
 
 def verified_metadata(error: str) -> dict[str, Any]:
     return {STATUS: "payment-verified", ERROR: error}
+
+
+def failed_metadata(error: str) -> dict[str, Any]:
+    return {STATUS: "payment-failed", ERROR: error}
+
+
+def metadata_for(claim: Claim) -> dict[str, Any]:
+    """What a task says about a claim in this state (the repair of a stored task)."""
+    if claim.state == ClaimState.SETTLED:
+        return completed_metadata(claim.receipt)
+    if claim.state == ClaimState.UNSETTLED:
+        return failed_metadata(claim.last_error)
+    return verified_metadata(claim.last_error)
 
 
 def attach_payment_metadata(task: dict[str, Any], metadata: dict[str, Any]) -> None:
@@ -71,47 +122,121 @@ def attach_payment_metadata(task: dict[str, Any], metadata: dict[str, Any]) -> N
     task["metadata"] = {**task_kept, **metadata}
 
 
+def classify(reason: str) -> str:
+    """A settle refusal's meaning: "refused", "nonce_used" or "unknown"."""
+    if reason in NONCE_USED_REASONS:
+        return "nonce_used"
+    return "refused" if reason in DEFINITIVE_REASONS else "unknown"
+
+
 class Settler:
     def __init__(self, facilitator: FacilitatorClient, claims: Claims, log: PaymentLog, config: FacilitatorConfig,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, chain: Chain | None = None, pass_interval: float = 30.0) -> None:
         self.metrics = metrics
         self.facilitator = facilitator
         self.claims = claims
         self.log = log
+        self.chain = chain or Chain({})
         self.attempts = config.settle_attempts
         self.backoff = config.settle_backoff_seconds
+        self.passes = config.settle_passes
+        self.max_delay = config.settle_max_delay_seconds
+        self.pass_interval = pass_interval
 
-    async def settle(self, payment: Payment, task_id: str) -> dict[str, Any]:
-        """Settle a claim already in `settling`; returns the payment metadata for the task."""
-        log = payment.log_fields(task_id)
-        try:
-            result = await self._settle_with_retries(payment)
-        except Unavailable as exc:
-            self._failed()
-            self.claims.settle_failed(payment.token_digest)
-            self.log.append("settle_failed", **log, error=f"settle_unavailable: {exc.reason}")
-            return verified_metadata(f"settle_unavailable: {exc.reason}")
-        if not result.success:
-            self._failed()
-            self.claims.settle_failed(payment.token_digest)
-            self.log.append("settle_failed", **log, error=result.reason)
-            return verified_metadata(result.reason)
-        self.claims.settled(payment.token_digest)
-        self.log.append("settle", **log, transaction=result.transaction)
-        return completed_metadata(result.receipt)
-
-    def _failed(self) -> None:
-        if self.metrics is not None:
-            self.metrics.settle_failures.inc()
-
-    async def _settle_with_retries(self, payment: Payment):  # -> facilitator.Settlement
-        delay = self.backoff
+    async def settle(self, payment: Payment, task_id: str, claim: Claim | None = None) -> Collection:
+        """One settle pass for a claim already in `settling`; its outcome is committed before it returns."""
+        unknown = claim.settle_unknown if claim is not None else False
+        passes = claim.settle_passes if claim is not None else 0
+        error = "settle_failed"
         for attempt in range(1, self.attempts + 1):
             try:
-                return await self.facilitator.settle(payment.version, payment.payload, payment.requirements)
-            except Unavailable:
-                if attempt == self.attempts:
-                    raise
-            await asyncio.sleep(delay)
-            delay *= 2
-        raise Unavailable("no_attempts")
+                result = await self.facilitator.settle(payment.version, payment.payload, payment.requirements)
+            except Unavailable as exc:
+                unknown, error = True, f"settle_unavailable: {exc.reason}"
+            else:
+                if result.success:
+                    return await self._settled(payment, task_id, result.receipt, result.transaction)
+                verdict = classify(result.reason)
+                if verdict == "refused":
+                    return await self._unsettled(payment, task_id, result.reason)
+                if verdict == "nonce_used":
+                    if unknown:  # our own earlier attempt may be what used it
+                        return await self._ask_chain(payment, task_id, result.reason)
+                    return await self._unsettled(payment, task_id, result.reason)
+                unknown, error = True, result.reason
+            if attempt < self.attempts:
+                await asyncio.sleep(jittered(self.backoff * 2 ** (attempt - 1)))
+        passes += 1
+        if passes >= self.passes:
+            return await self._ask_chain(payment, task_id, error)
+        delay = min(self.max_delay, self.pass_interval * 2 ** (passes - 1))
+        return await self._owed(payment, task_id, error, unknown, passes, time.time() + jittered(delay))
+
+    async def _ask_chain(self, payment: Payment, task_id: str, heard: str) -> Collection:
+        """Ground truth for an unknown settlement: the token contract's own record."""
+        authorization = Authorization.of(payment.payload, payment.requirements, payment.network)
+        if authorization is None or not self.chain.knows(payment.network):
+            why = "no rpc_url for the network" if authorization is not None else "not an EIP-3009 authorization"
+            return await self._needs_attention(payment, task_id, f"{heard}; chain not asked: {why}")
+        try:
+            facts = await self.chain.facts(authorization)
+        except ChainUnavailable as exc:
+            return await self._needs_attention(payment, task_id, f"{heard}; chain unavailable: {exc.reason}")
+        if facts.used:
+            receipt = {"success": True, "transaction": facts.transaction, "network": payment.network,
+                       "payer": payment.payer, "amount": payment.amount}
+            return await self._settled(payment, task_id, receipt, facts.transaction, note="confirmed on chain")
+        if authorization.valid_before <= time.time():
+            return await self._unsettled(payment, task_id, f"{heard}; chain: authorization unused and expired")
+        return await self._needs_attention(payment, task_id, f"{heard}; chain: authorization unused, still valid")
+
+    async def _settled(self, payment: Payment, task_id: str, receipt: dict[str, Any], tx: str,
+                       note: str = "") -> Collection:
+        def write() -> None:
+            self.claims.settled(payment.token_digest, receipt)
+            self.log.append("settle", **payment.log_fields(task_id), transaction=tx, error=note)
+
+        await commit_until_stored(self.claims.db, write, "a settlement")
+        self._count("settled")
+        return Collection(ClaimState.SETTLED, completed_metadata(receipt))
+
+    async def _owed(self, payment: Payment, task_id: str, error: str, unknown: bool, passes: int,
+                    next_at: float) -> Collection:
+        def write() -> None:
+            self.claims.owed(payment.token_digest, error=error, unknown=unknown, passes=passes, next_settle_at=next_at)
+            self.log.append("settle_failed", **payment.log_fields(task_id), error=error)
+
+        await commit_until_stored(self.claims.db, write, "an owed settlement")
+        if self.metrics is not None:
+            self.metrics.settle_failures.inc()
+        self._count("owed")
+        return Collection(ClaimState.SETTLE_FAILED, verified_metadata(error))
+
+    async def _unsettled(self, payment: Payment, task_id: str, reason: str) -> Collection:
+        def write() -> None:
+            self.claims.terminal(payment.token_digest, ClaimState.UNSETTLED, reason)
+            self.log.append("write_off", **payment.log_fields(task_id), error=reason)
+
+        await commit_until_stored(self.claims.db, write, "a write-off")
+        self._count("unsettled")
+        logger.warning("settlement written off for task %s: %s", task_id, reason)
+        return Collection(ClaimState.UNSETTLED, failed_metadata(reason))
+
+    async def _needs_attention(self, payment: Payment, task_id: str, reason: str) -> Collection:
+        def write() -> None:
+            self.claims.terminal(payment.token_digest, ClaimState.NEEDS_ATTENTION, reason)
+            self.log.append("needs_attention", **payment.log_fields(task_id), error=reason)
+
+        await commit_until_stored(self.claims.db, write, "a settlement needing attention")
+        self._count("needs_attention")
+        logger.warning("settlement of task %s needs attention: %s", task_id, reason)
+        return Collection(ClaimState.NEEDS_ATTENTION, verified_metadata(reason))
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.settlements.labels(outcome).inc()
+
+
+def jittered(seconds: float) -> float:
+    """Spread retries so many owed claims do not hit the facilitator in lockstep."""
+    return seconds * random.uniform(0.5, 1.5)

@@ -2,8 +2,17 @@
 
 Where to look, in order (DESIGN 4.5): the message metadata
 ``x402.payment.payload``, then the ``PAYMENT-SIGNATURE`` header (x402 v2), then the
-legacy ``X-PAYMENT`` header (v1). Any malformed shape means "no token here", never
-an exception. ``Authorization`` is never a token source.
+legacy ``X-PAYMENT`` header (v1). ``Authorization`` is never a token source.
+
+Parsing is total: any value, of any content, is a `Token` or "no token here"
+(`None`), never an exception. A token is kept in a normal form (whole-number floats,
+which a protobuf Struct makes of every integer, are integers), so its digest and
+its claim do not depend on how a client's JSON library spelled it.
+
+The local checks then read every key of the signed payload: an EIP-3009 payload is
+exactly ``{signature, authorization}``, with exactly the six authorization fields, in
+canonical spellings. Anything else, a Permit2 payload included, is refused before it
+can reach the facilitator (see the README's "Payment tokens").
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ import base64
 import binascii
 import hashlib
 import json
+import math
+import re
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,14 +36,31 @@ from server.config import Price
 
 METADATA_KEY = "x402.payment.payload"
 MAX_TOKEN_BYTES = 16_384
-HEX = frozenset("0123456789abcdefABCDEF")
+MAX_DEPTH = 16  # a real token nests 4 deep; nothing legitimate comes near this
+MAX_INTEGER = 2**53  # beyond this a JSON number is not exact everywhere: x402 sends big numbers as strings
+
+# The keys of each part of a token. Anything else in the signed payload is refused.
+V2_KEYS = frozenset({"x402Version", "payload", "accepted", "resource", "extensions"})
+V1_KEYS = frozenset({"x402Version", "scheme", "network", "payload"})
+ACCEPTED_KEYS = frozenset({"scheme", "network", "asset", "amount", "payTo", "maxTimeoutSeconds", "extra"})
+EIP3009_PAYLOAD_KEYS = frozenset({"signature", "authorization"})
+EIP3009_AUTHORIZATION_KEYS = frozenset({"from", "to", "value", "validAfter", "validBefore", "nonce"})
+
+ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
+NONCE = re.compile(r"0x[0-9a-fA-F]{64}")
+SIGNATURE = re.compile(r"0x(?:[0-9a-fA-F]{2})+")
+UINT = re.compile(r"0|[1-9][0-9]{0,77}")  # canonical decimal uint256: no sign, no leading zeros, no `_`
+
+
+class NotAToken(Exception):
+    """Raised inside parsing only; the public functions turn it into `None`."""
 
 
 @dataclass(frozen=True)
 class Token:
     """A payment payload that has the shape of one; nothing about it is verified yet."""
 
-    payload: dict[str, Any]
+    payload: dict[str, Any]  # the normal form: what is digested, claimed and sent to the facilitator
     version: int  # x402Version: 1 or 2
     source: str  # metadata | PAYMENT-SIGNATURE | X-PAYMENT
 
@@ -76,44 +104,112 @@ def extract(metadata: Any, headers: Headers) -> Token | None:
     return None
 
 
-def from_header(value: str | None, source: str) -> Token | None:
-    if not value or len(value) > MAX_TOKEN_BYTES:
+def from_header(value: Any, source: str) -> Token | None:
+    """A base64 JSON header value (standard alphabet, padded, as x402 sends it)."""
+    if not isinstance(value, str) or not value or len(value) > MAX_TOKEN_BYTES:
         return None
     try:
         raw = base64.b64decode(value.strip(), validate=True)
-        document = json.loads(raw)
-    except (binascii.Error, ValueError, RecursionError):
+        if raw.count(b"[") + raw.count(b"{") > 4 * MAX_DEPTH:  # before the parser can recurse on it
+            return None
+        document = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicates)
+    except (binascii.Error, ValueError, RecursionError, NotAToken):  # UnicodeDecodeError is a ValueError
         return None
     return from_object(document, source)
 
 
 def from_object(document: Any, source: str) -> Token | None:
-    if not isinstance(document, dict):
+    """A token from an already-parsed value (message or params metadata)."""
+    try:
+        normal = normalise(document)
+    except (NotAToken, RecursionError):
         return None
-    version = document.get("x402Version")
-    if type(version) is not int or version not in (1, 2):
+    if not isinstance(normal, dict):
         return None
-    if not isinstance(document.get("payload"), dict):
+    version = normal.get("x402Version")
+    if version not in (1, 2) or isinstance(version, bool):
+        return None
+    if not isinstance(normal.get("payload"), dict):
         return None
     if version == 2:
-        accepted = document.get("accepted")
+        accepted = normal.get("accepted")
         if not isinstance(accepted, dict) or not all(isinstance(accepted.get(k), str) for k in ("scheme", "network", "asset", "amount", "payTo")):
             return None
-    elif not all(isinstance(document.get(k), str) for k in ("scheme", "network")):
+    elif not all(isinstance(normal.get(k), str) for k in ("scheme", "network")):
         return None
+    if len(json.dumps(normal, separators=(",", ":"))) > MAX_TOKEN_BYTES:
+        return None
+    return Token(payload=normal, version=version, source=source)
+
+
+def normalise(value: Any, depth: int = 0) -> Any:
+    """A copy of a JSON value in normal form, or NotAToken.
+
+    Whole-number floats become integers (a protobuf Struct turns every integer into a
+    double); non-finite, fractional and out-of-range numbers, strings that are not
+    valid Unicode (lone surrogates) and anything JSON cannot hold are not a token.
+    """
+    if depth > MAX_DEPTH:
+        raise NotAToken("too deep")
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if abs(value) > MAX_INTEGER:
+            raise NotAToken("integer out of range")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer() or abs(value) > MAX_INTEGER:
+            raise NotAToken("not a whole number")
+        return int(value)
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, list):
+        return [normalise(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        return {_text(key) if isinstance(key, str) else _not_a_key(): normalise(item, depth + 1) for key, item in value.items()}
+    raise NotAToken("not a JSON value")
+
+
+def _text(value: str) -> str:
+    if len(value) > MAX_TOKEN_BYTES:
+        raise NotAToken("string too long")
     try:
-        size = len(json.dumps(document, separators=(",", ":")))
-    except (ValueError, TypeError, RecursionError):
-        return None
-    if size > MAX_TOKEN_BYTES:
-        return None
-    return Token(payload=document, version=version, source=source)
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 byte sequence can carry it
+        raise NotAToken("not valid Unicode") from None
+    return value
 
 
-def check(token: Token, price: Price, resource_url: str, now: float | None = None) -> dict[str, Any]:
-    """Local checks (DESIGN 4.7); returns the requirements to send the facilitator."""
+def _not_a_key() -> str:
+    raise NotAToken("object key is not a string")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise NotAToken(f"{name} is not a JSON number")
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Two values for one key: which one would the facilitator read? Not a token."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        raise NotAToken("duplicate key")
+    return document
+
+
+def check(token: Token, price: Price, resource_url: str, now: float | None = None, min_window: float = 0.0) -> dict[str, Any]:
+    """Every local check (DESIGN 4.7); returns the requirements to send the facilitator."""
+    required = check_payload(token, price, resource_url)
+    check_window(token, now, min_window)
+    return required
+
+
+def check_payload(token: Token, price: Price, resource_url: str) -> dict[str, Any]:
+    """The checks that do not depend on the clock: what is paid, to whom, in which shape."""
+    document = token.payload
     if token.version == 2:
-        accepted = token.payload["accepted"]
+        if not set(document) <= V2_KEYS or not set(document["accepted"]) <= ACCEPTED_KEYS:
+            raise Rejection("invalid_payload")
+        accepted = document["accepted"]
         wanted = requirement(price, resource_url)
         if (
             accepted["scheme"] != wanted["scheme"]
@@ -123,37 +219,59 @@ def check(token: Token, price: Price, resource_url: str, now: float | None = Non
             or accepted["payTo"].lower() != wanted["payTo"].lower()
         ):
             raise Rejection("accepted_requirements_mismatch")
-        resource = token.payload.get("resource")
+        resource = document.get("resource")
+        if resource is not None and not isinstance(resource, dict):
+            raise Rejection("invalid_payload")
         if isinstance(resource, dict) and isinstance(resource.get("url"), str) and resource["url"] != resource_url:
             raise Rejection("resource_mismatch")
+        if document.get("extensions") is not None and not isinstance(document["extensions"], dict):
+            raise Rejection("invalid_payload")
         required = wanted
     else:
-        if token.payload["scheme"] != price.scheme or token.payload["network"] != V1_NETWORKS.get(price.network, price.network):
+        if not set(document) <= V1_KEYS:
+            raise Rejection("invalid_payload")
+        if document["scheme"] != price.scheme or document["network"] != V1_NETWORKS.get(price.network, price.network):
             raise Rejection("accepted_requirements_mismatch")
         required = requirement_v1(price, resource_url)
-    _check_authorization(token.authorization, price, now if now is not None else time.time())
+    _check_eip3009(document["payload"], price)
     return required
 
 
-def _check_authorization(auth: dict[str, Any], price: Price, now: float) -> None:
-    """The exact-EVM authorization: recipient, value, time window, nonce shape."""
+def _check_eip3009(inner: dict[str, Any], price: Price) -> None:
+    """The exact-EVM EIP-3009 payload, every key of it: shape, recipient, value, nonce."""
+    if "authorization" not in inner or "permit2Authorization" in inner:
+        raise Rejection("unsupported_payload")  # Permit2, or anything else the gate cannot claim exactly
+    auth = inner["authorization"]
+    if set(inner) != EIP3009_PAYLOAD_KEYS or not isinstance(auth, dict) or set(auth) != EIP3009_AUTHORIZATION_KEYS:
+        raise Rejection("invalid_payload")
+    if not all(isinstance(v, str) for v in auth.values()) or not isinstance(inner["signature"], str):
+        raise Rejection("invalid_payload")
+    if not (ADDRESS.fullmatch(auth["from"]) and ADDRESS.fullmatch(auth["to"]) and SIGNATURE.fullmatch(inner["signature"])):
+        raise Rejection("invalid_payload")
+    if not all(UINT.fullmatch(auth[k]) for k in ("value", "validAfter", "validBefore")):
+        raise Rejection("invalid_payload")
+    if auth["to"].lower() != price.pay_to.lower():
+        raise Rejection("recipient_mismatch")
+    if auth["value"] != price.amount:
+        raise Rejection("amount_mismatch")
+    if not NONCE.fullmatch(auth["nonce"]):
+        raise Rejection("invalid_nonce")
+
+
+def check_window(token: Token, now: float | None = None, min_window: float = 0.0) -> None:
+    """The time window is open and leaves `min_window` seconds to do the work and collect."""
+    auth = token.authorization
     try:
-        to, value, sender, nonce = auth["to"], auth["value"], auth["from"], auth["nonce"]
         valid_after, valid_before = int(auth["validAfter"]), int(auth["validBefore"])
     except (KeyError, TypeError, ValueError):
         raise Rejection("invalid_payload") from None
-    if not all(isinstance(x, str) for x in (to, value, sender, nonce)):
-        raise Rejection("invalid_payload")
-    if to.lower() != price.pay_to.lower():
-        raise Rejection("recipient_mismatch")
-    if value != price.amount:
-        raise Rejection("amount_mismatch")
-    if not (nonce.startswith("0x") and len(nonce) == 66 and set(nonce[2:]) <= HEX):
-        raise Rejection("invalid_nonce")
+    now = time.time() if now is None else now
     if valid_after > now:
         raise Rejection("payment_not_yet_valid")
     if valid_before <= now:
         raise Rejection("payment_expired")
+    if valid_before - now < min_window:
+        raise Rejection("payment_window_too_short")
 
 
 def nonce_key(token: Token, asset: str) -> str:

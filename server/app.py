@@ -28,6 +28,7 @@ from server.agents import AgentRegistry
 from server.cards import agent_card
 from server.config import Settings
 from server.database import open_database
+from server.deadlines import BodyDeadline
 from server.execution import Runner
 from server.jsonrpc import (
     INTERNAL_ERROR,
@@ -39,7 +40,7 @@ from server.jsonrpc import (
     result_response,
 )
 from server.methods import Methods, plan_send, unsupported
-from server.metrics import Metrics
+from server.metrics import Metrics, agent_label
 from server.principals import Principals
 from server.proxy import TrustedProxyMiddleware, public_base_url
 from server.request_log import RequestInfo
@@ -105,12 +106,12 @@ def forbidden() -> JSONResponse:
 async def a2a_endpoint(request: Request) -> Response:
     services: Services = request.app.state.services
     name = request.path_params["agent"]
-    info = request.state.info = RequestInfo(agent=name, client=request.client.host if request.client else "-")
+    info = request.state.info = RequestInfo(agent=agent_label(name, services.agents.get(name)),
+                                            client=request.client.host if request.client else "-")
     response = await branch(services, request, name, info)
     if not info.outcome:
         info.set(outcome_of(response))
-    known = name if services.agents.get(name) is not None else "unknown"
-    services.metrics.requests.labels(known, info.caller.partition(":")[0], info.outcome).inc()
+    services.metrics.requests.labels(info.agent, info.caller.partition(":")[0], info.outcome).inc()
     request_log.write(info, response.status_code)
     return response
 
@@ -260,7 +261,8 @@ def create_app(settings: Settings) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    middleware = []
+    # a request reaches the routes only whole: its body read within the deadline
+    middleware = [Middleware(BodyDeadline, seconds=settings.http.body_timeout_seconds, max_bytes=settings.max_body_bytes)]
     if settings.trusted_proxies:
         # uvicorn's proxy-header handling: forwarded headers count only from these peers
         middleware.append(Middleware(TrustedProxyMiddleware, trusted_hosts=list(settings.trusted_proxies)))

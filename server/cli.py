@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -54,6 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server import request_log
+    from server.deadlines import server_config
 
     request_log.configure(json_lines=args.log_json, level=args.log_level)
     settings = load_settings(args.config)
@@ -64,35 +68,82 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["trusted_proxies"] = args.trusted_proxy
     if args.database:
         overrides["database"] = args.database
-    facilitator = None
-    if args.dev_facilitator:
-        ledger = settings.database + ".ledger"
-        facilitator = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "facilitator", "--port", str(args.dev_facilitator), "--db", ledger]
-        )
-        overrides["facilitator_url"] = f"http://127.0.0.1:{args.dev_facilitator}"
-        _wait_for(f"http://127.0.0.1:{args.dev_facilitator}/healthz")
-    settings = _apply_overrides(settings, overrides)
-    try:
+    _unwind_on_sigterm()
+    with contextlib.ExitStack() as stack:
+        if args.dev_facilitator:
+            ledger = settings.database + ".ledger"
+            overrides["facilitator_url"] = stack.enter_context(_dev_facilitator(args.dev_facilitator, ledger))
+        settings = _apply_overrides(settings, overrides)
         if args.workers > 1:
             if args.config:
                 os.environ[CONFIG_ENV] = os.path.abspath(args.config)
             os.environ["A2A_GATE_OVERRIDES"] = json.dumps(overrides)
             os.environ["A2A_GATE_LOG_JSON"] = "1" if args.log_json else "0"
             os.environ["A2A_GATE_LOG_LEVEL"] = args.log_level
-            _run_workers(uvicorn.Config("server.cli:app_from_env", factory=True, host=args.host, port=args.port,
-                                        workers=args.workers, proxy_headers=False, access_log=False,
-                                        log_level=args.log_level))
+            _run_workers(server_config("server.cli:app_from_env", settings.http, factory=True, host=args.host,
+                                       port=args.port, workers=args.workers, proxy_headers=False, access_log=False,
+                                       log_level=args.log_level))
         else:
             from server.app import create_app
 
-            uvicorn.run(create_app(settings), host=args.host, port=args.port, proxy_headers=False,
-                        access_log=False, log_level=args.log_level)
-    finally:
-        if facilitator is not None:
-            facilitator.terminate()
-            facilitator.wait(timeout=10)
+            server = uvicorn.Server(server_config(create_app(settings), settings.http, host=args.host, port=args.port,
+                                                  proxy_headers=False, access_log=False, log_level=args.log_level))
+            server.run()
+            if not server.started:
+                return 3  # uvicorn's own exit status for a server that could not start
     return 0
+
+
+def _unwind_on_sigterm() -> None:
+    """Let SIGTERM unwind the stack like Ctrl-C does, so cleanup (`finally`, `with`) runs.
+
+    uvicorn handles SIGTERM itself, shuts down, then raises the signal again; with the
+    default action the process ended right there, before the development facilitator
+    was stopped. Exit status 143 (128 + SIGTERM) is what a supervisor expects.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+@contextlib.contextmanager
+def _dev_facilitator(port: int, ledger: str) -> Iterator[str]:
+    """The development facilitator as a child process; yields its URL, stops it on the way out.
+
+    On Linux the child also asks the kernel for SIGTERM when this process dies, however
+    it dies (SIGKILL, a crash), so it never outlives the gate holding its port.
+    """
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", ledger],
+                               preexec_fn=_die_with_parent())
+    try:
+        _wait_for(f"{url}/healthz", process)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` that makes Linux send the child SIGTERM when this process ends; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return preexec
 
 
 def _run_workers(config: Any) -> None:
@@ -114,11 +165,14 @@ def _run_workers(config: Any) -> None:
     Multiprocess(config, sockets=[sock]).run()
 
 
-def _wait_for(url: str, timeout: float = 15.0) -> None:
+def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Wait for `process` to answer on `url`; stop at once if it exits (the message is its own)."""
     import httpx
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"error: the development facilitator exited with status {process.returncode}")
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
                 return
@@ -172,7 +226,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_payments(args: argparse.Namespace) -> int:
     from gate.payment_log import PaymentLog
 
-    rows = PaymentLog(_database(args)).rows(agent=args.agent, payer=args.payer, action=args.action, limit=args.limit)
+    action = "write_off" if args.unsettled else "needs_attention" if args.needs_attention else args.action
+    rows = PaymentLog(_database(args)).rows(agent=args.agent, payer=args.payer, action=action, limit=args.limit)
     for row in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         print(f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
@@ -190,32 +245,16 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     async def run() -> list[dict[str, Any]]:
         services = Services(settings)
         try:
-            services.gate.recover()
-            return await services.gate.reconcile()
+            return await services.gate.reconcile_once()
         finally:
             await services.gate.close()
             await services.agents.aclose()
 
     outcomes = asyncio.run(run())
     for outcome in outcomes:
-        print(f"{outcome['task_id']}\t{outcome['payer']}\t{outcome['x402.payment.status']}\t"
+        print(f"{outcome['task_id']}\t{outcome['payer']}\t{outcome['state']}\t{outcome['x402.payment.status']}\t"
               f"{outcome.get('x402.payment.error', '')}")
     print(f"{len(outcomes)} owed settlement(s) attempted")
-    return 0
-
-
-def cmd_facilitator(args: argparse.Namespace) -> int:
-    from gate.dev_facilitator import run
-
-    run(host=args.host, port=args.port, db_path=args.db, trust_signatures=args.trust_signatures)
-    return 0
-
-
-def cmd_pay(args: argparse.Namespace) -> int:
-    from gate.dev_client import pay
-
-    result = asyncio.run(pay(args.url, args.text, private_key=args.key))
-    print(json.dumps(result, indent=2))
     return 0
 
 
@@ -231,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trusted-proxy", action="append", help="peer address whose X-Forwarded-* headers count (repeatable)")
     serve.add_argument("--database", help="SQLite file (overrides the configuration)")
     serve.add_argument("--dev-facilitator", type=int, metavar="PORT",
-                       help="also start the development facilitator on this port and use it")
+                       help="also start the development facilitator on this port and use it "
+                            "(a2a-gate-devnet, from the [dev] extra)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-json", action="store_true", help="one JSON object per log line")
     serve.set_defaults(func=cmd_serve)
@@ -257,7 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
     payments.add_argument("--database")
     payments.add_argument("--agent")
     payments.add_argument("--payer")
-    payments.add_argument("--action", choices=["verify", "reject", "settle", "settle_failed", "replay", "release"])
+    payments.add_argument("--action", choices=["verify", "reject", "settle", "settle_failed", "write_off",
+                                               "needs_attention", "replay", "release"])
+    terminal = payments.add_mutually_exclusive_group()
+    terminal.add_argument("--unsettled", action="store_true",
+                          help="delivered work written off: the settlement was refused for good (write_off rows)")
+    terminal.add_argument("--needs-attention", action="store_true",
+                          help="settlements nobody could decide (no chain endpoint, chain unreachable)")
     payments.add_argument("--limit", type=int, default=50)
     payments.set_defaults(func=cmd_payments)
 
@@ -266,19 +312,6 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.add_argument("--database")
     reconcile.set_defaults(func=cmd_reconcile)
 
-    facilitator = sub.add_parser("facilitator", help="run the development x402 facilitator (simulated ledger)")
-    facilitator.add_argument("--host", default="127.0.0.1")
-    facilitator.add_argument("--port", type=int, default=8402)
-    facilitator.add_argument("--db", default="dev-ledger.db")
-    facilitator.add_argument("--trust-signatures", action="store_true",
-                             help="DEVELOPMENT/BENCHMARK ONLY: skip signature recovery (nonces still tracked)")
-    facilitator.set_defaults(func=cmd_facilitator)
-
-    pay = sub.add_parser("pay", help="send a message to a priced agent, paying with a throwaway key")
-    pay.add_argument("url", help="the agent's endpoint, e.g. http://127.0.0.1:8000/a2a/paid-echo")
-    pay.add_argument("text")
-    pay.add_argument("--key", help="payer private key (default: a new throwaway key)")
-    pay.set_defaults(func=cmd_pay)
     return parser
 
 

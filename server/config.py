@@ -7,10 +7,11 @@ operator can fix a file from the message alone; `load_config` raises one
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -67,6 +68,10 @@ class AgentConfig:
     allowed_payers: tuple[str, ...] | None = None
     per_agent_per_minute: int | None = None
     streaming: bool = True
+    on_settle_failure: str = "deliver"  # "withhold": settle before the answer leaves
+
+
+SETTLE_FAILURE_POLICIES = ("deliver", "withhold")
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,38 @@ class FacilitatorConfig:
     max_wait_seconds: float = 2.0
     connections: int = 8  # kept-alive HTTP connections; more calls than this queue for one
     auth_header_env: str = ""  # env var holding e.g. "Bearer abc"; never in the file
+    auth: str = ""  # "package.module:callable" minting headers per call ({"verify": {...}, "settle": {...}})
+    breaker_failures: int = 5  # consecutive failures that open the circuit breaker
+    breaker_cooldown_seconds: float = 30.0  # how long it stays open before one probe
     settle_attempts: int = 4
     settle_backoff_seconds: float = 0.5
+    settle_margin_seconds: float = 6.0  # time a facilitator wants left on a token to settle it (x402's: 6 s)
+    settle_passes: int = 6  # reconciler passes for owed work before the chain is asked
+    settle_max_delay_seconds: float = 3600.0  # the longest backoff between two passes
+
+    @property
+    def settle_budget_seconds(self) -> float:
+        """The longest the in-request settle can take: every attempt, its wait for a slot and the backoffs."""
+        backoffs = 1.5 * sum(self.settle_backoff_seconds * 2**i for i in range(self.settle_attempts - 1))  # jittered up to +50%
+        return self.settle_attempts * (self.timeout_seconds + self.max_wait_seconds) + backoffs
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """A chain the gate may ask directly (settlement ground truth, DESIGN section 6)."""
+
+    rpc_url: str = ""
+    timeout_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """How long a client may take to send a request, and to stay idle (see server/deadlines.py)."""
+
+    head_timeout_seconds: float = 10.0  # request line and headers, from the request's first byte
+    body_timeout_seconds: float = 30.0  # the whole body, from the end of the headers
+    keep_alive_seconds: float = 5.0  # an idle connection between requests
+    max_head_bytes: int = 16_384  # request line and headers together; a larger head is answered 400
 
 
 @dataclass(frozen=True)
@@ -102,11 +137,15 @@ class Settings:
     per_ip_per_minute: int = 30
     per_agent_per_minute: int = 120
     limiter_max_entries: int = 100_000
+    ipv6_prefix: int = 64  # an IPv6 caller is its network of this many bits (one household)
     trusted_proxies: tuple[str, ...] = ()
     facilitator: FacilitatorConfig = FacilitatorConfig()
+    http: HttpConfig = HttpConfig()
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     keys: tuple[ApiKey, ...] = ()
     reconcile_interval_seconds: float = 30.0
+    claim_lease_seconds: float = 30.0  # an owner renews its claims' leases; a lapsed one is an orphan
+    networks: dict[str, NetworkConfig] = field(default_factory=dict)
     source: str = "<embedded defaults>"
     warnings: tuple[str, ...] = ()  # problems that do not stop the server (shown by check-config)
 
@@ -219,7 +258,7 @@ class _Reader:
         known = {
             "public_url", "database", "default_agent", "max_body_bytes", "task_retention_days",
             "task_deadline_seconds", "limits", "proxy", "facilitator", "agents", "keys",
-            "reconcile_interval_seconds",
+            "reconcile_interval_seconds", "http", "claim_lease_seconds", "networks",
         }
         self.unknown(raw, known, "")
         defaults = Settings()
@@ -231,7 +270,11 @@ class _Reader:
             database = str(base_dir / database)
 
         limits = self.table(raw, "limits", "limits")
-        self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries"}, "limits")
+        self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries", "ipv6_prefix"}, "limits")
+        ipv6_prefix = self.get(limits, "ipv6_prefix", int, defaults.ipv6_prefix, "limits.ipv6_prefix")
+        if not 16 <= ipv6_prefix <= 128:
+            self.problem("limits.ipv6_prefix", f"must be a prefix length from 16 to 128, got {ipv6_prefix}")
+            ipv6_prefix = defaults.ipv6_prefix
         proxy = self.table(raw, "proxy", "proxy")
         self.unknown(proxy, {"trusted"}, "proxy")
         trusted = self.get(proxy, "trusted", list, [], "proxy.trusted")
@@ -252,6 +295,7 @@ class _Reader:
         if facilitator.url == "" and any(a.price for a in agents.values()):
             self.warn("facilitator.url", "missing: priced agents answer 501 until a facilitator is set")
 
+        agents = {name: self.fit_payment_window(agent, agents_raw.get(name), facilitator) for name, agent in agents.items()}
         return Settings(
             public_url=public_url,
             database=database,
@@ -262,19 +306,34 @@ class _Reader:
             per_ip_per_minute=self.positive(limits, "per_ip_per_minute", defaults.per_ip_per_minute, "limits.per_ip_per_minute"),
             per_agent_per_minute=self.positive(limits, "per_agent_per_minute", defaults.per_agent_per_minute, "limits.per_agent_per_minute"),
             limiter_max_entries=self.positive(limits, "max_entries", defaults.limiter_max_entries, "limits.max_entries"),
+            ipv6_prefix=ipv6_prefix,
             trusted_proxies=tuple(t for t in trusted if isinstance(t, str)),
             facilitator=facilitator,
+            http=self.http(self.table(raw, "http", "http")),
             agents=agents,
             keys=keys,
             reconcile_interval_seconds=self.positive(raw, "reconcile_interval_seconds", defaults.reconcile_interval_seconds, "reconcile_interval_seconds", float),
+            claim_lease_seconds=self.positive(raw, "claim_lease_seconds", defaults.claim_lease_seconds, "claim_lease_seconds", float),
+            networks=self.networks(self.table(raw, "networks", "networks")),
             source=source,
             warnings=tuple(f"{source}: {w}" for w in self.warnings),
+        )
+
+    def http(self, raw: dict[str, Any]) -> HttpConfig:
+        self.unknown(raw, {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes"}, "http")
+        d = HttpConfig()
+        return HttpConfig(
+            head_timeout_seconds=self.positive(raw, "head_timeout_seconds", d.head_timeout_seconds, "http.head_timeout_seconds", float),
+            body_timeout_seconds=self.positive(raw, "body_timeout_seconds", d.body_timeout_seconds, "http.body_timeout_seconds", float),
+            keep_alive_seconds=self.positive(raw, "keep_alive_seconds", d.keep_alive_seconds, "http.keep_alive_seconds", float),
+            max_head_bytes=self.positive(raw, "max_head_bytes", d.max_head_bytes, "http.max_head_bytes"),
         )
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
         path = "facilitator"
         self.unknown(raw, {"url", "timeout_seconds", "max_in_flight", "max_wait_seconds", "connections", "auth_header_env",
-                           "settle_attempts", "settle_backoff_seconds"}, path)
+                           "settle_attempts", "settle_backoff_seconds", "settle_margin_seconds", "auth",
+                           "breaker_failures", "breaker_cooldown_seconds", "settle_passes", "settle_max_delay_seconds"}, path)
         d = FacilitatorConfig()
         url = self.get(raw, "url", str, "", f"{path}.url")
         if url:
@@ -286,9 +345,62 @@ class _Reader:
             max_wait_seconds=self.positive(raw, "max_wait_seconds", d.max_wait_seconds, f"{path}.max_wait_seconds", float),
             connections=self.positive(raw, "connections", d.connections, f"{path}.connections"),
             auth_header_env=self.get(raw, "auth_header_env", str, "", f"{path}.auth_header_env"),
+            auth=self.callable_name(raw, "auth", f"{path}.auth"),
+            breaker_failures=self.positive(raw, "breaker_failures", d.breaker_failures, f"{path}.breaker_failures"),
+            breaker_cooldown_seconds=self.positive(raw, "breaker_cooldown_seconds", d.breaker_cooldown_seconds,
+                                                   f"{path}.breaker_cooldown_seconds", float),
             settle_attempts=self.positive(raw, "settle_attempts", d.settle_attempts, f"{path}.settle_attempts"),
             settle_backoff_seconds=self.positive(raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float),
+            settle_margin_seconds=self.positive(raw, "settle_margin_seconds", d.settle_margin_seconds, f"{path}.settle_margin_seconds", float),
+            settle_passes=self.positive(raw, "settle_passes", d.settle_passes, f"{path}.settle_passes"),
+            settle_max_delay_seconds=self.positive(raw, "settle_max_delay_seconds", d.settle_max_delay_seconds, f"{path}.settle_max_delay_seconds", float),
         )
+
+    def fit_payment_window(self, agent: AgentConfig, raw: Any, facilitator: FacilitatorConfig) -> AgentConfig:
+        """A priced agent's maxTimeoutSeconds covers its payment window plus a client's time to sign and send.
+
+        Unset, it grows to fit; set too short, it is a problem: every honest token would
+        be refused as `payment_window_too_short`.
+        """
+        if agent.price is None:
+            return agent
+        window = payment_window_seconds(agent, facilitator)
+        needed = math.ceil(window) + SIGNING_ALLOWANCE_SECONDS
+        if agent.price.max_timeout_seconds >= needed:
+            return agent
+        if isinstance(raw, dict) and isinstance(raw.get("price"), dict) and "max_timeout_seconds" in raw["price"]:
+            self.problem(f"agents.{agent.name}.price.max_timeout_seconds",
+                         f"{agent.price.max_timeout_seconds} s cannot collect a payment: this agent needs {window:g} s"
+                         f" (deadline_seconds {agent.deadline_seconds:g} + facilitator settle retries"
+                         f" {facilitator.settle_budget_seconds:g} + settle_margin_seconds {facilitator.settle_margin_seconds:g})"
+                         f" plus {SIGNING_ALLOWANCE_SECONDS} s for the client; use at least {needed} or shorten those")
+            return agent
+        return replace(agent, price=replace(agent.price, max_timeout_seconds=needed))
+
+    def callable_name(self, raw: dict[str, Any], key: str, path: str) -> str:
+        target = self.get(raw, key, str, "", path)
+        if target and not re.match(r"^[\w.]+:[\w.]+$", target):
+            self.problem(path, f"must be 'package.module:callable', got {target!r}")
+        return target
+
+    def networks(self, raw: dict[str, Any]) -> dict[str, NetworkConfig]:
+        networks = {}
+        for name, body in raw.items():
+            path = f'networks."{name}"'
+            if not CAIP2_NETWORK.match(name):
+                self.problem(path, "must be a CAIP-2 network such as 'eip155:8453'")
+            if not isinstance(body, dict):
+                self.problem(path, "must be a table")
+                continue
+            self.unknown(body, {"rpc_url", "timeout_seconds"}, path)
+            rpc_url = self.get(body, "rpc_url", str, "", f"{path}.rpc_url")
+            if rpc_url:
+                rpc_url = self.http_url(rpc_url, f"{path}.rpc_url")
+            networks[name] = NetworkConfig(
+                rpc_url=rpc_url,
+                timeout_seconds=self.positive(body, "timeout_seconds", 10.0, f"{path}.timeout_seconds", float),
+            )
+        return networks
 
     def agent(self, name: str, raw: Any) -> AgentConfig:
         path = f"agents.{name}"
@@ -300,7 +412,7 @@ class _Reader:
         known = {
             "description", "backend", "exposed", "price", "skills", "url", "upstream_auth_env",
             "timeout_seconds", "poll_interval_seconds", "deadline_seconds", "callable",
-            "allowed_payers", "per_agent_per_minute", "streaming",
+            "allowed_payers", "per_agent_per_minute", "streaming", "on_settle_failure",
         }
         self.unknown(raw, known, path)
         backend = self.get(raw, "backend", str, "echo", f"{path}.backend")
@@ -345,7 +457,15 @@ class _Reader:
             allowed_payers=allowed,
             per_agent_per_minute=None if per_agent is None else self.positive(raw, "per_agent_per_minute", None, f"{path}.per_agent_per_minute"),
             streaming=self.get(raw, "streaming", bool, True, f"{path}.streaming"),
+            on_settle_failure=self.settle_failure_policy(raw, path),
         )
+
+    def settle_failure_policy(self, raw: dict[str, Any], path: str) -> str:
+        policy = self.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
+        if policy not in SETTLE_FAILURE_POLICIES:
+            self.problem(f"{path}.on_settle_failure", f"must be one of {', '.join(SETTLE_FAILURE_POLICIES)}, got {policy!r}")
+            return "deliver"
+        return policy
 
     def skill(self, raw: Any, path: str) -> Skill:
         if not isinstance(raw, dict):
@@ -420,6 +540,15 @@ class _Reader:
             agents=tuple(str(n) for n in names),
             revoked=self.get(raw, "revoked", bool, False, f"{path}.revoked"),
         )
+
+
+SIGNING_ALLOWANCE_SECONDS = 30  # inside maxTimeoutSeconds: a client's time to sign a token and send it
+
+
+def payment_window_seconds(agent: AgentConfig, facilitator: FacilitatorConfig) -> float:
+    """How long a token must stay valid for this agent's work to be delivered and then collected:
+    its execution deadline, the settle retry budget and the facilitator's settle margin."""
+    return agent.deadline_seconds + facilitator.settle_budget_seconds + facilitator.settle_margin_seconds
 
 
 # EIP-712 domain of well-known USDC deployments, so a price needs no `extra` table.

@@ -7,8 +7,11 @@ changes use `transaction()` with ``BEGIN IMMEDIATE`` so writers serialise early.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import sqlite_utils
@@ -35,6 +38,31 @@ def transaction(db: sqlite_utils.Database) -> Iterator[sqlite3.Connection]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+logger = logging.getLogger("a2a_gate.database")
+
+
+async def commit_until_stored(db: sqlite_utils.Database, write: Callable[[], None], what: str,
+                              patience: float = 300.0) -> None:
+    """Run `write` in one transaction, again until it sticks (a locked or full database).
+
+    For records that must not be lost once money has moved: a settle outcome, and the
+    task that shows it. Gives up (raising) only after `patience` seconds.
+    """
+    deadline = time.monotonic() + patience
+    delay = 0.05
+    while True:
+        try:
+            with transaction(db):
+                write()
+            return
+        except sqlite3.Error as exc:
+            if time.monotonic() > deadline:
+                raise
+            logger.warning("storing %s failed (%s), retrying", what, type(exc).__name__)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 def create_schema(db: sqlite_utils.Database) -> None:

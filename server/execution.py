@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.agents import AgentRegistry, AgentReply, AgentRequest, for_agent
-from server.database import transaction
+from server.database import commit_until_stored, transaction
 from server.dialects import INTERRUPTED_STATES
 from server.tasks import TaskStore, agent_message, new_id, set_status
 
@@ -25,19 +25,33 @@ STREAM_QUEUE_SIZE = 64
 UNDELIVERED_STATES = INTERRUPTED_STATES | {"failed", "rejected", "canceled"}
 
 
+@dataclass(frozen=True)
+class Collected:
+    """What settling delivered work came to: metadata for the final status, and whether it is paid."""
+
+    metadata: dict[str, Any]
+    paid: bool
+
+
 @dataclass
 class Settlement:
     """What the payment gate plugs into an execution (None on the free path).
 
     `mark_delivered` records the delivery in the same transaction that saves the
-    work, so a crash can never leave delivered work unowed or owed work undelivered;
-    `delivered` then settles and returns the payment metadata for the final status;
-    `not_delivered` runs when nothing is to be charged.
+    work, so a crash can never leave delivered work unowed or owed work undelivered
+    (a withholding agent's answer is handed to it instead of the task); `delivered`
+    then settles, records the outcome durably and never raises; `saved` runs inside
+    the transaction that stores the final task; `abandoned` when that store gave up
+    (the reconciler repairs the task from the recorded outcome); `not_delivered` runs
+    when nothing is to be charged.
     """
 
-    mark_delivered: Callable[[], None]
-    delivered: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+    mark_delivered: Callable[[dict[str, Any] | None], None]
+    delivered: Callable[[dict[str, Any]], Awaitable[Collected]]
     not_delivered: Callable[[dict[str, Any]], Awaitable[None]]
+    saved: Callable[[], None] = lambda: None
+    abandoned: Callable[[], None] = lambda: None
+    withhold: bool = False  # settle before the answer leaves; unpaid, it never does
 
 
 @dataclass
@@ -76,6 +90,11 @@ class Execution:
     def unsubscribe(self, subscriber: Subscriber) -> None:
         if subscriber in self.subscribers:
             self.subscribers.remove(subscriber)
+
+
+def artifact_event(task: dict[str, Any], artifact: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "artifact-update", "taskId": task["id"], "contextId": task["contextId"],
+            "artifact": artifact, "lastChunk": True}
 
 
 def status_event(task: dict[str, Any], final: bool) -> dict[str, Any]:
@@ -155,10 +174,15 @@ class Runner:
                 raise  # shutting down mid-settlement: the claim row lets the reconciler finish it
             set_status(task, "canceled", agent_message(task, "Canceled by the caller."))
             await self._finish_undelivered(execution)
-        except Exception:  # a bug of ours: the task fails, nothing is charged
+        except Exception:
             logger.exception("execution of task %s failed", task["id"])
-            set_status(task, "failed", agent_message(task, "Internal error while running the agent."))
-            await self._finish_undelivered(execution)
+            if execution.delivering:
+                # delivered: the claim's recorded outcome stands, the reconciler repairs the task
+                if execution.settlement is not None:
+                    execution.settlement.abandoned()
+            else:  # a bug of ours before delivery: the task fails, nothing is charged
+                set_status(task, "failed", agent_message(task, "Internal error while running the agent."))
+                await self._finish_undelivered(execution)
         finally:
             self.live.pop(task["id"], None)
             execution.done.set()
@@ -185,28 +209,50 @@ class Runner:
         return reply
 
     async def _deliver(self, execution: Execution, reply: AgentReply) -> None:
-        task = execution.task
+        task, settlement = execution.task, execution.settlement
         artifact = {"artifactId": new_id(), "name": "result", "parts": reply.parts}
-        task.setdefault("artifacts", []).append(artifact)
-        if execution.settlement is not None:
-            # (the free path saves the artifact with the final status below: nothing awaits in between)
+        text = reply.text or "Done."
+        if settlement is None:  # the free path: the artifact is saved with the final status
+            self._show(execution, artifact)
+            set_status(task, "completed", agent_message(task, text))
+            self.store.save(task)
+            execution.publish(status_event(task, final=True))
+            return
+        if settlement.withhold:  # the answer stays out of the task, its streams and the store until paid
+            with transaction(self.store.db):
+                settlement.mark_delivered({"artifact": artifact, "text": text})
+        else:
+            task.setdefault("artifacts", []).append(artifact)
             with transaction(self.store.db):
                 self.store.save(task)
-                execution.settlement.mark_delivered()
-        execution.publish(
-            {"kind": "artifact-update", "taskId": task["id"], "contextId": task["contextId"],
-             "artifact": artifact, "lastChunk": True}
-        )
-        metadata: dict[str, Any] = {}
-        if execution.settlement is not None:
-            # shielded: a cancel arriving now must not interrupt a settlement
-            metadata = await asyncio.shield(execution.settlement.delivered(task))
-        message = agent_message(task, reply.text or "Done.", metadata or None)
-        set_status(task, "completed", message)
-        if metadata:
-            task["metadata"] = {**task.get("metadata", {}), **metadata}
-        self.store.save(task)
+                settlement.mark_delivered(None)
+            execution.publish(artifact_event(task, artifact))
+        # shielded: a cancel arriving now must not interrupt a settlement
+        collected = await asyncio.shield(settlement.delivered(task))
+        if collected.paid or not settlement.withhold:
+            if settlement.withhold:
+                self._show(execution, artifact)
+            set_status(task, "completed", agent_message(task, text, collected.metadata))
+        else:
+            set_status(task, "failed", agent_message(task, "Payment failed: the answer is withheld.", collected.metadata))
+        task["metadata"] = {**task.get("metadata", {}), **collected.metadata}
+        await self._save_final(execution)
         execution.publish(status_event(task, final=True))
+
+    def _show(self, execution: Execution, artifact: dict[str, Any]) -> None:
+        execution.task.setdefault("artifacts", []).append(artifact)
+        execution.publish(artifact_event(execution.task, artifact))
+
+    async def _save_final(self, execution: Execution) -> None:
+        """Store the task with its settlement outcome, again until it sticks (money has moved)."""
+        settlement = execution.settlement
+        assert settlement is not None
+
+        def write() -> None:
+            self.store.save(execution.task)
+            settlement.saved()
+
+        await commit_until_stored(self.store.db, write, "a settled task")
 
     async def _end_undelivered(self, execution: Execution, reply: AgentReply) -> None:
         task = execution.task

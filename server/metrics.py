@@ -1,7 +1,8 @@
 """Prometheus metrics (prometheus-client), served at /metrics.
 
-Labels are bounded: agents are the configured ones (anything else is "unknown") and
-outcomes come from a fixed set. Gauges that describe stored state (claims in flight,
+Labels come from bounded, public sets: an agent is named only when it is exposed
+(`agent_label`), outcomes come from a fixed set. A label naming a hidden agent would
+tell anyone who can scrape which names the identical 401s are hiding. Gauges that describe stored state (claims in flight,
 the reconciler's backlog) are read from the database at scrape time. With several
 workers each serves its own counters.
 """
@@ -9,11 +10,23 @@ workers each serves its own counters.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
+
+
+UNKNOWN_AGENT = "unknown"  # a name no agent is configured under
+HIDDEN_AGENT = "other"  # a configured agent that is not exposed
+
+
+def agent_label(name: str, agent: Any | None) -> str:
+    """How a metric label or a log line names the agent a request asked for."""
+    if agent is None:
+        return UNKNOWN_AGENT
+    return name if agent.exposed else HIDDEN_AGENT
 
 
 class Metrics:
@@ -28,6 +41,12 @@ class Metrics:
                                           ["call", "reason"], registry=self.registry)
         self.settle_failures = Counter("a2a_gate_settle_failures", "Settlements that did not succeed",
                                        registry=self.registry)
+        self.settlements = Counter("a2a_gate_settlements", "Settle passes by outcome (settled, owed, unsettled,"
+                                   " needs_attention)", ["outcome"], registry=self.registry)
+        self.unsettled = Gauge("a2a_gate_claims_unsettled", "Delivered work written off (never paid)",
+                               registry=self.registry)
+        self.needs_attention = Gauge("a2a_gate_claims_needs_attention", "Settlements an operator must resolve",
+                                     registry=self.registry)
         self.limiter_refusals = Counter("a2a_gate_limiter_refusals", "Anonymous requests refused by a limiter",
                                         ["limiter"], registry=self.registry)
         self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling",
@@ -38,6 +57,10 @@ class Metrics:
     def watch_state(self, in_flight: Callable[[], float], backlog: Callable[[], float]) -> None:
         self.claims_in_flight.set_function(in_flight)
         self.reconciler_backlog.set_function(backlog)
+
+    def watch_terminal(self, unsettled: Callable[[], float], needs_attention: Callable[[], float]) -> None:
+        self.unsettled.set_function(unsettled)
+        self.needs_attention.set_function(needs_attention)
 
     def endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

@@ -3,7 +3,13 @@
 The endpoint fills a `RequestInfo` as the request passes through (the gate adds the
 payer and the payment outcome) and writes it once at the end, as key=value text or
 as a JSON line. Nothing secret is ever a field: callers appear as a key's name or
-"anonymous", tokens not at all.
+"anonymous", tokens not at all. The agent field is the public label (see
+`server.metrics.agent_label`), never a hidden or made-up name.
+
+A request cannot write a line: in text lines every value with a space, a quote or a
+character that is not printable (a newline, a tab, an escape, U+2028) is written as a
+JSON string, escapes and all; JSON lines escape everything outside ASCII, so no reader
+splitting on any line boundary sees a forged line.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ class TextFormatter(logging.Formatter):
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
         fields = getattr(record, "fields", None)
         if fields is None:
-            text = f"{stamp} {record.levelname} {record.name} {record.getMessage()}"
+            text = f"{stamp} {record.levelname} {record.name} {_printable(record.getMessage())}"
         else:
             text = f"{stamp} {record.levelname} {record.name} " + " ".join(
                 f"{k}={_quote(v)}" for k, v in fields.items() if v != "")
@@ -77,12 +83,19 @@ class JsonFormatter(logging.Formatter):
             line.update(fields)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False)
+        return json.dumps(line)  # ASCII: U+2028 and friends are escaped, not line breaks
 
 
 def _quote(value: Any) -> str:
     text = str(value)
-    return json.dumps(text) if (" " in text or '"' in text or not text) else text
+    return json.dumps(text) if (not text or not text.isprintable() or " " in text or '"' in text) else text
+
+
+def _printable(text: str) -> str:
+    """A free-form message on one line: characters that are not printable written as escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def configure(json_lines: bool = False, level: str = "info") -> None:

@@ -58,7 +58,7 @@ def start_gate(tmp_path: Path) -> Iterator[Callable[..., GateProcess]]:
 @pytest.fixture
 def facilitator(tmp_path: Path) -> Iterator[str]:
     """The development facilitator on a real loopback port, over a fresh ledger."""
-    from gate.dev_facilitator import create_facilitator_app
+    from devnet.facilitator import create_facilitator_app
     from tests.support.serve import serve_app
 
     with serve_app(create_facilitator_app(str(tmp_path / "ledger.db"))) as url:

@@ -3,10 +3,15 @@ delivered work is settled exactly once after a restart, and no log row is lost."
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import PaidSetup, Payer, paid_config, send_body
@@ -27,11 +32,25 @@ def wait_for(condition, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def setup(tmp_path: Path, facilitator: str, write_config) -> PaidSetup:
+LEASE = "claim_lease_seconds = 1.5\n"  # short leases, so an orphan is found within seconds
+
+
+def setup(tmp_path: Path, facilitator: str, write_config, *, prefix: list[str] | None = None,
+          extra: str = LEASE) -> PaidSetup:
     port = free_port()
-    config = write_config(paid_config(f"http://127.0.0.1:{port}", facilitator, reconcile=0.5))
-    gate = GateProcess(config, tmp_path / "gate.log", port=port).start()
+    config = write_config(extra + paid_config(f"http://127.0.0.1:{port}", facilitator, reconcile=0.5))
+    gate = GateProcess(config, tmp_path / "gate.log", port=port, prefix=prefix).start()
     return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+
+
+def pretend_owner_is_pid_1(db: Path) -> None:
+    """What a container restart looks like to a pid check: the recorded owner is pid 1, "alive"."""
+    conn = sqlite3.connect(db)
+    try:
+        conn.execute("UPDATE claims SET owner_pid = 1")
+        conn.commit()
+    finally:
+        conn.close()
 
 
 def test_kill_between_delivery_and_settlement_settles_once_after_restart(tmp_path, facilitator, write_config):
@@ -81,6 +100,96 @@ def test_claim_left_running_by_a_killed_process_is_released_uncharged(tmp_path, 
         assert paid.ledger()["settle_calls"] == 0
         retry = paid.post("paid-slow", send_body("sleep 0.1"), headers)  # the payer may use the token again
         assert retry.json()["result"]["status"]["state"] == "completed"
+        assert len(paid.ledger()["settlements"]) == 1
+    finally:
+        paid.gate.stop()
+
+
+def test_restart_with_the_same_pid_settles_a_settling_claim(tmp_path, facilitator, write_config):
+    """pid 1 in a container: the restarted process has the pid the dead one had."""
+    paid = setup(tmp_path, facilitator, write_config)
+    try:
+        headers = Payer().header_for(paid.gate.url)
+        paid.faults(settle="slow:15", count=1)
+        sender = threading.Thread(target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10)))
+        sender.start()
+        wait_for(lambda: claim_states(paid.db_path) == ["settling"])
+        paid.gate.kill()
+        sender.join()
+        pretend_owner_is_pid_1(paid.db_path)
+        paid.gate.start()
+        wait_for(lambda: claim_states(paid.db_path) == ["settled"], timeout=15)
+        assert len(paid.ledger()["settlements"]) == 1
+        replay = paid.post("paid", send_body("x"), headers).json()["result"]
+        assert replay["metadata"]["x402.payment.status"] == "payment-completed"
+    finally:
+        paid.gate.stop()
+
+
+def test_restart_with_the_same_pid_releases_a_running_claim(tmp_path, facilitator, write_config):
+    paid = setup(tmp_path, facilitator, write_config)
+    try:
+        headers = Payer().header_for(paid.gate.url, "paid-slow")
+        paid.post("paid-slow", send_body("sleep 30", blocking=False), headers)
+        wait_for(lambda: claim_states(paid.db_path) == ["running"])
+        paid.gate.kill()
+        pretend_owner_is_pid_1(paid.db_path)
+        paid.gate.start()
+        # the payer's retry is in_flight only while the dead owner's lease could still be alive
+        wait_for(lambda: claim_states(paid.db_path) == [], timeout=15)
+        retry = paid.post("paid-slow", send_body("sleep 30", blocking=False), headers).json()
+        assert "result" in retry, retry
+        assert [r["action"] for r in paid.payment_rows()][:2] == ["verify", "release"]
+    finally:
+        paid.gate.stop()
+
+
+UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL"]
+
+
+def _pid_namespaces_work() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    done = subprocess.run([*UNSHARE, sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, timeout=20, check=False)
+    return done.returncode == 0 and done.stdout.strip() == "1"
+
+
+@pytest.mark.skipif(not _pid_namespaces_work(), reason="unprivileged pid namespaces are not available here")
+def test_gate_as_pid_1_in_its_own_namespace_recovers_after_restart(tmp_path, facilitator, write_config):
+    """The container case for real: the gate is pid 1 before and after the crash."""
+    paid = setup(tmp_path, facilitator, write_config, prefix=UNSHARE)
+    try:
+        headers = Payer().header_for(paid.gate.url)
+        paid.faults(settle="slow:15", count=1)
+        sender = threading.Thread(target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10)))
+        sender.start()
+        wait_for(lambda: claim_states(paid.db_path) == ["settling"])
+        paid.gate.kill()
+        sender.join()
+        paid.gate.start()
+        wait_for(lambda: claim_states(paid.db_path) == ["settled"], timeout=15)
+        assert len(paid.ledger()["settlements"]) == 1
+    finally:
+        paid.gate.stop()
+
+
+def test_reconcile_beside_a_live_server_steals_no_live_claim(tmp_path, facilitator, write_config):
+    paid = setup(tmp_path, facilitator, write_config)
+    try:
+        headers = Payer().header_for(paid.gate.url, "paid-slow")
+        task = paid.post("paid-slow", send_body("sleep 10", blocking=False), headers).json()["result"]
+        wait_for(lambda: claim_states(paid.db_path) == ["running"])
+        time.sleep(2.0)  # past one lease: only renewal keeps it alive
+        command = [sys.executable, "-m", "server.cli", "reconcile", "--config", str(paid.gate.config)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert claim_states(paid.db_path) == ["running"]
+        assert "release" not in [r["action"] for r in paid.payment_rows()]
+        wait_for(lambda: claim_states(paid.db_path) == ["settled"], timeout=20)
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": task["id"]}}
+        after = paid.post("paid-slow", body, headers).json()["result"]
+        assert after["metadata"]["x402.payment.status"] == "payment-completed"
         assert len(paid.ledger()["settlements"]) == 1
     finally:
         paid.gate.stop()

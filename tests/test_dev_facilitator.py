@@ -1,6 +1,6 @@
 """The development facilitator, end to end: real uvicorn, real SQLite, real signatures.
 
-Payments are signed by ``gate.dev_payer`` (the x402 package's own client) and
+Payments are signed by ``devnet.payer`` (the x402 package's own client) and
 decided by the x402 package's own exact-EVM facilitator schemes; only the chain
 is simulated. Fault injection and malformed requests are in
 ``test_dev_facilitator_faults.py``, the ledger and signer on their own in
@@ -24,9 +24,9 @@ from x402.http import FacilitatorConfig, HTTPFacilitatorClientSync
 from x402.mechanisms.evm.constants import ERC6492_MAGIC_VALUE
 from x402.schemas import PaymentPayload, PaymentRequirements
 
-from gate.dev_facilitator import DEV_NETWORK
-from gate.dev_ledger import DEFAULT_INITIAL_BALANCE
-from gate.dev_payer import encode_header, new_private_key, sign_payment, sign_payment_v1
+from devnet.facilitator import DEV_NETWORK
+from devnet.ledger import DEFAULT_INITIAL_BALANCE
+from devnet.payer import encode_header, new_private_key, sign_payment, sign_payment_v1
 from tests.support import dev_facilitator_helpers as helpers
 from tests.support.dev_facilitator_helpers import (
     BAD_SIGNATURE,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gate.dev_ledger import DEFAULT_INITIAL_BALANCE
-from gate.dev_payer import sign_payment_v1
+from devnet.ledger import DEFAULT_INITIAL_BALANCE
+from devnet.payer import sign_payment_v1
 from tests.support import dev_facilitator_helpers as helpers
 from tests.support.dev_facilitator_helpers import PRICE, PRICE_V1, request_body
 

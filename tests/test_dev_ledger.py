@@ -10,8 +10,8 @@ import pytest
 from eth_account import Account
 from x402.mechanisms.evm.types import TypedDataDomain, TypedDataField
 
-from gate.dev_chain import DEV_NETWORK, LedgerEvmSigner
-from gate.dev_ledger import DevLedger, LedgerRevert, Transfer
+from devnet.chain import DEV_NETWORK, LedgerEvmSigner
+from devnet.ledger import DevLedger, LedgerRevert, Transfer
 from tests.support import dev_facilitator_helpers as helpers
 from tests.support.dev_facilitator_helpers import OTHER_ADDRESS, PAY_TO, TX_HASH, USDC_BASE_SEPOLIA
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import httpx
 
-from gate.dev_payer import encode_header, sign_payment
+from devnet.payer import encode_header, sign_payment
 from tests.support.gate_process import free_port
 from tests.support.paid import PaidSetup, Payer, decode_header, paid_config, send_body
 

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gate.dev_payer import encode_header, new_private_key, sign_payment
+from devnet.payer import encode_header, new_private_key, sign_payment
 from server.dialects import METHODS
 from tests.conftest import FREE_CONFIG
 from tests.support.gate_process import GateProcess

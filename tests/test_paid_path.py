@@ -11,7 +11,7 @@ import json
 
 import httpx
 
-from gate.dev_payer import encode_header
+from devnet.payer import encode_header
 from tests.support.paid import Payer, decode_header, send_body
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from gate.dev_payer import encode_header
+from devnet.payer import encode_header
 from tests.support.paid import Payer, send_body
 
 

@@ -48,7 +48,7 @@ def test_refused_connection_is_verify_unavailable(tmp_path, facilitator, start_g
     gate = start_gate(write_config(paid_config(f"http://127.0.0.1:{port}", dead)), port=port)
     # sign against the real price, then send it to a gate whose facilitator is down
     response = httpx.post(f"{gate.url}/a2a/paid", json=send_body("x"))
-    from gate.dev_payer import encode_header, sign_payment
+    from devnet.payer import encode_header, sign_payment
     from tests.support.paid import decode_header
 
     token = sign_payment(decode_header(response.headers["PAYMENT-REQUIRED"]), Payer().key)
@@ -98,12 +98,21 @@ def test_reconcile_command_settles_owed_work_once(paid):
     assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle_failed", "settle"]
 
 
-def test_settle_rejected_by_facilitator_keeps_delivery_and_owes(paid):
-    paid.faults(settle="invalid", count=1)
+def test_settle_refusal_the_gate_cannot_read_keeps_delivery_and_owes(paid):
+    """An unknown refusal reason is "unknown", not "failed": retried, and owed while it lasts."""
+    paid.faults(settle="invalid")
     task = paid.post("paid", send_body("x"), Payer().header_for(paid.gate.url)).json()["result"]
     assert task["status"]["state"] == "completed"
     assert task["metadata"]["x402.payment.status"] == "payment-verified"
     assert task["metadata"]["x402.payment.error"] == "dev_fault"
+    assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle_failed"]
+
+
+def test_one_unreadable_refusal_is_retried_at_once(paid):
+    paid.faults(settle="invalid", count=1)
+    task = paid.post("paid", send_body("x"), Payer().header_for(paid.gate.url)).json()["result"]
+    assert task["metadata"]["x402.payment.status"] == "payment-completed"
+    assert len(paid.ledger()["settlements"]) == 1
 
 
 def test_client_disconnect_never_cancels_paid_work_or_its_settlement(paid):

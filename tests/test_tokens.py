@@ -12,14 +12,21 @@ from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
 from gate import tokens
-from gate.dev_payer import encode_header, new_private_key, sign_payment
+from devnet.payer import encode_header, new_private_key, sign_payment
 from gate.pricing import payment_required
 from server.config import DEMO_PRICE
 
 RESOURCE = "http://gate.example/a2a/paid"
+# Strings with lone surrogates (what a JSON `\\ud800` escape decodes to), huge and
+# boundary integers, non-finite and whole-number floats: every odd value a parser can hand us.
+odd_text = st.text(max_size=20) | st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3)
+odd_numbers = (
+    st.integers() | st.integers(min_value=2**53 - 2, max_value=2**53 + 2) | st.integers(min_value=10**20, max_value=10**400)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([1.0, 2.0, -0.0, 2.5, 1e300, float("inf"), float("nan")])
+)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=5),
+    st.none() | st.booleans() | odd_numbers | odd_text,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(odd_text, children, max_size=5),
     max_leaves=30,
 )
 
@@ -88,6 +95,8 @@ def test_mutated_authorizations_are_rejected_cleanly(field, value):
     document = json.loads(json.dumps(document))
     document["payload"]["authorization"][field] = value
     token = tokens.from_object(json.loads(json.dumps(document, allow_nan=True)), "metadata")
+    if token is None:  # a value no JSON token can hold (non-finite, fractional, out of range...)
+        return
     try:
         tokens.check(token, DEMO_PRICE, RESOURCE)
     except tokens.Rejection:
@@ -101,3 +110,105 @@ def signed_once() -> dict:
     if not _SIGNED:
         _SIGNED.append(signed())
     return _SIGNED[0]
+
+
+# JSON text a client can put in a header: constants Python's parser accepts, escapes
+# that decode to lone surrogates, duplicate keys, deep nesting, huge numbers.
+raw_fragments = st.sampled_from([
+    "Infinity", "-Infinity", "NaN", '"\\ud800"', '"\\udfff\\ud800"', "1e400", "-0", "1.0", "2.0", "2.5",
+    "9" * 5000, "[" * 3000 + "]" * 3000, '{"a":1,"a":2}', "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]", '"\\u0000"',
+])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(["x402Version", "validAfter", "validBefore", "value", "from", "nonce", "signature", "payload"]),
+       fragment=raw_fragments, encode=st.sampled_from(["standard", "urlsafe", "unpadded", "latin-1"]))
+def test_any_json_text_in_a_header_is_a_token_or_not(field, fragment, encode):
+    text = json.dumps(signed_once(), separators=(",", ":"))
+    marker = f'"{field}":'
+    start = text.index(marker) + len(marker)
+    end = start + len(json.dumps(_dig(signed_once(), field), separators=(",", ":")))
+    raw = (text[:start] + fragment + text[end:]).encode("utf-8", "surrogatepass")
+    value = {
+        "standard": base64.b64encode(raw).decode(),
+        "urlsafe": base64.urlsafe_b64encode(raw).decode(),
+        "unpadded": base64.b64encode(raw).decode().rstrip("="),
+        "latin-1": raw.decode("latin-1"),
+    }[encode]
+    token = tokens.from_header(value, "PAYMENT-SIGNATURE")
+    if token is not None:
+        assert fragment in ("1.0", "2.0", "-0", '"\\u0000"') or field == "payload"
+        try:
+            tokens.check(token, DEMO_PRICE, RESOURCE)
+        except tokens.Rejection:
+            pass
+        json.dumps(token.payload, allow_nan=False).encode("utf-8")  # storable and sendable as it is
+
+
+def _dig(document: dict, field: str):
+    if field in document:
+        return document[field]
+    inner = document["payload"]
+    return inner[field] if field in inner else inner["authorization"][field]
+
+
+def test_a_whole_number_float_is_the_integer_and_the_same_token():
+    document = signed_once()
+    as_float = {**document, "x402Version": 2.0, "accepted": {**document["accepted"], "maxTimeoutSeconds": 300.0}}
+    token, same = tokens.from_object(document, "metadata"), tokens.from_object(as_float, "metadata")
+    assert same is not None and same.version == 2 and type(same.payload["x402Version"]) is int
+    assert type(same.payload["accepted"]["maxTimeoutSeconds"]) is int
+    assert same.digest == token.digest
+    assert tokens.nonce_key(same, DEMO_PRICE.asset) == tokens.nonce_key(token, DEMO_PRICE.asset)
+    header = base64.b64encode(json.dumps(document).replace('"x402Version": 2', '"x402Version": 2.0').encode()).decode()
+    assert tokens.from_header(header, "PAYMENT-SIGNATURE").digest == token.digest
+    for bad in (2.5, float("inf"), float("nan"), 2.0**60, True, "2"):
+        assert tokens.from_object({**document, "x402Version": bad}, "metadata") is None, bad
+
+
+def test_every_key_of_the_signed_payload_is_checked():
+    document = signed_once()
+    inner, auth = document["payload"], document["payload"]["authorization"]
+    permit2 = {"permit2Authorization": {"from": auth["from"], "nonce": "1"}, "signature": inner["signature"]}
+    cases = {
+        "unsupported_payload": [
+            {**document, "payload": permit2},
+            {**document, "payload": {**permit2, "authorization": auth}},  # a decoy beside a Permit2 authorization
+            {**document, "payload": {"signature": inner["signature"]}},
+        ],
+        "invalid_payload": [
+            {**document, "payload": {**inner, "extra": "x"}},
+            {**document, "payload": {**inner, "authorization": {**auth, "extra": "x"}}},
+            {**document, "payload": {"authorization": auth}},
+            {**document, "payload": {**inner, "authorization": {k: v for k, v in auth.items() if k != "validAfter"}}},
+            {**document, "payload": {**inner, "authorization": {**auth, "validBefore": "0" + auth["validBefore"]}}},
+            {**document, "payload": {**inner, "authorization": {**auth, "validBefore": " " + auth["validBefore"]}}},
+            {**document, "payload": {**inner, "authorization": {**auth, "validAfter": int(auth["validAfter"])}}},
+            {**document, "payload": {**inner, "authorization": {**auth, "from": "not an address"}}},
+            {**document, "payload": {**inner, "signature": "0x123"}},
+            {**document, "surprise": True},
+            {**document, "accepted": {**document["accepted"], "surprise": 1}},
+        ],
+    }
+    for reason, documents in cases.items():
+        for case in documents:
+            token = tokens.from_object(case, "metadata")
+            assert token is not None
+            try:
+                tokens.check(token, DEMO_PRICE, RESOURCE)
+            except tokens.Rejection as exc:
+                assert exc.reason == reason, (reason, case)
+            else:
+                raise AssertionError(f"accepted: {case}")
+
+
+def test_a_window_too_short_to_collect_is_refused():
+    token = tokens.from_object(signed_once(), "metadata")
+    valid_before = int(token.authorization["validBefore"])
+    tokens.check_window(token, now=valid_before - 100, min_window=100)
+    try:
+        tokens.check_window(token, now=valid_before - 99, min_window=100)
+    except tokens.Rejection as exc:
+        assert exc.reason == "payment_window_too_short"
+    else:
+        raise AssertionError("a 99 s window passed a 100 s minimum")

@@ -17,8 +17,8 @@ import httpx
 import pytest
 from eth_account import Account
 
-from gate.dev_facilitator import DEV_NETWORK, create_facilitator_app
-from gate.dev_payer import new_private_key, sign_payment
+from devnet.facilitator import DEV_NETWORK, create_facilitator_app
+from devnet.payer import new_private_key, sign_payment
 from tests.support.serve import serve_app
 
 # The canonical price used across the project.

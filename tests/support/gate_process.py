@@ -28,18 +28,20 @@ class GateProcess:
     """One `a2a-gate serve` process; `url` is its base URL."""
 
     def __init__(self, config: Path, log: Path, *, port: int | None = None, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, host: str = "127.0.0.1", prefix: list[str] | None = None) -> None:
         self.config = config
         self.log = log
+        self.host = host
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
         self.extra_args = extra_args or []
         self.env = env or {}
+        self.prefix = prefix or []  # e.g. a namespace wrapper: the command runs under it
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> GateProcess:
-        command = [sys.executable, "-m", "server.cli", "serve", "--config", str(self.config),
-                   "--port", str(self.port), "--log-level", "info", *self.extra_args]
+        command = [*self.prefix, sys.executable, "-m", "server.cli", "serve", "--config", str(self.config),
+                   "--host", self.host, "--port", str(self.port), "--log-level", "info", *self.extra_args]
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                             env={**os.environ, **self.env}, cwd=Path(__file__).parents[2])

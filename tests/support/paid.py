@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from gate.dev_payer import encode_header, new_private_key, sign_payment, sign_payment_v1
+from devnet.payer import encode_header, new_private_key, sign_payment, sign_payment_v1
 from tests.support.gate_process import GateProcess
 
 PAY_TO = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"

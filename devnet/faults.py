@@ -2,7 +2,7 @@
 
 Tests make the facilitator misbehave through ``POST /dev/faults``; this module
 holds the validated fault configuration and hands out one mode per call. What
-each mode does to an HTTP response is ``gate.dev_facilitator``'s business.
+each mode does to an HTTP response is ``devnet.facilitator``'s business.
 """
 
 from __future__ import annotations
@@ -31,14 +31,15 @@ def _parse_fault_mode(value: Any) -> str:
         raise ValueError("fault mode must be a string")
     if value in _SIMPLE_FAULTS:
         return value
-    if value.startswith("slow:"):
-        try:
-            seconds = float(value.removeprefix("slow:"))
-        except ValueError:
-            raise ValueError(f"bad slow fault {value!r}") from None
-        if not 0 <= seconds <= 600:
-            raise ValueError("slow fault must be between 0 and 600 seconds")
-        return value
+    for delayed in ("slow:", "late:"):  # slow: wait, then decide; late: decide, then wait to answer
+        if value.startswith(delayed):
+            try:
+                seconds = float(value.removeprefix(delayed))
+            except ValueError:
+                raise ValueError(f"bad {delayed[:-1]} fault {value!r}") from None
+            if not 0 <= seconds <= 600:
+                raise ValueError(f"{delayed[:-1]} fault must be between 0 and 600 seconds")
+            return value
     raise ValueError(f"unknown fault mode {value!r}")
 
 

@@ -212,6 +212,15 @@ class DevLedger:
                 _canonical_nonce(nonce),
             )
 
+    def authorization_tx(self, network: str, asset: str, authorizer: str, nonce: bytes | str) -> str | None:
+        """The transaction that used an authorization (its ``AuthorizationUsed`` log), or None."""
+        with self._lock:
+            row = self.db.execute(
+                "SELECT tx_hash FROM nonces WHERE network = ? AND asset = ? AND authorizer = ? AND nonce = ?",
+                [network, to_checksum_address(asset), to_checksum_address(authorizer), _canonical_nonce(nonce)],
+            ).fetchone()
+        return None if row is None else row[0]
+
     def check_transfer(self, transfer: Transfer, now: int | None = None) -> None:
         """Raise ``LedgerRevert`` if the transfer would revert; change nothing (``eth_call``)."""
         with self._lock:

@@ -3,25 +3,23 @@
 It speaks the standard facilitator HTTP API (``POST /verify``, ``POST /settle``,
 ``GET /supported``) and decides every payment with the x402 package's own
 exact-EVM schemes (v2 and v1). Only the blockchain is fake: the schemes talk to
-``LedgerEvmSigner`` (``gate.dev_chain``), which answers the contract calls they
+``LedgerEvmSigner`` (``devnet.chain``), which answers the contract calls they
 make (``balanceOf``, ``authorizationState``, ``transferWithAuthorization`` and
-so on) from a SQLite ledger (``gate.dev_ledger``) instead of an RPC node.
+so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC node.
 
 ``trust_signatures=True`` is a development-only mode for benchmarks: signature
 recovery is skipped, everything else (amounts, recipient, time window, nonces,
 balances) is still checked. Never point real money at it.
 
 Tests can make the facilitator misbehave through ``POST /dev/faults``
-(``gate.dev_faults``) and count charges through ``GET /dev/ledger``.
+(``devnet.faults``) and count charges through ``GET /dev/ledger``.
 """
 
 from __future__ import annotations
 
-import argparse
 import hmac
 import json
 import logging
-import os
 import re
 from typing import Any
 
@@ -49,7 +47,9 @@ from x402.schemas import (
 )
 from x402.schemas.helpers import detect_version, parse_payment_payload, parse_payment_requirements
 
-from .dev_chain import (
+from .chain import (
+    ChainRpc,
+    JsonRpcError,
     DEV_CHAIN_ID,
     DEV_NETWORK,
     DEV_NETWORK_V1,
@@ -58,8 +58,8 @@ from .dev_chain import (
     TokenInfo,
     default_tokens,
 )
-from .dev_faults import DEV_FAULT_REASON, FaultInjector
-from .dev_ledger import DEFAULT_INITIAL_BALANCE, DevLedger
+from .faults import DEV_FAULT_REASON, FaultInjector
+from .ledger import DEFAULT_INITIAL_BALANCE, DevLedger
 
 __all__ = [
     "DEV_CHAIN_ID",
@@ -72,7 +72,6 @@ __all__ = [
     "TokenInfo",
     "create_facilitator_app",
     "default_tokens",
-    "main",
     "run",
 ]
 
@@ -231,10 +230,9 @@ def _model_response(model: VerifyResponse | SettleResponse) -> JSONResponse:
     return JSONResponse(model.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
-async def _apply_fault(request: Request, kind: str) -> Response | None:
+async def _apply_fault(request: Request, kind: str, mode: str) -> Response | None:
     """Return the faulty response for this call, or None to answer normally."""
-    mode = request.app.state.faults.take(kind)
-    if mode == "none":
+    if mode == "none" or mode.startswith("late:"):
         return None
     if mode.startswith("slow:"):
         await anyio.sleep(float(mode.removeprefix("slow:")))
@@ -318,9 +316,18 @@ async def _decide(request: Request, kind: str) -> Response:
     """One verify or settle call: faults first, then the x402 scheme, off the event loop."""
     state = request.app.state
     state.calls[kind] += 1
-    faulty = await _apply_fault(request, kind)
+    mode = state.faults.take(kind)
+    faulty = await _apply_fault(request, kind, mode)
     if faulty is not None:
         return faulty
+    answer = await _answer(request, kind)
+    if mode.startswith("late:"):  # decided (a settle has moved the money); the answer comes late
+        await anyio.sleep(float(mode.removeprefix("late:")))
+    return answer
+
+
+async def _answer(request: Request, kind: str) -> Response:
+    state = request.app.state
     try:
         payload, requirements = await _parse_payment_request(request)
     except BadRequest as exc:
@@ -353,6 +360,24 @@ def _refusal(kind: str, reason: str, payload: Any, requirements: Any) -> VerifyR
         return VerifyResponse(is_valid=False, invalid_reason=reason, payer=_payer_of(payload))
     return SettleResponse(success=False, error_reason=reason, payer=_payer_of(payload), transaction="",
                           network=str(requirements.network))
+
+
+async def chain_rpc(request: Request) -> Response:
+    """The simulated chain's Ethereum JSON-RPC: ``eth_call`` and ``eth_getLogs`` on the ledger."""
+    try:
+        call = _load_json(await request.body())
+    except ValueError as exc:
+        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": str(exc)}})
+    if not isinstance(call, dict):
+        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "not an object"}})
+    params = call.get("params")
+    try:
+        result = await run_in_threadpool(
+            request.app.state.chain.answer, call.get("method"), params if isinstance(params, list) else []
+        )
+    except JsonRpcError as exc:
+        return JSONResponse({"jsonrpc": "2.0", "id": call.get("id"), "error": {"code": exc.code, "message": str(exc)}})
+    return JSONResponse({"jsonrpc": "2.0", "id": call.get("id"), "result": result})
 
 
 async def supported(request: Request) -> Response:
@@ -410,11 +435,13 @@ def create_facilitator_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/dev/faults", dev_faults, methods=["POST"]),
         Route("/dev/ledger", dev_ledger, methods=["GET"]),
+        Route("/rpc", chain_rpc, methods=["POST"]),
     ]
     middleware = [Middleware(BearerAuthMiddleware, token=auth_token)] if auth_token else []
     app = Starlette(routes=routes, middleware=middleware, max_body_size=MAX_BODY_SIZE)
     app.state.ledger = ledger
     app.state.signer = signer
+    app.state.chain = ChainRpc(signer)
     app.state.facilitator = facilitator
     app.state.faults = FaultInjector()
     app.state.calls = {"verify": 0, "settle": 0}
@@ -444,44 +471,3 @@ def run(
         auth_token=auth_token,
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``a2a-gate facilitator [--host H] [--port P] [--db PATH] [--trust-signatures]``."""
-    parser = argparse.ArgumentParser(
-        prog="a2a-gate facilitator",
-        description="Development x402 facilitator over a simulated SQLite token ledger.",
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8402)
-    parser.add_argument("--db", default="dev-ledger.db", help="SQLite ledger file")
-    parser.add_argument(
-        "--trust-signatures",
-        action="store_true",
-        help="dev-trusting mode for benchmarks: skip signature recovery",
-    )
-    parser.add_argument("--initial-balance", type=int, default=DEFAULT_INITIAL_BALANCE)
-    parser.add_argument(
-        "--auth-token",
-        default=os.environ.get("A2A_GATE_FACILITATOR_TOKEN"),
-        help="require this bearer token (default: $A2A_GATE_FACILITATOR_TOKEN)",
-    )
-    parser.add_argument("--log-level", default="info")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    run(
-        args.host,
-        args.port,
-        args.db,
-        args.trust_signatures,
-        initial_balance=args.initial_balance,
-        auth_token=args.auth_token,
-        log_level=args.log_level,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -4,9 +4,9 @@ The x402 package's exact-EVM facilitator schemes (v2 and v1) never touch a
 node themselves: they talk to a ``FacilitatorEvmSigner``, calling
 ``balanceOf``, ``authorizationState``, ``transferWithAuthorization`` and the
 like through it. ``LedgerEvmSigner`` is such a signer, but it answers from the
-SQLite ledger (``gate.dev_ledger``) instead of an RPC node, playing a
+SQLite ledger (``devnet.ledger``) instead of an RPC node, playing a
 FiatToken (USDC) contract on Base Sepolia. The HTTP side lives in
-``gate.dev_facilitator``.
+``devnet.facilitator``.
 """
 
 from __future__ import annotations
@@ -44,14 +44,17 @@ from x402.mechanisms.evm.types import (
     TypedDataField,
 )
 
-from .dev_ledger import DevLedger, LedgerRevert, Transfer
+from .ledger import DevLedger, LedgerRevert, Transfer
 
 __all__ = [
+    "AUTHORIZATION_USED_TOPIC",
     "DEV_CHAIN_ID",
     "DEV_NETWORK",
     "DEV_NETWORK_V1",
     "FACILITATOR_ADDRESS",
     "REVERT_INVALID_SIGNATURE",
+    "ChainRpc",
+    "JsonRpcError",
     "LedgerEvmSigner",
     "TokenInfo",
     "default_tokens",
@@ -64,7 +67,7 @@ DEV_CHAIN_ID = 84532
 #: The address the facilitator claims to send transactions from (it never signs any).
 FACILITATOR_ADDRESS = to_checksum_address(keccak(text="a2a-gate dev facilitator")[-20:])
 
-# Not in gate.dev_ledger: the ledger is pure state, signatures are the token's business.
+# Not in devnet.ledger: the ledger is pure state, signatures are the token's business.
 REVERT_INVALID_SIGNATURE = "FiatTokenV2: invalid signature"
 
 # Stand-in bytecode: only its non-emptiness matters to the x402 package.
@@ -369,6 +372,68 @@ class LedgerEvmSigner:
             except Exception as exc:
                 results.append((False, _encode_revert(str(exc))))
         return results
+
+
+#: ``AuthorizationUsed(address indexed authorizer, bytes32 indexed nonce)``, emitted by EIP-3009 tokens.
+AUTHORIZATION_USED_TOPIC = "0x" + keccak(text="AuthorizationUsed(address,bytes32)").hex()
+
+
+class JsonRpcError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ChainRpc:
+    """The little Ethereum JSON-RPC a settlement checker needs, answered from the ledger.
+
+    ``eth_call`` runs any view function the simulated contracts know (among them
+    ``authorizationState``); ``eth_getLogs`` returns the ``AuthorizationUsed`` logs of
+    spent authorizations, with the transaction that spent each.
+    """
+
+    def __init__(self, signer: LedgerEvmSigner) -> None:
+        self.signer = signer
+
+    def answer(self, method: Any, params: list[Any]) -> Any:
+        if method == "eth_chainId":
+            return hex(self.signer.chain_id)
+        if method == "eth_call":
+            return self._call(params[0] if params else None)
+        if method == "eth_getLogs":
+            return self._logs(params[0] if params else None)
+        raise JsonRpcError(-32601, "method not found")
+
+    def _call(self, tx: Any) -> str:
+        if not isinstance(tx, dict) or not isinstance(tx.get("to"), str) or not isinstance(tx.get("data"), str):
+            raise JsonRpcError(-32602, "eth_call needs {to, data}")
+        try:
+            data = bytes.fromhex(tx["data"].removeprefix("0x"))
+            name, input_types, output_types = _FUNCTIONS[data[:4]]
+            args = tuple(abi_decode(input_types, data[4:]))
+            value = self.signer._call(tx["to"], name, args)
+        except LedgerRevert as exc:
+            raise JsonRpcError(3, str(exc)) from None
+        except (KeyError, ValueError, TypeError) as exc:
+            raise JsonRpcError(-32602, f"cannot call: {type(exc).__name__}") from None
+        return "0x" + (abi_encode(output_types, [value]) if output_types else b"").hex()
+
+    def _logs(self, query: Any) -> list[dict[str, Any]]:
+        if not isinstance(query, dict) or not isinstance(query.get("topics"), list):
+            raise JsonRpcError(-32602, "eth_getLogs needs a filter with topics")
+        topics = query["topics"]
+        if len(topics) != 3 or topics[0] != AUTHORIZATION_USED_TOPIC:
+            return []  # the dev chain only indexes AuthorizationUsed(authorizer, nonce)
+        try:
+            asset = to_checksum_address(query.get("address"))
+            authorizer = to_checksum_address("0x" + str(topics[1])[-40:])
+            tx_hash = self.signer.ledger.authorization_tx(self.signer.network, asset, authorizer, str(topics[2]))
+        except (ValueError, TypeError):
+            raise JsonRpcError(-32602, "bad address or topic") from None
+        if tx_hash is None:
+            return []
+        return [{"address": asset.lower(), "topics": topics, "data": "0x", "blockNumber": "0x1",
+                 "transactionHash": tx_hash, "logIndex": "0x0", "removed": False}]
 
 
 def _address_topic(address: str) -> str:

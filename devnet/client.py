@@ -1,4 +1,4 @@
-"""`a2a-gate pay`: send one message to a priced agent and pay for it, like a real buyer.
+"""`a2a-gate-devnet pay`: send one message to a priced agent and pay for it, like a real buyer.
 
 The paying is done by the x402 package's own httpx client (402 -> sign -> retry),
 with a throwaway key unless one is given, so the paid flow can be shown end to end
@@ -17,7 +17,7 @@ from x402 import x402Client
 from x402.http.clients.httpx import x402HttpxClient
 from x402.mechanisms.evm.exact import register_exact_evm_client
 
-from gate.dev_payer import new_private_key
+from devnet.payer import new_private_key
 
 
 async def pay(url: str, text: str, *, private_key: str | None = None, timeout: float = 60.0) -> dict[str, Any]:

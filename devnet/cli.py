@@ -1,0 +1,87 @@
+"""``a2a-gate-devnet``: run the development facilitator, or pay a priced agent.
+
+The x402 package and eth-account come with the ``dev`` extra; without them the command
+says how to install them instead of failing with a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import sys
+
+#: What ``pip install "a2a-gate[dev]"`` adds; ``main`` checks for them before anything else.
+EXTRA_MODULES = ("x402", "eth_account")
+MISSING_EXTRA_STATUS = 3
+
+
+def missing_modules() -> list[str]:
+    """The modules of the ``dev`` extra that cannot be imported."""
+    missing = []
+    for name in EXTRA_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
+def cmd_facilitator(args: argparse.Namespace) -> int:
+    from devnet.facilitator import run
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(args.host, args.port, args.db, args.trust_signatures, initial_balance=args.initial_balance,
+        auth_token=args.auth_token, log_level=args.log_level)
+    return 0
+
+
+def cmd_pay(args: argparse.Namespace) -> int:
+    from devnet.client import pay
+
+    result = asyncio.run(pay(args.url, args.text, private_key=args.key))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from devnet.ledger import DEFAULT_INITIAL_BALANCE
+
+    parser = argparse.ArgumentParser(prog="a2a-gate-devnet",
+                                     description="The development network: an x402 facilitator and a payer.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    facilitator = sub.add_parser("facilitator", help="run the development x402 facilitator (simulated ledger)")
+    facilitator.add_argument("--host", default="127.0.0.1")
+    facilitator.add_argument("--port", type=int, default=8402)
+    facilitator.add_argument("--db", default="dev-ledger.db", help="SQLite ledger file")
+    facilitator.add_argument("--trust-signatures", action="store_true",
+                             help="DEVELOPMENT/BENCHMARK ONLY: skip signature recovery (nonces still tracked)")
+    facilitator.add_argument("--initial-balance", type=int, default=DEFAULT_INITIAL_BALANCE)
+    facilitator.add_argument("--auth-token", default=os.environ.get("A2A_GATE_FACILITATOR_TOKEN"),
+                             help="require this bearer token (default: $A2A_GATE_FACILITATOR_TOKEN)")
+    facilitator.add_argument("--log-level", default="info")
+    facilitator.set_defaults(func=cmd_facilitator)
+
+    pay = sub.add_parser("pay", help="send a message to a priced agent, paying with a throwaway key")
+    pay.add_argument("url", help="the agent's endpoint, e.g. http://127.0.0.1:8000/a2a/paid-echo")
+    pay.add_argument("text")
+    pay.add_argument("--key", help="payer private key (default: a new throwaway key)")
+    pay.set_defaults(func=cmd_pay)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    missing = missing_modules()
+    if missing:
+        print(f"error: the development network needs {', '.join(missing)}: "
+              'pip install "a2a-gate[dev]" (or pip install -e ".[dev]" in a checkout)', file=sys.stderr)
+        return MISSING_EXTRA_STATUS
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
