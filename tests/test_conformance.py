@@ -175,13 +175,16 @@ def test_subscribe_to_an_interrupted_task_follows_its_next_turn_to_the_end(gate:
 
 def test_subscribe_follows_a_task_another_worker_runs(gate: Gate, start_gate: Callable[..., GateProcess]) -> None:
     """Two processes on one database, as two workers are: the task runs in the first, the
-    stream is served by the second, which follows it through the store."""
+    stream is served by the second, which follows it through the store. (Raw JSON-RPC: the
+    SDK would post to the card's URL, which names the first process.)"""
     second = start_gate(gate.process.config)
     url = gate.agent("slow")
     task = run(sdk.send_text(url, "sleep 1.5", headers=gate.headers, blocking=False))["task"]
 
-    events = run(subscribe(f"{second.url}/a2a/slow", task["id"], gate.headers))
+    response = post(f"{second.url}/a2a/slow", rpc_body("SubscribeToTask", {"id": task["id"]}, call_id="w"),
+                    {**gate.headers, **V1}, timeout=20)
 
+    events = [e["result"] for e in sse_events(response.text)]
     assert events[0]["task"]["id"] == task["id"]
     assert [next(iter(e)) for e in events[1:]] == ["artifactUpdate", "statusUpdate"], events
     assert events[1]["artifactUpdate"]["artifact"]["parts"] == [{"text": "slept 1.5"}]
@@ -285,6 +288,23 @@ def test_version_numbers_ignore_the_patch_and_v03_is_the_default(gate: Gate) -> 
     assert rpc(url, "message/send", {"message": v03_message()}, {**gate.headers, **V1})["error"]["code"] == -32009
 
 
+def test_v10_params_are_read_by_either_protobuf_json_name(gate: Gate) -> None:
+    """A ProtoJSON parser accepts `history_length` as well as `historyLength` (the TCK sends the
+    first); the JSON name wins when both are sent; Struct contents keep their keys."""
+    url, headers = gate.agent("interrupting"), {**gate.headers, **V1}
+    message = {"role": "ROLE_USER", "message_id": "m-snake", "parts": [{"data": {"a_b": 1}}],
+               "metadata": {"some_key": True}}
+    task = rpc(url, "SendMessage", {"message": message}, headers)["result"]["task"]
+
+    snake = rpc(url, "GetTask", {"id": task["id"], "history_length": 1}, headers)["result"]
+    both = rpc(url, "GetTask", {"id": task["id"], "history_length": 1, "historyLength": 0}, headers)["result"]
+
+    assert len(task["history"]) == 2 and task["history"][0]["messageId"] == "m-snake"
+    assert task["history"][0]["parts"] == [{"data": {"a_b": 1}}]
+    assert task["history"][0]["metadata"] == {"some_key": True}
+    assert len(snake["history"]) == 1 and "history" not in both
+
+
 def test_the_card_declares_both_versions_at_the_url_to_post_to(gate: Gate) -> None:
     card = httpx.get(f"{gate.agent('echo')}/.well-known/agent-card.json").json()
 
@@ -309,7 +329,7 @@ def test_v10_errors_carry_error_info_and_v03_errors_a_plain_object(gate: Gate) -
 def test_the_sdk_client_surfaces_our_codes_from_error_info(tmp_path: Path, start_gate, write_config) -> None:
     """A facilitator outage on a v1.0 paid send: the SDK's InternalError carries
     `verify_unavailable` and `retryable` from the ErrorInfo metadata."""
-    from gate.dev_payer import encode_header, sign_payment
+    from devnet.payer import encode_header, sign_payment
     from tests.support.paid import Payer, decode_header, paid_config, send_body
 
     port = free_port()
