@@ -206,7 +206,7 @@ class FacilitatorClient:
             headers = minted.get(call, {}) if isinstance(minted, dict) else None
             if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
                 raise TypeError("auth must return {call: {header: value}}")
-        except Exception as exc:  # the message may hold a credential: its type only
+        except Exception as exc:  # noqa: BLE001 - any failure of the operator's callable; its message may hold a credential
             logger.warning("facilitator auth callable failed: %s", type(exc).__name__)
             raise Unavailable("auth_failed") from None
         return headers

@@ -11,18 +11,19 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from gate import pricing, tokens
+from gate import in_band, pricing, tokens
 from gate.claims import Claim, ClaimState
 from gate.facilitator import Unavailable
+from gate.limiter import caller_key
 from gate.settlement import STATUS, Payment
-from server import dialects
-from server.cards import X402_EXTENSIONS, agent_url
+from server.cards import agent_url
 from server.config import AgentConfig, payment_window_seconds
 from server.jsonrpc import (
     INTERNAL_ERROR,
@@ -34,9 +35,8 @@ from server.jsonrpc import (
     read_call,
     result_response,
 )
-from server.methods import SendPlan, plan_send, sse, unsupported
+from server.methods import SendPlan, plan_send, task_answer, unsupported
 from server.proxy import public_base_url
-from server.tasks import PENDING_OWNER, agent_message, new_task, set_status, trim_history
 
 if TYPE_CHECKING:
     from gate.gate import PaymentGate
@@ -86,32 +86,43 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
     call, price, info = plan.call, agent.price, request.state.info
     assert price is not None
     resource = agent_url(public_base_url(request, gate.services.settings.public_url), agent.name)
-    extension = activated_extension(request.headers)
+    active = in_band.activation(request.headers)
+    # a message continuing an in-band request awaiting payment pays (or declines) for its original
+    pending = in_band.find_pending(gate, plan, agent)
+    if pending is not None and in_band.client_status(plan) == "payment-rejected":
+        info.set("ok", "in-band payment declined: not charged")
+        return in_band.declined(gate, plan, pending, active)
     # 6. the token: message metadata first, then PAYMENT-SIGNATURE, then X-PAYMENT
     token = tokens.extract(plan.message.get("metadata"), request.headers)
     if token is None:
-        if extension:
+        if active is not None:
             info.set("payment_required", "in-band")
-            return in_band_payment_required(gate, plan, agent, resource, extension)
+            caller = caller_key(info.client, gate.services.settings.ipv6_prefix)  # one household, one cap
+            return in_band.payment_required(gate, plan, agent, resource, caller, active, pending)
         return gate.answers_402.response(agent.name, price, resource, agent.description)
     log = log_fields(agent, token)
+
+    def refuse(reason: str, payer: str = "") -> Response:
+        gate.log.append("reject", **log, payer=payer, error=reason)
+        info.set("rejected", reason)
+        if pending is not None:
+            return in_band.refused(gate, plan, agent, resource, pending, active, reason, payer)
+        return payment_rejected(reason)
+
     # 7. local checks; a retry of a claimed token is answered by its claim whatever the clock says
     try:
         requirements = tokens.check_payload(token, price, resource)
         if gate.claims.find(token.digest) is None:
             tokens.check_window(token, min_window=payment_window_seconds(agent, gate.services.settings.facilitator))
     except tokens.Rejection as exc:
-        gate.log.append("reject", **log, error=exc.reason)
-        info.set("rejected", exc.reason)
-        return payment_rejected(exc.reason)
+        return refuse(exc.reason)
     # 8. claim, before anything is executed
     payment = Payment(token.digest, token.version, token.payload, requirements, agent.name, "", price.amount, price.network, price.asset)
     sealed = gate.sealer.seal(payment.sealable(), token.digest)
-    outcome = gate.claims.claim(token.digest, tokens.nonce_key(token, price.asset), request_digest(agent.name, plan), agent.name, sealed)
+    digest = claim_digest(gate, agent, plan, token, pending)
+    outcome = gate.claims.claim(token.digest, tokens.nonce_key(token, price.asset), digest, agent.name, sealed)
     if outcome.kind == "conflict":
-        gate.log.append("reject", **log, error=outcome.reason)
-        info.set("rejected", outcome.reason)
-        return payment_rejected(outcome.reason)
+        return refuse(outcome.reason)
     if outcome.kind == "in_flight":
         info.set("in_flight")
         return error_response(call.id, RpcError(INTERNAL_ERROR, "Request in flight", {"code": "in_flight", "retryable": True}))
@@ -119,9 +130,9 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         assert outcome.claim is not None
         info.set("replay")
         info.payer = outcome.claim.payer
-        return await replay(gate, plan, outcome.claim, payment)
+        return await replay(gate, plan, outcome.claim, payment, in_band.echo(active))
     try:
-        return await verified_send(gate, request, plan, agent, token, requirements, payment, extension)
+        return await verified_send(gate, request, plan, agent, token, requirements, payment, active, pending, refuse)
     except BaseException:
         # a bug of ours (or a cancellation) before the work started: the claim must not
         # stay "running" forever and lock the payer out; after the start it is bound to
@@ -133,7 +144,8 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
 
 
 async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: AgentConfig, token: tokens.Token,
-                        requirements: dict[str, Any], payment: Payment, extension: str) -> Response:
+                        requirements: dict[str, Any], payment: Payment, active: in_band.Activation | None,
+                        pending: in_band.Pending | None, refuse: Callable[[str, str], Response]) -> Response:
     """Steps 9 to 12, for a claimed token."""
     call, info = plan.call, request.state.info
     log = log_fields(agent, token)
@@ -148,34 +160,47 @@ async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, age
     info.payer = verification.payer
     if not verification.valid:
         gate.claims.release(token.digest)
-        gate.log.append("reject", **log, payer=verification.payer, error=verification.reason)
-        info.set("rejected", verification.reason)
-        return payment_rejected(verification.reason)
+        return refuse(verification.reason, verification.payer)
     # 10. payer allowlist, failing closed
     if not payer_allowed(agent, verification.payer):
         gate.claims.release(token.digest)
-        gate.log.append("reject", **log, payer=verification.payer, error="payer_not_allowed")
-        info.set("rejected", "payer_not_allowed")
-        return payment_rejected("payer_not_allowed")
+        return refuse("payer_not_allowed", verification.payer)
     gate.log.append("verify", **log, payer=verification.payer)
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
     payment = replace(payment, payer=verification.payer)
+    owner, settlement = f"payer:{payment.payer}", gate.settlement_for(payment)
     try:
-        execution = gate.services.methods.start_send(
-            plan, agent.name, f"payer:{payment.payer}", gate.settlement_for(payment), adopt_pending=True
-        )
+        if pending is not None:  # in-band: the agent runs the original message of the task
+            execution = in_band.start_paid(gate, pending, agent, owner, settlement)
+        else:
+            execution = gate.services.methods.start_send(plan, agent.name, owner, settlement)
     except RpcError as exc:
         gate.claims.release(token.digest)
         gate.log.append("release", **log, payer=payment.payer, error=f"not started: {exc.message}")
         return error_response(call.id, exc)
     gate.claims.bind(token.digest, payment.payer, execution.task["id"])
-    headers = {"X-A2A-Extensions": extension} if extension else {}
+    headers = in_band.echo(active)
     if call.operation == "stream":
         info.set("ok", "stream")
         return gate.services.methods.stream(plan, execution, headers)
     result = await gate.services.methods.send(plan, execution)
     info.set(*charge_outcome(execution.task))
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})
+
+
+def claim_digest(gate: PaymentGate, agent: AgentConfig, plan: SendPlan, token: tokens.Token,
+                 pending: in_band.Pending | None) -> str:
+    """The request a token pays for. In-band it is the task's original request, also when
+    a retry comes after the task was adopted (the claim then names the same task)."""
+    task_id = plan.message.get("taskId")
+    if pending is not None:
+        return in_band.request_digest(agent.name, plan.call.method, pending.id)
+    if isinstance(task_id, str):
+        claim = gate.claims.find(token.digest)
+        in_band_digest = in_band.request_digest(agent.name, plan.call.method, task_id)
+        if claim is not None and claim.task_id == task_id and claim.request_digest == in_band_digest:
+            return in_band_digest
+    return request_digest(agent.name, plan)
 
 
 def log_fields(agent: AgentConfig, token: tokens.Token) -> dict[str, str]:
@@ -196,7 +221,8 @@ def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:
     return "ok", f"task {task['status']['state']}: not charged"
 
 
-async def replay(gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payment) -> Response:
+async def replay(gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payment,
+                 headers: dict[str, str]) -> Response:
     """The same token with the same request: the stored answer, re-driving an owed settlement."""
     owner, call = f"payer:{claim.payer}", plan.call
     if claim.state == ClaimState.SETTLE_FAILED:
@@ -207,12 +233,7 @@ async def replay(gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payme
     if task is None:
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
     gate.log.append("replay", **replace(payment, payer=claim.payer).log_fields(claim.task_id))
-    headers = {"X-Idempotent-Replay": "true", **payment_response_header(task)}
-    task = trim_history(task, plan.history_length)
-    if call.operation == "stream":
-        body = sse(call.id, dialects.send_result(task, call.dialect))
-        return StreamingResponse(iter([body]), media_type="text/event-stream", headers=headers)
-    return result_response(call.id, dialects.send_result(task, call.dialect), headers)
+    return task_answer(plan, task, {**headers, "X-Idempotent-Replay": "true", **payment_response_header(task)})
 
 
 async def bound_task_call(gate: PaymentGate, request: Request, call: Call, agent: AgentConfig) -> Response:
@@ -251,35 +272,6 @@ async def prove_payer(gate: PaymentGate, request: Request, call: Call, agent: Ag
     except (tokens.Rejection, Unavailable):
         return None
     return f"payer:{verification.payer}" if verification.valid else None
-
-
-def in_band_payment_required(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, resource: str, extension: str) -> Response:
-    """The a2a-x402 form: a Task in input-required carrying the v1 requirements."""
-    assert agent.price is not None
-    store, message = gate.services.store, plan.message
-    task = store.get(message.get("taskId"), PENDING_OWNER, agent.name)
-    if task is None:
-        task = new_task(message.get("contextId"), {k: v for k, v in message.items() if k != "taskId"})
-        store.create(task, agent=agent.name, owner=PENDING_OWNER)
-    metadata = {
-        STATUS: "payment-required",
-        "x402.payment.required": pricing.payment_required_v1(agent.price, resource, agent.description),
-    }
-    set_status(task, "input-required", agent_message(task, "Payment is required to use this agent.", metadata))
-    task["metadata"] = metadata
-    store.save(task)
-    result = dialects.send_result(trim_history(task, plan.history_length), plan.call.dialect)
-    return result_response(plan.call.id, result, {"X-A2A-Extensions": extension})
-
-
-def activated_extension(headers: Any) -> str:
-    """The x402 extension URI the client activated, if any (echoed back when used)."""
-    for header in ("x-a2a-extensions", "a2a-extensions"):
-        for value in headers.getlist(header):
-            for uri in value.split(","):
-                if uri.strip() in X402_EXTENSIONS:
-                    return uri.strip()
-    return ""
 
 
 def request_digest(agent: str, plan: SendPlan) -> str:

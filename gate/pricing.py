@@ -1,9 +1,11 @@
 """What a priced agent asks for: the x402 PaymentRequired documents and answers.
 
 The HTTP form is x402 v2 (header `PAYMENT-REQUIRED`, standard base64, plus the same
-document in the body). The in-band form, for clients that activated the a2a-x402
-extension, is an `input-required` Task carrying x402 v1 requirements, the shape that
-extension's spec uses.
+document in the body as `payment_required`); the body's top level also speaks x402 v1
+(`x402Version: 1`, v1 `accepts`, `error`), which is all an x402 1.x client reads, so
+both generations of clients pay from the same 402. The in-band form, for clients that
+activated the a2a-x402 extension, is an `input-required` Task carrying x402 v1
+requirements, the shape that extension's spec uses.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ class PaymentRequiredAnswers:
         rendered = self.rendered.get((agent, resource_url))
         if rendered is None:
             document = payment_required(price, resource_url, description)
-            body = JSONResponse({"detail": "Payment required", "payment_required": document}).body
+            v1 = payment_required_v1(price, resource_url, description)
+            body = JSONResponse({**v1, "detail": "Payment required", "payment_required": document}).body
             rendered = self.rendered[(agent, resource_url)] = (body, b64_json(document))
         return Response(rendered[0], status_code=402, headers={"PAYMENT-REQUIRED": rendered[1]},
                         media_type="application/json")

@@ -166,7 +166,12 @@ def normalise(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list):
         return [normalise(item, depth + 1) for item in value]
     if isinstance(value, dict):
-        return {_text(key) if isinstance(key, str) else _not_a_key(): normalise(item, depth + 1) for key, item in value.items()}
+        normal = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise NotAToken("object key is not a string")
+            normal[_text(key)] = normalise(item, depth + 1)
+        return normal
     raise NotAToken("not a JSON value")
 
 
@@ -178,10 +183,6 @@ def _text(value: str) -> str:
     except UnicodeEncodeError:  # a lone surrogate: no UTF-8 byte sequence can carry it
         raise NotAToken("not valid Unicode") from None
     return value
-
-
-def _not_a_key() -> str:
-    raise NotAToken("object key is not a string")
 
 
 def _refuse_constant(name: str) -> Any:

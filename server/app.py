@@ -66,6 +66,7 @@ class Services:
         self.methods = Methods(self.store, self.runner)
         self.metrics = Metrics()
         self.gate = PaymentGate(self)
+        self.methods.scrub = self.gate.scrub_message  # signed material never stays in a message
         self.started_at = time.time()  # cards come from the configuration read now
 
     async def start(self) -> None:
@@ -178,7 +179,8 @@ async def card_endpoint(request: Request) -> Response:
     agent = services.agents.get(name)
     if agent is None or not agent.exposed:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
-    card = JSONResponse(agent_card(agent, public_base_url(request, services.settings.public_url)))
+    public_url = public_base_url(request, services.settings.public_url)
+    card = JSONResponse(agent_card(agent, public_url, services.gate.card_extensions(agent, public_url)))
     return cached(request, card, services.started_at)
 
 

@@ -3,6 +3,11 @@
 One card serves both dialects: `supportedInterfaces` for A2A v1.0 clients and the
 v0.3 `url` / `preferredTransport` / `protocolVersion` fields for older ones. URLs come
 from the configured public base URL, never from the request's Host header.
+
+Every card declares its authentication, an operator-issued API key sent as a bearer
+token, in both shapes (v0.3 `securitySchemes` + `security`, v1.0 `securitySchemes` +
+`securityRequirements`), so client interceptors know to attach the key. The extensions
+an agent supports are given by whoever builds on the server (the payment gate).
 """
 
 from __future__ import annotations
@@ -11,10 +16,9 @@ from typing import Any
 
 from server.config import AgentConfig, Price
 
-X402_EXTENSION_URI = "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2"
-X402_EXTENSION_URI_V01 = "https://github.com/google-a2a/a2a-x402/v0.1"
-X402_EXTENSIONS = (X402_EXTENSION_URI, X402_EXTENSION_URI_V01)
 VERSION = "0.1.0"
+SECURITY_SCHEME = "apiKey"
+BEARER_DESCRIPTION = "An operator-issued API key, sent as `Authorization: Bearer <key>`."
 
 
 def agent_url(public_url: str, agent: str) -> str:
@@ -34,21 +38,28 @@ def requirement(price: Price, resource: str) -> dict[str, Any]:
     }
 
 
-def agent_card(agent: AgentConfig, public_url: str) -> dict[str, Any]:
+def security(anonymous_allowed: bool) -> dict[str, Any]:
+    """The bearer key in both card shapes; an anonymous caller (one who pays) is an empty alternative."""
+    scheme = {
+        "type": "http", "scheme": "bearer", "description": BEARER_DESCRIPTION,  # v0.3 (OpenAPI)
+        "httpAuthSecurityScheme": {"scheme": "Bearer", "description": BEARER_DESCRIPTION},  # v1.0
+    }
+    v03: list[dict[str, Any]] = [{SECURITY_SCHEME: []}]
+    v10: list[dict[str, Any]] = [{"schemes": {SECURITY_SCHEME: {"list": []}}}]
+    if anonymous_allowed:
+        v03.append({})
+        v10.append({})
+    return {"securitySchemes": {SECURITY_SCHEME: scheme}, "security": v03, "securityRequirements": v10}
+
+
+def agent_card(agent: AgentConfig, public_url: str, extensions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     url = agent_url(public_url, agent.name)
     capabilities: dict[str, Any] = {
         "streaming": agent.streaming,
         "pushNotifications": False,
     }
-    if agent.price is not None:
-        capabilities["extensions"] = [
-            {
-                "uri": X402_EXTENSION_URI,
-                "description": "Pay per request with x402; without a payment the agent answers HTTP 402.",
-                "required": False,
-                "params": {"x402Version": 2, "accepts": [requirement(agent.price, url)]},
-            }
-        ]
+    if extensions:
+        capabilities["extensions"] = extensions
     return {
         "name": agent.name,
         "description": agent.description or agent.name,
@@ -61,6 +72,7 @@ def agent_card(agent: AgentConfig, public_url: str) -> dict[str, Any]:
             {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
         ],
         "capabilities": capabilities,
+        **security(anonymous_allowed=agent.price is not None),
         "defaultInputModes": ["text/plain", "application/json"],
         "defaultOutputModes": ["text/plain", "application/json"],
         "skills": [

@@ -146,6 +146,9 @@ class Settings:
     reconcile_interval_seconds: float = 30.0
     claim_lease_seconds: float = 30.0  # an owner renews its claims' leases; a lapsed one is an orphan
     networks: dict[str, NetworkConfig] = field(default_factory=dict)
+    # in-band requests awaiting payment: the original message kept (bytes), and how many per caller
+    in_band_max_message_bytes: int = 8192
+    in_band_pending_per_ip: int = 5
     source: str = "<embedded defaults>"
     warnings: tuple[str, ...] = ()  # problems that do not stop the server (shown by check-config)
 
@@ -258,7 +261,7 @@ class _Reader:
         known = {
             "public_url", "database", "default_agent", "max_body_bytes", "task_retention_days",
             "task_deadline_seconds", "limits", "proxy", "facilitator", "agents", "keys",
-            "reconcile_interval_seconds", "http", "claim_lease_seconds", "networks",
+            "reconcile_interval_seconds", "http", "claim_lease_seconds", "networks", "in_band",
         }
         self.unknown(raw, known, "")
         defaults = Settings()
@@ -277,6 +280,8 @@ class _Reader:
             ipv6_prefix = defaults.ipv6_prefix
         proxy = self.table(raw, "proxy", "proxy")
         self.unknown(proxy, {"trusted"}, "proxy")
+        in_band = self.table(raw, "in_band", "in_band")
+        self.unknown(in_band, {"max_message_bytes", "pending_per_ip"}, "in_band")
         trusted = self.get(proxy, "trusted", list, [], "proxy.trusted")
         for i, item in enumerate(trusted):
             if not isinstance(item, str) or not item:
@@ -315,6 +320,8 @@ class _Reader:
             reconcile_interval_seconds=self.positive(raw, "reconcile_interval_seconds", defaults.reconcile_interval_seconds, "reconcile_interval_seconds", float),
             claim_lease_seconds=self.positive(raw, "claim_lease_seconds", defaults.claim_lease_seconds, "claim_lease_seconds", float),
             networks=self.networks(self.table(raw, "networks", "networks")),
+            in_band_max_message_bytes=self.positive(in_band, "max_message_bytes", defaults.in_band_max_message_bytes, "in_band.max_message_bytes"),
+            in_band_pending_per_ip=self.positive(in_band, "pending_per_ip", defaults.in_band_pending_per_ip, "in_band.pending_per_ip"),
             source=source,
             warnings=tuple(f"{source}: {w}" for w in self.warnings),
         )

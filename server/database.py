@@ -86,6 +86,8 @@ def create_schema(db: sqlite_utils.Database) -> None:
             if_not_exists=True,
         )
         db["tasks"].create_index(["state", "updated_at"], if_not_exists=True)
+    # requests awaiting payment are counted per caller
+    db["tasks"].create_index(["owner", "state"], if_not_exists=True)
     # ListTasks: one owner's tasks at one agent, newest first (also added to older files)
     db["tasks"].create_index(["owner", "agent", "updated_at"], if_not_exists=True)
     if "api_keys" not in tables:

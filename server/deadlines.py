@@ -32,7 +32,6 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from server.config import HttpConfig
 
 
-
 def raw_408(detail: str) -> bytes:
     """A complete 408 answer, written straight to the transport (no request was parsed to answer)."""
     body = json.dumps({"detail": detail}).encode()

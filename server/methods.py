@@ -12,11 +12,12 @@ import binascii
 import copy
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from server import dialects
 from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES, V10, InvalidShape
@@ -29,6 +30,7 @@ from server.jsonrpc import (
     UNSUPPORTED_OPERATION,
     Call,
     RpcError,
+    result_response,
 )
 from server.streams import follow_live, follow_stored, sse, sse_response
 from server.tasks import TaskQuery, TaskStore, agent_message, new_id, new_task, set_status, trim_history
@@ -75,39 +77,46 @@ def unsupported(call: Call) -> RpcError:
     return RpcError(UNSUPPORTED_OPERATION)
 
 
+def keep_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The default message filter: keep everything."""
+    return message
+
+
 class Methods:
-    def __init__(self, store: TaskStore, runner: Runner) -> None:
+    def __init__(self, store: TaskStore, runner: Runner,
+                 scrub: Callable[[dict[str, Any]], dict[str, Any]] = keep_message) -> None:
         self.store = store
         self.runner = runner
+        # What a message may keep once it is accepted: the payment gate removes signed
+        # material here, before anything is stored, run or echoed.
+        self.scrub = scrub
 
-    def start_send(
-        self, plan: SendPlan, agent: str, owner: str, settlement: Settlement | None = None, *, adopt_pending: bool = False
-    ) -> Execution:
-        """Create the task (or continue an interrupted one of the same owner) and run it.
-
-        With `adopt_pending`, a task that asked in-band for its first payment becomes
-        the payer's; only the payment gate passes it.
-        """
-        message = plan.message
+    def start_send(self, plan: SendPlan, agent: str, owner: str, settlement: Settlement | None = None) -> Execution:
+        """Create the task (or continue an interrupted one of the same owner) and run it."""
+        message = self.scrub(plan.message)
         task_id = message.get("taskId")
         if task_id is None:
             task = new_task(message.get("contextId"), message)
             self.store.create(task, agent=agent, owner=owner)
         else:
-            found = self.store.get(task_id, owner, agent)
-            if found is None and adopt_pending:
-                found = self.store.adopt(task_id, owner, agent)
-            if found is None:
+            task = self.store.get(task_id, owner, agent)
+            if task is None:
                 raise RpcError(TASK_NOT_FOUND)
-            if found["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
-                raise RpcError(INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued")
-            task = found
+            if task["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
+                raise RpcError(INVALID_PARAMS, f"Task is {task['status']['state']}: only an interrupted task can be continued")
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
             set_status(task, "submitted")
             self.store.save(task)
         return self.runner.start(task, agent, message, settlement)
+
+    def start_task(self, task: dict[str, Any], agent: str, message: dict[str, Any],
+                   settlement: Settlement | None = None) -> Execution:
+        """Run an existing task on one of its messages (a request paid for after it was made)."""
+        set_status(task, "submitted")
+        self.store.save(task)
+        return self.runner.start(task, agent, self.scrub(message), settlement)
 
     async def send(self, plan: SendPlan, execution: Execution) -> dict[str, Any]:
         """The send result in the caller's dialect, after the work when blocking."""
@@ -197,6 +206,16 @@ class Methods:
         else:
             raise RpcError(TASK_NOT_CANCELABLE, "Task is running in another worker")
         return dialects.task_out(task, call.dialect)
+
+
+def task_answer(plan: SendPlan, task: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    """A send's answer that is a Task as it stands: a JSON-RPC result, or one SSE event for a stream."""
+    result = dialects.send_result(trim_history(task, plan.history_length), plan.call.dialect)
+    if plan.call.operation == "stream":
+        return StreamingResponse(iter([sse(plan.call.id, result)]), media_type="text/event-stream",
+                                 headers={"cache-control": "no-store", **(headers or {})})
+    return result_response(plan.call.id, result, headers)
+
 
 
 def list_query(params: dict[str, Any], dialect: str) -> tuple[TaskQuery, int | None, bool]:

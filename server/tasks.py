@@ -17,6 +17,12 @@ from typing import Any
 import sqlite_utils
 
 PENDING_OWNER = "payment-pending"  # an in-band payment request nobody has paid for yet
+_PENDING_LIKE = PENDING_OWNER + "%"
+
+
+def pending_owner(client: str) -> str:
+    """The owner of a request awaiting its first payment: the caller's address, for a per-caller cap."""
+    return f"{PENDING_OWNER}:{client}"
 
 
 def now_iso() -> str:
@@ -92,11 +98,11 @@ class TaskStore:
     _INSERT = ("INSERT INTO tasks (id, agent, context_id, state, owner, document, backend_ref, created_at, updated_at,"
                " deadline_at) VALUES (?, ?, ?, ?, ?, ?, '{}', ?, ?, ?)")
 
-    def create(self, task: dict[str, Any], *, agent: str, owner: str) -> None:
+    def create(self, task: dict[str, Any], *, agent: str, owner: str, deadline_seconds: float | None = None) -> None:
         now = time.time()
+        deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
         self.db.conn.execute(self._INSERT, (task["id"], agent, task["contextId"], task["status"]["state"], owner,
-                                            json.dumps(task, separators=(",", ":")), now, now,
-                                            now + self.deadline_seconds))
+                                            json.dumps(task, separators=(",", ":")), now, now, now + deadline))
 
     def save(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> None:
         document = json.dumps(task, separators=(",", ":"))
@@ -148,23 +154,47 @@ class TaskStore:
         cursor = (rows[-1][1], rows[-1][2]) if more and rows else None
         return [json.loads(r[0]) for r in rows], total, cursor
 
-    def adopt(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
-        """Give a task awaiting its first payment to the payer who paid for it."""
+    def pending(self, task_id: Any, agent: str) -> dict[str, Any] | None:
+        """A request of `agent` still awaiting its first payment (unexpired), whoever asked."""
         if not isinstance(task_id, str):
             return None
+        row = self.db.conn.execute(
+            "SELECT document FROM tasks WHERE id = ? AND agent = ? AND owner LIKE ? AND deadline_at > ?",
+            (task_id, agent, _PENDING_LIKE, time.time()),
+        ).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def count_pending(self, owner: str) -> int:
+        """How many unexpired requests of one caller are awaiting payment."""
+        row = self.db.conn.execute(
+            "SELECT COUNT(*) FROM tasks WHERE owner = ? AND state = 'input-required' AND deadline_at > ?",
+            (owner, time.time()),
+        ).fetchone()
+        return int(row[0])
+
+    def adopt(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
+        """Give a request awaiting its first payment to the payer who paid for it (once).
+
+        From now on the task runs, so its deadline becomes an execution's.
+        """
+        if not isinstance(task_id, str):
+            return None
+        now = time.time()
         cursor = self.db.conn.execute(
-            "UPDATE tasks SET owner = ? WHERE id = ? AND agent = ? AND owner = ?", (owner, task_id, agent, PENDING_OWNER)
+            "UPDATE tasks SET owner = ?, deadline_at = ?, updated_at = ? WHERE id = ? AND agent = ? AND owner LIKE ?"
+            " AND state = 'input-required' AND deadline_at > ?",
+            (owner, now + self.deadline_seconds, now, task_id, agent, _PENDING_LIKE, now),
         )
         return self.get(task_id, owner, agent) if cursor.rowcount == 1 else None
 
     def expire(self, retention_seconds: float) -> int:
         """Delete tasks idle past the retention (finished or waiting on their caller), and
-        unpaid in-band payment requests past the task deadline; returns how many went."""
+        unpaid in-band payment requests past their deadline; returns how many went."""
         now = time.time()
         cursor = self.db.conn.execute(
             "DELETE FROM tasks WHERE (state NOT IN ('submitted', 'working') AND updated_at < ?)"
-            " OR (owner = ? AND updated_at < ?)",
-            (now - retention_seconds, PENDING_OWNER, now - self.deadline_seconds),
+            " OR (owner LIKE ? AND deadline_at < ?)",
+            (now - retention_seconds, _PENDING_LIKE, now),
         )
         return cursor.rowcount
 

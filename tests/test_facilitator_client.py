@@ -20,7 +20,7 @@ def with_facilitator_settings(config: str, **settings: object) -> str:
 
 def breaker_state(gate_url: str) -> float:
     text = httpx.get(f"{gate_url}/metrics").text
-    return float(re.search(r"^a2a_gate_facilitator_breaker_state (\S+)$", text, re.M).group(1))
+    return float(re.search(r"^a2a_gate_facilitator_breaker_state (\S+)$", text, re.MULTILINE).group(1))
 
 
 @pytest.fixture

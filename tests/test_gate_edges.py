@@ -37,11 +37,21 @@ def test_in_band_payment_required_then_paid_with_the_same_task(paid):
 
 def test_card_declares_the_x402_extension_and_price(paid):
     card = httpx.get(f"{paid.gate.url}/a2a/paid/.well-known/agent-card.json").json()
-    [extension] = card["capabilities"]["extensions"]
-    assert extension["uri"] == EXTENSION and extension["required"] is False
-    [offer] = extension["params"]["accepts"]
-    assert (offer["amount"], offer["network"]) == ("1000", "eip155:84532")
+    extensions = card["capabilities"]["extensions"]
+    assert [e["uri"] for e in extensions] == [EXTENSION, "https://google-a2a.github.io/A2A/extensions/payments/x402/v0.1",
+                                              "https://github.com/google-a2a/a2a-x402/v0.1"]
+    for extension in extensions:
+        assert extension["required"] is False
+        [offer] = extension["params"]["accepts"]
+        assert (offer["amount"], offer["network"]) == ("1000", "eip155:84532")
     assert card["url"] == f"{paid.gate.url}/a2a/paid"
+    # the bearer key in both card shapes; on a priced agent paying anonymously is the other way in
+    [scheme] = card["securitySchemes"].values()
+    assert (scheme["type"], scheme["scheme"], scheme["httpAuthSecurityScheme"]["scheme"]) == ("http", "bearer", "Bearer")
+    assert card["security"] == [{"apiKey": []}, {}]
+    assert card["securityRequirements"] == [{"schemes": {"apiKey": {"list": []}}}, {}]
+    free = httpx.get(f"{paid.gate.url}/a2a/echo/.well-known/agent-card.json").json()
+    assert free["security"] == [{"apiKey": []}] and "extensions" not in free["capabilities"]
     assert httpx.get(f"{paid.gate.url}/a2a/unpaid-hidden/.well-known/agent-card.json").status_code == 404
 
 

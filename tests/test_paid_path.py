@@ -19,7 +19,12 @@ def test_no_token_is_a_402_naming_this_door(paid):
     response = paid.post("paid", send_body("hello"))
     assert response.status_code == 402
     document = decode_header(response.headers["PAYMENT-REQUIRED"])
-    assert response.json() == {"detail": "Payment required", "payment_required": document}
+    body = response.json()
+    assert {k: body[k] for k in ("detail", "payment_required")} == {"detail": "Payment required", "payment_required": document}
+    # x402 v1 clients read the top level: the same price with v1 network names
+    [v1] = body["accepts"]
+    assert (body["x402Version"], body["error"]) == (1, "Payment required to use this agent")
+    assert (v1["network"], v1["maxAmountRequired"], v1["resource"]) == ("base-sepolia", "1000", document["resource"]["url"])
     assert document["x402Version"] == 2
     assert document["resource"]["url"] == f"{paid.gate.url}/a2a/paid"
     [offer] = document["accepts"]

@@ -172,3 +172,13 @@ def test_a_body_declared_too_large_is_refused_without_reading_it(gate):
             answer += chunk
     assert time.monotonic() - started < BODY_TIMEOUT, "the gate waited for the body"
     assert answer.startswith(b"HTTP/1.1 200 ") and b"-32600" in answer, answer[:300]
+
+
+def test_deadline_settings_are_checked(write_config):
+    from tests.support.gate_helpers import cli
+
+    config = write_config('[http]\nhead_timeout_seconds = 0\nbody_timeout = 5\n\n[agents.echo]\n')
+    done = cli("check-config", str(config), check=False)
+    assert done.returncode == 2
+    assert "http.head_timeout_seconds: must be greater than 0" in done.stderr
+    assert "http.body_timeout: unknown key" in done.stderr

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from gate import tokens
 from devnet.payer import encode_header, new_private_key, sign_payment
+from gate import tokens
 from gate.pricing import payment_required
 from server.config import DEMO_PRICE
 
@@ -79,6 +79,7 @@ def test_any_json_object_is_a_token_or_not_never_an_exception(document):
             pass
         tokens.nonce_key(token, DEMO_PRICE.asset)
         assert len(token.digest) == 64
+        json.dumps(token.payload, allow_nan=False).encode("utf-8")  # the normal form is plain, storable JSON
 
 
 @settings(max_examples=300, deadline=None)
@@ -164,6 +165,8 @@ def test_a_whole_number_float_is_the_integer_and_the_same_token():
     assert tokens.from_header(header, "PAYMENT-SIGNATURE").digest == token.digest
     for bad in (2.5, float("inf"), float("nan"), 2.0**60, True, "2"):
         assert tokens.from_object({**document, "x402Version": bad}, "metadata") is None, bad
+    for odd in (float("inf"), float("nan"), 0.5, 10**20, "\ud800", [[[[[[[[[[[[[[[[[["deep"]]]]]]]]]]]]]]]]]]):
+        assert tokens.from_object({**document, "extensions": {"x": odd}}, "metadata") is None, odd
 
 
 def test_every_key_of_the_signed_payload_is_checked():

@@ -1,0 +1,219 @@
+"""Paying the A2A way: the a2a-x402 extension's in-band flow, a state machine on the Task.
+
+A client that activated the extension (`A2A-Extensions` / `X-A2A-Extensions`) and sent
+no token is answered with a Task in `input-required`, `x402.payment.status:
+payment-required` and the requirements; its ORIGINAL message is kept (size-capped,
+a few per caller, expiring with the requirements). The paying message names that
+task and only carries the payment: after verify the agent runs the original message,
+then the task ends `payment-completed` with receipts. A refused payment is answered on
+the Task (`payment-failed`, an a2a-x402 error code, a failure receipt) and leaves it
+payable again; `payment-rejected` from the client ends it, uncharged.
+
+Signed material never stays in a message: `scrub` keeps the payment status and
+drops every other `x402.*` key before a message is stored, run or echoed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.datastructures import Headers
+from starlette.responses import Response
+
+from gate import pricing
+from gate.settlement import ERROR, RECEIPTS, STATUS
+from server.cards import requirement
+from server.config import AgentConfig, Price
+from server.execution import Execution, Settlement
+from server.jsonrpc import TASK_NOT_FOUND, RpcError
+from server.methods import SendPlan, task_answer
+from server.tasks import agent_message, new_task, pending_owner, set_status
+
+if TYPE_CHECKING:
+    from gate.gate import PaymentGate
+
+EXTENSION_V02 = "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2"
+EXTENSION_V01 = "https://google-a2a.github.io/A2A/extensions/payments/x402/v0.1"  # the v0.1 spec's URI
+EXTENSION_V01_CLIENT = "https://github.com/google-a2a/a2a-x402/v0.1"  # what published v0.1 clients send
+EXTENSION_URIS = (EXTENSION_V02, EXTENSION_V01, EXTENSION_V01_CLIENT)
+ACTIVATION_HEADERS = ("A2A-Extensions", "X-A2A-Extensions")
+
+REQUIRED = "x402.payment.required"
+KEPT_KEYS = frozenset({STATUS})  # what a client's message may keep of the x402 keys
+
+# a2a-x402 error codes (v0.1 section 8, v0.2 section 9), chosen by what the reason names
+ERROR_CODES = (
+    (("insufficient",), "INSUFFICIENT_FUNDS"),
+    (("already_used", "duplicate"), "DUPLICATE_NONCE"),
+    (("expired", "valid_before", "valid_after", "not_yet_valid", "valid_until"), "EXPIRED_PAYMENT"),
+    (("network",), "NETWORK_MISMATCH"),
+    (("amount", "value", "recipient", "requirements", "asset", "pay_to"), "INVALID_AMOUNT"),
+    (("settle",), "SETTLEMENT_FAILED"),
+)
+
+
+@dataclass(frozen=True)
+class Activation:
+    """The x402 extension URI a client activated, and the header it came in (echoed back the same way)."""
+
+    header: str
+    uri: str
+
+    def echo(self) -> dict[str, str]:
+        return {self.header: self.uri}
+
+
+def activation(headers: Headers) -> Activation | None:
+    for header in ACTIVATION_HEADERS:
+        for value in headers.getlist(header):
+            for uri in value.split(","):
+                if uri.strip() in EXTENSION_URIS:
+                    return Activation(header, uri.strip())
+    return None
+
+
+def echo(active: Activation | None) -> dict[str, str]:
+    return active.echo() if active is not None else {}
+
+
+def scrub(message: dict[str, Any]) -> dict[str, Any]:
+    """The message without signed material: of the x402 keys only the payment status stays."""
+    metadata = message.get("metadata")
+    if not isinstance(metadata, dict) or not any(_dropped(k) for k in metadata):
+        return message
+    kept = {k: v for k, v in metadata.items() if not _dropped(k)}
+    out = {k: v for k, v in message.items() if k != "metadata"}
+    if kept:
+        out["metadata"] = kept
+    return out
+
+
+def _dropped(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith("x402.") and key not in KEPT_KEYS
+
+
+def card_extensions(price: Price | None, url: str) -> list[dict[str, Any]]:
+    """What a priced agent's card declares: every extension URI it accepts, none required."""
+    if price is None:
+        return []
+    params = {"x402Version": 2, "accepts": [requirement(price, url)]}
+    description = "Pay per request with x402; without a payment the agent answers HTTP 402."
+    return [{"uri": uri, "description": description, "required": False, "params": params} for uri in EXTENSION_URIS]
+
+
+def error_code(reason: str) -> str:
+    """The a2a-x402 error code for a refusal reason (the exact reason rides in the failure receipt)."""
+    lowered = reason.lower()
+    for words, code in ERROR_CODES:
+        if any(word in lowered for word in words):
+            return code
+    return "INVALID_SIGNATURE"
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A request awaiting its first payment: the task, and the original message it asked with."""
+
+    task: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return self.task["id"]
+
+    @property
+    def original(self) -> dict[str, Any]:
+        return self.task["history"][0]
+
+
+def find_pending(gate: PaymentGate, plan: SendPlan, agent: AgentConfig) -> Pending | None:
+    """The pending request this message continues (pays for, or declines), if any."""
+    task = gate.services.store.pending(plan.message.get("taskId"), agent.name)
+    return Pending(task) if task is not None else None
+
+
+def client_status(plan: SendPlan) -> Any:
+    metadata = plan.message.get("metadata")
+    return metadata.get(STATUS) if isinstance(metadata, dict) else None
+
+
+def request_digest(agent: str, method: str, task_id: str) -> str:
+    """What an in-band payment pays for: the task's original request, which its id names.
+
+    A retry of the same paying message (the same token for the same task) is the same
+    request and replays; the same token for another task is a conflict.
+    """
+    content = [agent, method, "in-band", task_id]
+    return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
+
+
+def payment_required(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, resource: str, caller: str,
+                     active: Activation, pending: Pending | None) -> Response:
+    """The Task asking for payment; over a cap (message size, requests per caller) the HTTP 402 instead."""
+    price = agent.price
+    assert price is not None
+    settings, store = gate.services.settings, gate.services.store
+    if pending is not None:
+        task = pending.task
+    else:
+        message = scrub({k: v for k, v in plan.message.items() if k != "taskId"})
+        owner = pending_owner(caller)
+        too_big = len(json.dumps(message, separators=(",", ":"))) > settings.in_band_max_message_bytes
+        if too_big or store.count_pending(owner) >= settings.in_band_pending_per_ip:
+            return gate.answers_402.response(agent.name, price, resource, agent.description)
+        task = new_task(message.get("contextId"), message)
+        ask(task, price, resource, agent.description, {STATUS: "payment-required"})
+        store.create(task, agent=agent.name, owner=owner, deadline_seconds=max_timeout(price, resource))
+        return task_answer(plan, task, active.echo())
+    ask(task, price, resource, agent.description, {STATUS: "payment-required"})
+    store.save(task)
+    return task_answer(plan, task, active.echo())
+
+
+def refused(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, resource: str, pending: Pending,
+            active: Activation | None, reason: str, payer: str = "") -> Response:
+    """A refused payment, answered on the Task: payment-failed, the code, a failure receipt; payable again."""
+    price = agent.price
+    assert price is not None
+    receipt = {"success": False, "errorReason": reason, "network": pricing.V1_NETWORKS.get(price.network, price.network),
+               "transaction": "", "payer": payer}
+    code = error_code(reason)
+    failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
+    task = pending.task
+    ask(task, price, resource, agent.description, failure, f"Payment failed ({code}); pay again to use this agent.")
+    gate.services.store.save(task)
+    return task_answer(plan, task, echo(active))
+
+
+def declined(gate: PaymentGate, plan: SendPlan, pending: Pending, active: Activation | None) -> Response:
+    """The client declined to pay (`payment-rejected`): the task ends, canceled, uncharged."""
+    task = pending.task
+    metadata = {STATUS: "payment-rejected"}
+    set_status(task, "canceled", agent_message(task, "Payment declined by the client; nothing was charged.", metadata))
+    task["metadata"] = metadata
+    gate.services.store.save(task)
+    return task_answer(plan, task, echo(active))
+
+
+def start_paid(gate: PaymentGate, pending: Pending, agent: AgentConfig, owner: str, settlement: Settlement) -> Execution:
+    """The payment is verified: the payer adopts the task and the agent runs the ORIGINAL message."""
+    task = gate.services.store.adopt(pending.id, owner, agent.name)
+    if task is None:  # paid for by someone else a moment ago, or expired
+        raise RpcError(TASK_NOT_FOUND)
+    task.pop("metadata", None)
+    return gate.services.methods.start_task(task, agent.name, task["history"][0], settlement)
+
+
+def ask(task: dict[str, Any], price: Price, resource: str, description: str, metadata: dict[str, Any],
+        text: str = "Payment is required to use this agent.") -> None:
+    """Put the task in input-required with fresh requirements and the given payment metadata."""
+    metadata = {**metadata, REQUIRED: pricing.payment_required_v1(price, resource, description)}
+    set_status(task, "input-required", agent_message(task, text, metadata))
+    task["metadata"] = metadata
+
+
+def max_timeout(price: Price, resource: str) -> float:
+    """How long a request may wait for its payment: the requirements' own maxTimeoutSeconds."""
+    return float(pricing.requirement_v1(price, resource)["maxTimeoutSeconds"])
