@@ -93,9 +93,10 @@ class Methods:
             task = new_task(message.get("contextId"), message)
             self.store.create(task, agent=agent, owner=owner)
         else:
-            task = self.store.get(task_id, owner, agent)
-            if task is None:
+            found = self.store.get(task_id, owner, agent)
+            if found is None:
                 raise RpcError(TASK_NOT_FOUND)
+            task = found
             if task["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
                 raise RpcError(INVALID_PARAMS, f"Task is {task['status']['state']}: only an interrupted task can be continued")
             message = {**message, "contextId": task["contextId"]}
