@@ -24,7 +24,7 @@ from gate.payment_log import PaymentLog
 from gate.pipeline import handle_anonymous
 from gate.pricing import PaymentRequiredAnswers
 from gate.sealing import Sealer, load_key
-from gate.settlement import Collection, Payment, Settler, attach_payment_metadata, metadata_for
+from gate.settlement import Collection, Payment, Settler, attach_payment_metadata, metadata_for, withheld_metadata
 from server.cards import agent_url
 from server.config import AgentConfig
 from server.database import commit_until_stored
@@ -76,6 +76,7 @@ class PaymentGate:
     def settlement_for(self, payment: Payment) -> Settlement:
         """The hooks an execution calls: settle after delivery, release otherwise."""
         agent = self.services.agents.get(payment.agent)
+        withhold = agent is not None and agent.on_settle_failure == "withhold"
         digest, outcome = payment.token_digest, []
 
         def mark_delivered(withheld: dict[str, Any] | None) -> None:
@@ -84,7 +85,9 @@ class PaymentGate:
         async def delivered(task: dict[str, Any]) -> Collected:
             collection = await self.settler.settle(payment, task["id"])
             outcome.append(collection)
-            return Collected(collection.metadata, collection.paid)
+            unpaid_answer = withhold and not collection.paid
+            return Collected(withheld_metadata(collection.metadata) if unpaid_answer else collection.metadata,
+                             collection.paid)
 
         async def not_delivered(task: dict[str, Any]) -> None:
             def write() -> None:
@@ -99,7 +102,7 @@ class PaymentGate:
 
         return Settlement(mark_delivered=mark_delivered, delivered=delivered, not_delivered=not_delivered,
                           saved=saved, abandoned=lambda: self.claims.let_go(digest),
-                          withhold=agent is not None and agent.on_settle_failure == "withhold")
+                          withhold=withhold)
 
     async def facilitator_ready(self, ttl: float = 10.0) -> str:
         """"ok", "not configured", or the reason the facilitator cannot be reached (cached)."""
@@ -227,6 +230,7 @@ def show_withheld(task: dict[str, Any], withheld: dict[str, Any], metadata: dict
             task.setdefault("artifacts", []).append(withheld["artifact"])
         set_status(task, "completed", agent_message(task, withheld["text"], metadata))
     else:
+        metadata = withheld_metadata(metadata)
         set_status(task, "failed", agent_message(task, "Payment failed: the answer is withheld.", metadata))
     task["metadata"] = {**{k: v for k, v in (task.get("metadata") or {}).items() if not k.startswith("x402.")},
                         **metadata}

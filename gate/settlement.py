@@ -97,6 +97,11 @@ def failed_metadata(error: str) -> dict[str, Any]:
     return {STATUS: "payment-failed", ERROR: error}
 
 
+def withheld_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A withholding agent's answer when the work is not paid (yet): `payment-failed`, with the reason."""
+    return failed_metadata(metadata.get(ERROR, "settle_failed"))
+
+
 def metadata_for(claim: Claim) -> dict[str, Any]:
     """What a task says about a claim in this state (the repair of a stored task)."""
     if claim.state == ClaimState.SETTLED:
