@@ -215,3 +215,9 @@ def test_a_window_too_short_to_collect_is_refused():
         assert exc.reason == "payment_window_too_short"
     else:
         raise AssertionError("a 99 s window passed a 100 s minimum")
+
+
+def test_brackets_inside_strings_do_not_make_a_token_too_deep():
+    document = {**signed_once(), "resource": {**signed_once()["resource"], "description": "[beta] {v2} " * 40}}
+    header = base64.b64encode(json.dumps(document).encode()).decode()
+    assert tokens.from_header(header, "PAYMENT-SIGNATURE").payload == document
