@@ -96,9 +96,9 @@ class Methods:
             found = self.store.get(task_id, owner, agent)
             if found is None:
                 raise RpcError(TASK_NOT_FOUND)
+            if found["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
+                raise RpcError(INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued")
             task = found
-            if task["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
-                raise RpcError(INVALID_PARAMS, f"Task is {task['status']['state']}: only an interrupted task can be continued")
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
