@@ -93,11 +93,12 @@ class Methods:
             task = new_task(message.get("contextId"), message)
             self.store.create(task, agent=agent, owner=owner)
         else:
-            task = self.store.get(task_id, owner, agent)
-            if task is None:
+            found = self.store.get(task_id, owner, agent)
+            if found is None:
                 raise RpcError(TASK_NOT_FOUND)
-            if task["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
-                raise RpcError(INVALID_PARAMS, f"Task is {task['status']['state']}: only an interrupted task can be continued")
+            if found["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
+                raise RpcError(INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued")
+            task = found
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
