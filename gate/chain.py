@@ -63,9 +63,7 @@ class Authorization:
         auth = inner.get("authorization") if isinstance(inner, dict) else None
         if not isinstance(auth, dict):
             return None
-        asset, authorizer, nonce = requirements.get("asset"), auth.get("from"), auth.get("nonce")
-        if not all(isinstance(v, str) for v in (asset, authorizer, nonce)):
-            return None
+        asset, authorizer, nonce = (str(v) for v in (requirements.get("asset"), auth.get("from"), auth.get("nonce")))
         if not (ADDRESS.match(asset) and ADDRESS.match(authorizer) and WORD.match(nonce)):
             return None
         try:
