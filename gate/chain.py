@@ -63,7 +63,9 @@ class Authorization:
         auth = inner.get("authorization") if isinstance(inner, dict) else None
         if not isinstance(auth, dict):
             return None
-        asset, authorizer, nonce = (str(v) for v in (requirements.get("asset"), auth.get("from"), auth.get("nonce")))
+        asset, authorizer, nonce = requirements.get("asset"), auth.get("from"), auth.get("nonce")
+        if not (isinstance(asset, str) and isinstance(authorizer, str) and isinstance(nonce, str)):
+            return None
         if not (ADDRESS.match(asset) and ADDRESS.match(authorizer) and WORD.match(nonce)):
             return None
         try:
