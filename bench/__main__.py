@@ -99,7 +99,7 @@ def table(bench: Bench, params: Params) -> str:
     numeric = {2, 3, 4, 5, 6, 7, 8, 9}
 
     def render(cells: tuple) -> str:
-        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
     out = [render(head), render(tuple("-" * w for w in widths)), *map(render, lines)] if lines else []
     m = bench.memory

@@ -158,10 +158,10 @@ class Bench:
 
         result = load.run_load(spec, on_window_start=sample, on_window_end=sample)
         seconds = result.seconds or 1.0
-        cpu = [(b - a) / seconds for a, b in zip(marks[0], marks[1])] if len(marks) == 2 else [0.0] * (2 + len(also))
+        cpu = [(b - a) / seconds for a, b in zip(marks[0], marks[1], strict=True)] if len(marks) == 2 else [0.0] * (2 + len(also))
         machine = cpu.pop()  # the whole machine's busy cores; the rest is ours or someone else's
         other = max(0.0, machine - sum(cpu) - result.client_cpu)
-        for proc, used in zip(also, cpu[1:]):
+        for proc, used in zip(also, cpu[1:], strict=True):
             note = (note + "; " if note else "") + f"{proc.label} CPU {used:.0%}"
         row = Row(case, key, label, result, server.peak_rss(), cpu[0], reference or [], note, other)
         self.rows[key] = row

@@ -64,7 +64,7 @@ class Authorization:
         if not isinstance(auth, dict):
             return None
         asset, authorizer, nonce = requirements.get("asset"), auth.get("from"), auth.get("nonce")
-        if not all(isinstance(v, str) for v in (asset, authorizer, nonce)):
+        if not (isinstance(asset, str) and isinstance(authorizer, str) and isinstance(nonce, str)):
             return None
         if not (ADDRESS.match(asset) and ADDRESS.match(authorizer) and WORD.match(nonce)):
             return None

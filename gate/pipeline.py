@@ -283,7 +283,7 @@ def request_digest(agent: str, plan: SendPlan) -> str:
 def payer_allowed(agent: AgentConfig, payer: str) -> bool:
     try:
         return agent.allowed_payers is None or payer.lower() in agent.allowed_payers
-    except Exception:  # fail closed
+    except Exception:  # noqa: BLE001 -- fail closed
         return False
 
 

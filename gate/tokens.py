@@ -37,6 +37,7 @@ from server.config import Price
 METADATA_KEY = "x402.payment.payload"
 MAX_TOKEN_BYTES = 16_384
 MAX_DEPTH = 16  # a real token nests 4 deep; nothing legitimate comes near this
+MAX_BRACKETS = 1000  # any recursion limit copes with this; a library may raise Python's far above the C stack
 MAX_INTEGER = 2**53  # beyond this a JSON number is not exact everywhere: x402 sends big numbers as strings
 
 # The keys of each part of a token. Anything else in the signed payload is refused.
@@ -110,7 +111,7 @@ def from_header(value: Any, source: str) -> Token | None:
         return None
     try:
         raw = base64.b64decode(value.strip(), validate=True)
-        if raw.count(b"[") + raw.count(b"{") > 4 * MAX_DEPTH:  # before the parser can recurse on it
+        if raw.count(b"[") + raw.count(b"{") > MAX_BRACKETS:  # before the parser can recurse that deep
             return None
         document = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicates)
     except (binascii.Error, ValueError, RecursionError, NotAToken):  # UnicodeDecodeError is a ValueError

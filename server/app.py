@@ -82,7 +82,7 @@ class Services:
         try:
             self.db.conn.execute("BEGIN IMMEDIATE")
             self.db.conn.execute("ROLLBACK")
-        except Exception as exc:  # reported, not raised: this is a health check
+        except Exception as exc:  # noqa: BLE001 -- reported, not raised: this is a health check
             return f"error: {type(exc).__name__}"
         return "ok"
 

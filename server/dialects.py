@@ -284,7 +284,7 @@ def message_from_any(raw: Any) -> dict[str, Any] | None:
     read = part_in_v10 if v10 else part_in_v03
     role = raw.get("role")
     role = _ROLE_FROM_V10.get(role, role) if isinstance(role, str) else "agent"
-    message = {"kind": "message", "role": role if role in ("user", "agent") else "agent"}
+    message: dict[str, Any] = {"kind": "message", "role": role if role in ("user", "agent") else "agent"}
     message["parts"] = [p for p in (read(x) for x in raw["parts"]) if p is not None]
     for key in ("messageId", "contextId", "taskId"):
         if isinstance(raw.get(key), str):

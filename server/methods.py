@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
@@ -99,11 +99,12 @@ class Methods:
             task = new_task(message.get("contextId"), message)
             self.store.create(task, agent=agent, owner=owner)
         else:
-            task = self.store.get(task_id, owner, agent)
-            if task is None:
+            found = self.store.get(task_id, owner, agent)
+            if found is None:
                 raise RpcError(TASK_NOT_FOUND)
-            if task["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
-                raise RpcError(INVALID_PARAMS, f"Task is {task['status']['state']}: only an interrupted task can be continued")
+            if found["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
+                raise RpcError(INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued")
+            task = found
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
@@ -256,7 +257,7 @@ def timestamp_in(raw: Any) -> str | None:
             raise ValueError
     except ValueError:
         raise InvalidShape("statusTimestampAfter must be an RFC 3339 timestamp") from None
-    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def encode_cursor(cursor: tuple[float, str] | None) -> str:

@@ -101,7 +101,7 @@ def _task_answer(task: dict[str, Any]) -> Answer:
     state = state_from_any(status.get("state"))
     if state is None:
         return Malformed("task with an unknown state")
-    context_id = task.get("contextId") if isinstance(task.get("contextId"), str) else ""
+    context_id: str = task["contextId"] if isinstance(task.get("contextId"), str) else ""
     if state in ("submitted", "working"):
         return Running(task_id, context_id)
     status_message = message_from_any(status.get("message"))

@@ -18,31 +18,35 @@ pytest.importorskip("psutil", reason="the benchmark needs its extras: pip instal
 pytest.importorskip("a2a.server.routes", reason="the benchmark needs its extras: pip install -e '.[bench]'")
 
 REPO = Path(__file__).parents[1]
+# Every row of the table, by the case that measures it (case b measures its own floor too).
 ROWS = {
-    "bare": "bare Starlette echo",
-    "sdk": "a2a-sdk server",
-    "gate": "a2a-gate (API key)",
-    "gate-w2": "--workers 2",
-    "gate-402": "a2a-gate 402",
-    "gate-429": "a2a-gate 429",
-    "x402": "x402 ASGI payment middleware",
-    "gate-paid": "a2a-gate paid",
-    "gate-paid-real": "real-crypto facilitator",
+    "a": {"bare": "bare Starlette echo", "sdk": "a2a-sdk server", "gate": "a2a-gate (API key)",
+          "gate-w2": "--workers 2"},
+    "b": {"bare": "bare Starlette echo", "gate-402": "a2a-gate 402", "gate-429": "a2a-gate 429"},
+    "c": {"x402": "x402 ASGI payment middleware", "gate-paid": "a2a-gate paid",
+          "gate-paid-real": "real-crypto facilitator"},
+    "d": {},
 }
+ADDRESSES = 1000
+# Seconds measured per server: the real-crypto facilitator needs a whole second to answer a few.
+DURATION = {"a": "0.5", "b": "0.5", "c": "1", "d": "0.5"}
 
 
-def test_bench_runs_every_case(tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", sorted(ROWS))
+def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
+    """One case per test, so a parallel run spreads the servers they start over its workers."""
     out = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--duration", "1", "--warmup", "0.3", "--concurrency", "4",
-         "--addresses", "2000", "--paid-tokens", "40", "--json", str(out)],
+        [sys.executable, "-m", "bench", "--cases", case, "--duration", DURATION[case], "--warmup", "0.2", "--concurrency", "4",
+         "--addresses", str(ADDRESSES), "--paid-tokens", "40", "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = done.stdout
     document = json.loads(out.read_text())
 
-    for key, label in ROWS.items():
+    assert set(document["rows"]) == set(ROWS[case])
+    for key, label in ROWS[case].items():
         assert label in table, f"{label!r} missing from the table:\n{table}"
         row = document["rows"][key]
         result = row["result"]
@@ -51,13 +55,14 @@ def test_bench_runs_every_case(tmp_path: Path) -> None:
         assert result["ok_fraction"] > 0.5, (key, result)  # the expected answers, not errors
         assert row["peak_rss"] > 0, key
 
-    memory = document["memory"]
-    assert memory["addresses"] == 2000
-    assert memory["rss_before"] > 0 and memory["rss_after"] > 0
-    assert sum(int(n) for n in memory["statuses"].values()) >= 1900
-    assert "limiter" in table and "RSS before" in table
+    if case == "d":
+        memory = document["memory"]
+        assert memory["addresses"] == ADDRESSES
+        assert memory["rss_before"] > 0 and memory["rss_after"] > 0
+        assert sum(int(n) for n in memory["statuses"].values()) >= ADDRESSES * 0.95
+        assert "limiter" in table and "RSS before" in table
 
     # one target per comparison the issue names, each with a measured number
-    assert {t["case"] for t in document["targets"]} == {"a", "b", "c", "d"}
+    assert {t["case"] for t in document["targets"]} == {case}
     assert all(t["measured"] != 0 for t in document["targets"] if t["case"] != "d")
     assert "targets:" in table

@@ -16,10 +16,10 @@ from devnet import cli
 from tests.support.gate_process import free_port
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert process.poll() is None, f"exited with {process.returncode}"
+        assert process.poll() is None, f"exited with {process.returncode}:\n{log.read_text()[-3000:]}"
         try:
             if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
                 return
@@ -38,7 +38,7 @@ def test_serve_with_dev_facilitator_then_devnet_pay_runs_the_paid_flow(tmp_path:
                                   "--dev-facilitator", str(facilitator_port), "--log-level", "warning"],
                                  cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", serve)
+        wait_healthy(f"http://127.0.0.1:{port}", serve, log)
         paid = subprocess.run([sys.executable, "-m", "devnet", "pay", f"http://127.0.0.1:{port}/a2a/paid-echo",
                                "hello, paid world"], cwd=tmp_path, capture_output=True, timeout=60, check=True)
         outcome = json.loads(paid.stdout)
@@ -88,11 +88,12 @@ def test_production_server_runs_without_the_extra_and_dev_facilitator_says_what_
     assert "Traceback" not in result.stderr
 
     port = free_port()
-    with open(tmp_path / "serve.log", "wb") as out:
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
         serve = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port)],
                                  cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", serve)
+        wait_healthy(f"http://127.0.0.1:{port}", serve, log)
         body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
             "kind": "message", "role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": "hi"}]}}}
         assert httpx.post(f"http://127.0.0.1:{port}/a2a/paid-echo", json=body).status_code == 501

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -38,12 +37,17 @@ class Gate:
         return f"{self.process.url}/a2a/{name}"
 
 
-@pytest.fixture
-def gate(write_config: Callable[..., Path], start_gate: Callable[..., GateProcess]) -> Gate:
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
+    """One gate for the module: every test makes tasks of its own and counts nothing global."""
+    folder = tmp_path_factory.mktemp("sdk")
     port = free_port()
     text = FREE_CONFIG.replace("http://gate.example", f"http://127.0.0.1:{port}")
     text += f'\n[[keys]]\nname = "sdk"\nsha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"\nagents = ["*"]\n'
-    return Gate(start_gate(write_config(text), port=port), bearer(KEY))
+    config = folder / "gate.toml"
+    config.write_text(text)
+    with GateProcess(config, folder / "gate.log", port=port) as process:
+        yield Gate(process, bearer(KEY))
 
 
 def state(task: dict[str, Any]) -> str:

@@ -8,8 +8,8 @@ owes the charge, and is settled exactly once later.
 from __future__ import annotations
 
 import subprocess
-import time
 import sys
+import time
 
 import httpx
 import pytest

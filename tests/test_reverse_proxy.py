@@ -29,7 +29,7 @@ def proxied(tmp_path, facilitator, start_gate, write_config):
 
 
 def test_limiter_keys_on_the_real_client_behind_nginx(proxied):
-    gate, proxy = proxied
+    _, proxy = proxied
     with client_from("127.0.0.2") as first, client_from("127.0.0.3") as second:
         codes = [first.post(f"{proxy}/a2a/paid", json=send_body("x")).status_code for _ in range(4)]
         assert codes == [402, 402, 402, 429]

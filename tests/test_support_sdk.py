@@ -12,24 +12,21 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 import pytest
-
+from a2a.client import A2AClientError, A2AClientTimeoutError
+from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from a2a.client import A2AClientError, A2AClientTimeoutError
-from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
 from tests.support import a2a_clients as sdk
 from tests.support.serve import serve_app
 from tests.support.upstream_agents import BEHAVIOURS, GARBAGE_JSON, build_upstream_app
-
 
 T = TypeVar('T')
 V1_HEADERS = {'A2A-Version': '1.0'}
@@ -282,9 +279,8 @@ def test_raw_behaviours_over_http() -> None:
         garbage_json = httpx.post(url + '/', json=v03_send('hi'))
     with serve_app(build_upstream_app('http500')) as url:
         http500 = httpx.post(url + '/', json=v03_send('hi'))
-    with serve_app(build_upstream_app('hang')) as url:
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(url + '/', json=v03_send('hi'), timeout=0.5)
+    with serve_app(build_upstream_app('hang')) as url, pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + '/', json=v03_send('hi'), timeout=0.5)
     assert (garbage.status_code, garbage.text) == (200, 'this is not json')
     assert (garbage_json.status_code, garbage_json.content) == (200, GARBAGE_JSON)
     assert http500.status_code == 500
@@ -319,7 +315,7 @@ def test_sdk_against_broken_upstreams() -> None:
 class Recorder:
     """A fake agent that records requests and answers with minimal v1.0 JSON."""
 
-    TASK = {'id': 't1', 'contextId': 'c1', 'status': {'state': 'TASK_STATE_WORKING'}}
+    TASK: ClassVar[dict[str, Any]] = {'id': 't1', 'contextId': 'c1', 'status': {'state': 'TASK_STATE_WORKING'}}
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, str], Any]] = []

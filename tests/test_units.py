@@ -91,7 +91,7 @@ V10_PARTS = [
 ]
 
 
-@pytest.mark.parametrize("v03,v10", list(zip(V03_PARTS, V10_PARTS)))
+@pytest.mark.parametrize("v03,v10", list(zip(V03_PARTS, V10_PARTS, strict=True)))
 def test_parts_convert_both_ways(v03: dict[str, Any], v10: dict[str, Any]) -> None:
     assert dialects.part_out_v10(v03) == v10
     assert dialects.part_in_v10(v10) == v03

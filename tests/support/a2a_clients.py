@@ -70,15 +70,11 @@ from __future__ import annotations
 
 import re
 import uuid
-
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-
-from google.protobuf.json_format import MessageToDict
-
 from a2a.client import A2AClientError, Client, ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
@@ -90,7 +86,7 @@ from a2a.types.a2a_pb2 import (
     SendMessageRequest,
 )
 from a2a.utils.errors import JSON_RPC_ERROR_CODE_MAP, A2AError
-
+from google.protobuf.json_format import MessageToDict
 
 DEFAULT_TIMEOUT_S = 10.0
 

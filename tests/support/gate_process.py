@@ -39,7 +39,8 @@ class GateProcess:
         self.prefix = prefix or []  # e.g. a namespace wrapper: the command runs under it
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 20.0) -> GateProcess:
+    def start(self, timeout: float = 60.0) -> GateProcess:
+        """Start and wait for /healthz; generous, for a busy machine running the suite in parallel."""
         command = [*self.prefix, sys.executable, "-m", "server.cli", "serve", "--config", str(self.config),
                    "--host", self.host, "--port", str(self.port), "--log-level", "info", *self.extra_args]
         with open(self.log, "ab") as out:
@@ -50,7 +51,7 @@ class GateProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"a2a-gate exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=0.5).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

@@ -19,7 +19,7 @@ __all__ = ["serve_app"]
 
 
 @contextmanager
-def serve_app(app: Any, *, host: str = "127.0.0.1", startup_timeout: float = 10.0) -> Iterator[str]:
+def serve_app(app: Any, *, host: str = "127.0.0.1", startup_timeout: float = 30.0) -> Iterator[str]:
     """Serve ``app`` on a free port of ``host``; yield its base URL (no trailing slash).
 
     The listening socket is bound here and handed to uvicorn, so no other

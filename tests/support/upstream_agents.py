@@ -85,16 +85,10 @@ What each behaviour returns (`<T>` task id, `<C>` context id, `<A>` artifact id)
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
-
-from a2a.helpers import new_text_part, new_task_from_user_message
+from a2a.helpers import new_task_from_user_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
@@ -114,7 +108,10 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
 )
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
-
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
 
 SDK_BEHAVIOURS = ('echo', 'slow', 'input-required', 'fail')
 RAW_BEHAVIOURS = ('hang', 'garbage', 'garbage-json', 'http500')
