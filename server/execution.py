@@ -146,7 +146,7 @@ class Runner:
             return True
         try:
             return bool(await cancel(task_id, self.store.backend_ref(task_id)))
-        except Exception as exc:  # a backend bug refuses the cancel, never the request
+        except Exception as exc:  # noqa: BLE001 -- a backend bug refuses the cancel, never the request
             logger.warning("agent %s: cancel raised %s", agent, type(exc).__name__)
             return False
 

@@ -130,7 +130,8 @@ class TaskStore:
     def page(self, owner: str, agent: str, query: TaskQuery) -> tuple[list[dict[str, Any]], int, tuple[float, str] | None]:
         """One page of `owner`'s tasks at `agent`, most recently updated first: the tasks,
         how many match in all, and the cursor after the last one (None on the last page)."""
-        where, args = ["owner = ?", "agent = ?"], [owner, agent]
+        where = ["owner = ?", "agent = ?"]
+        args: list[Any] = [owner, agent]
         if query.context_id is not None:
             where.append("context_id = ?")
             args.append(query.context_id)
