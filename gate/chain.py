@@ -91,7 +91,11 @@ class Chain:
         used = await self._authorization_state(authorization)
         if not used:
             return AuthorizationFacts(used=False)
-        return AuthorizationFacts(used=True, transaction=await self._used_in(authorization))
+        try:  # the state is the ground truth; the log only names the transaction (providers cap log ranges)
+            transaction = await self._used_in(authorization)
+        except ChainUnavailable:
+            transaction = ""
+        return AuthorizationFacts(used=True, transaction=transaction)
 
     async def _authorization_state(self, a: Authorization) -> bool:
         data = AUTHORIZATION_STATE + address_word(a.authorizer) + a.nonce.removeprefix("0x")

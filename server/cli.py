@@ -235,7 +235,7 @@ def cmd_payments(args: argparse.Namespace) -> int:
     for row in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         print(f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
-              f"{row['transaction'] or '-'}\t{row['error'] or ''}")
+              f"{row['transaction'] or '-'}\t{row['error'] or '-'}\t{row['task_id'] or '-'}")
     return 0
 
 

@@ -46,14 +46,15 @@ def test_a_claims_table_from_an_older_version_gains_the_new_columns(tmp_path: Pa
 
 def test_orphans_are_lapsed_leases_and_renewal_keeps_a_claim(tmp_path: Path) -> None:
     db = open_database(str(tmp_path / "gate.db"))
-    live, other = Claims(db, lease_seconds=0.2), Claims(db, lease_seconds=0.2)
+    live, other = Claims(db, lease_seconds=1.0), Claims(db, lease_seconds=1.0)
     assert live.instance != other.instance  # one id per process start, never a pid
     assert live.claim("d1", "", "r", "paid", "").kind == "new"
     assert other.claim("d1", "", "r", "paid", "").kind == "in_flight"
-    time.sleep(0.3)
+    time.sleep(0.6)
     live.renew()
-    assert other.orphans() == []  # renewed: its owner is alive
-    time.sleep(0.3)
+    time.sleep(0.6)
+    assert other.orphans() == []  # past the first lease, but renewed: its owner is alive
+    time.sleep(1.1)
     [orphan] = other.orphans()  # not renewed for a lease: whoever finds it may take it
     assert other.take_orphan(orphan)
     assert not live.take_orphan(orphan)  # only once
