@@ -228,7 +228,7 @@ def _child(conn: Any) -> None:
         spec = conn.recv()
         result = asyncio.run(Run(spec, conn.send).main())
         conn.send(("result", result))
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 -- report anything, never leave the parent waiting
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         conn.close()

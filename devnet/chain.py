@@ -140,7 +140,7 @@ def _recover_eoa(digest: bytes, signature: bytes) -> str | None:
     try:
         sig = keys.Signature(signature_bytes=signature[:64] + bytes([v]))
         return sig.recover_public_key_from_msg_hash(digest).to_checksum_address()
-    except Exception:
+    except Exception:  # noqa: BLE001 -- any malformed signature recovers no one
         return None
 
 
@@ -274,7 +274,7 @@ class LedgerEvmSigner:
                 domain_data=domain_data, message_types=message_types, message_data=data
             )
             recovered = Account.recover_message(signable, signature=signature)
-        except Exception:
+        except Exception:  # noqa: BLE001 -- any malformed typed data or signature is not a valid one
             return False
         return recovered.lower() == address.lower()
 
@@ -369,7 +369,7 @@ class LedgerEvmSigner:
                 results.append((True, encoded))
             except LedgerRevert as exc:
                 results.append((False, _encode_revert(exc.reason)))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- a failing call reverts, as on chain
                 results.append((False, _encode_revert(str(exc))))
         return results
 

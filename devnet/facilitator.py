@@ -48,12 +48,12 @@ from x402.schemas import (
 from x402.schemas.helpers import detect_version, parse_payment_payload, parse_payment_requirements
 
 from .chain import (
-    ChainRpc,
-    JsonRpcError,
     DEV_CHAIN_ID,
     DEV_NETWORK,
     DEV_NETWORK_V1,
     FACILITATOR_ADDRESS,
+    ChainRpc,
+    JsonRpcError,
     LedgerEvmSigner,
     TokenInfo,
     default_tokens,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlite_utils
@@ -245,7 +245,7 @@ class DevLedger:
         wrong, the nonce is already spent or the balance is too low.
         """
         timestamp = _now(now)
-        created_at = datetime.now(timezone.utc).isoformat()
+        created_at = datetime.now(UTC).isoformat()
         tx_hash = transfer.tx_hash
         with self._immediate():
             self._check(transfer, timestamp)

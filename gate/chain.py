@@ -64,7 +64,7 @@ class Authorization:
         if not isinstance(auth, dict):
             return None
         asset, authorizer, nonce = requirements.get("asset"), auth.get("from"), auth.get("nonce")
-        if not all(isinstance(v, str) for v in (asset, authorizer, nonce)):
+        if not (isinstance(asset, str) and isinstance(authorizer, str) and isinstance(nonce, str)):
             return None
         if not (ADDRESS.match(asset) and ADDRESS.match(authorizer) and WORD.match(nonce)):
             return None
@@ -91,7 +91,11 @@ class Chain:
         used = await self._authorization_state(authorization)
         if not used:
             return AuthorizationFacts(used=False)
-        return AuthorizationFacts(used=True, transaction=await self._used_in(authorization))
+        try:  # the state is the ground truth; the log only names the transaction (providers cap log ranges)
+            transaction = await self._used_in(authorization)
+        except ChainUnavailable:
+            transaction = ""
+        return AuthorizationFacts(used=True, transaction=transaction)
 
     async def _authorization_state(self, a: Authorization) -> bool:
         data = AUTHORIZATION_STATE + address_word(a.authorizer) + a.nonce.removeprefix("0x")

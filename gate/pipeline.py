@@ -32,8 +32,7 @@ from server.jsonrpc import (
     Call,
     RpcError,
     error_response,
-    parse_call,
-    read_body,
+    read_call,
     result_response,
 )
 from server.methods import SendPlan, plan_send, task_answer, unsupported
@@ -62,12 +61,12 @@ async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Re
         return JSONResponse({"detail": "Payment is not available for this agent now"}, status_code=501)
     # 4. envelope
     try:
-        call = parse_call(await read_body(request, settings.max_body_bytes))
+        call = await read_call(request, settings.max_body_bytes)
     except RpcError as exc:
         return error_response(exc.call_id, exc)
     info.method = call.method
     try:
-        if call.operation in ("get", "cancel"):
+        if call.operation in ("get", "cancel", "subscribe", "list"):
             return await bound_task_call(gate, request, call, agent)
         if call.operation not in ("send", "stream"):
             raise unsupported(call)
@@ -238,14 +237,20 @@ async def replay(gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payme
 
 
 async def bound_task_call(gate: PaymentGate, request: Request, call: Call, agent: AgentConfig) -> Response:
-    """tasks/get and tasks/cancel for a payer: every failure is the same -32001 bytes."""
+    """Task calls for a payer: every failure is the same -32001 bytes (a list, an empty page)."""
     owner = await prove_payer(gate, request, call, agent)
-    if owner is None:
-        return error_response(call.id, RpcError(TASK_NOT_FOUND))
     methods = gate.services.methods
+    if owner is None:
+        if call.operation == "list":  # nothing is visible without proof
+            return result_response(call.id, methods.list(call, agent.name, None))
+        return error_response(call.id, RpcError(TASK_NOT_FOUND))
     try:
         if call.operation == "get":
             return result_response(call.id, methods.get(call, agent.name, owner))
+        if call.operation == "subscribe":
+            return methods.subscribe(call, agent.name, owner)
+        if call.operation == "list":
+            return result_response(call.id, methods.list(call, agent.name, owner))
         return result_response(call.id, await methods.cancel(call, agent.name, owner))
     except RpcError as exc:
         return error_response(call.id, exc)
@@ -278,7 +283,7 @@ def request_digest(agent: str, plan: SendPlan) -> str:
 def payer_allowed(agent: AgentConfig, payer: str) -> bool:
     try:
         return agent.allowed_payers is None or payer.lower() in agent.allowed_payers
-    except Exception:  # fail closed
+    except Exception:  # noqa: BLE001 -- fail closed
         return False
 
 

@@ -83,7 +83,7 @@ class PaymentRequiredAnswers:
         if rendered is None:
             document = payment_required(price, resource_url, description)
             v1 = payment_required_v1(price, resource_url, description)
-            body = JSONResponse({**v1, "detail": "Payment required", "payment_required": document}).body
+            body = bytes(JSONResponse({**v1, "detail": "Payment required", "payment_required": document}).body)
             rendered = self.rendered[(agent, resource_url)] = (body, b64_json(document))
         return Response(rendered[0], status_code=402, headers={"PAYMENT-REQUIRED": rendered[1]},
                         media_type="application/json")

@@ -66,8 +66,8 @@ class Payment:
 
     def log_fields(self, task_id: str = "") -> dict[str, str]:
         """What a payment log row says about this payment (never the payload itself)."""
-        return dict(agent=self.agent, token_digest=self.token_digest, payer=self.payer, amount=self.amount,
-                    network=self.network, asset=self.asset, task_id=task_id)
+        return {"agent": self.agent, "token_digest": self.token_digest, "payer": self.payer, "amount": self.amount,
+                    "network": self.network, "asset": self.asset, "task_id": task_id}
 
     def sealable(self) -> dict[str, Any]:
         return {"version": self.version, "payload": self.payload, "requirements": self.requirements}

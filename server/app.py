@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator
+from email.utils import formatdate, parsedate_to_datetime
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -32,8 +36,7 @@ from server.jsonrpc import (
     Call,
     RpcError,
     error_response,
-    parse_call,
-    read_body,
+    read_call,
     result_response,
 )
 from server.methods import Methods, plan_send, unsupported
@@ -64,6 +67,7 @@ class Services:
         self.metrics = Metrics()
         self.gate = PaymentGate(self)
         self.methods.scrub = self.gate.scrub_message  # signed material never stays in a message
+        self.started_at = time.time()  # cards come from the configuration read now
 
     async def start(self) -> None:
         await self.gate.start()
@@ -78,7 +82,7 @@ class Services:
         try:
             self.db.conn.execute("BEGIN IMMEDIATE")
             self.db.conn.execute("ROLLBACK")
-        except Exception as exc:  # reported, not raised: this is a health check
+        except Exception as exc:  # noqa: BLE001 -- reported, not raised: this is a health check
             return f"error: {type(exc).__name__}"
         return "ok"
 
@@ -124,7 +128,7 @@ async def branch(services: Services, request: Request, name: str, info: RequestI
     if services.agents.get(name) is None:
         return JSONResponse({"detail": "Agent not found"}, status_code=404)
     try:
-        call = parse_call(await read_body(request, services.settings.max_body_bytes))
+        call = await read_call(request, services.settings.max_body_bytes)
     except RpcError as exc:
         return error_response(exc.call_id, exc)
     info.method = call.method
@@ -157,6 +161,10 @@ async def dispatch_free(services: Services, call: Call, agent: str, owner: str) 
             return result_response(call.id, methods.get(call, agent, owner))
         if call.operation == "cancel":
             return result_response(call.id, await methods.cancel(call, agent, owner))
+        if call.operation == "subscribe":
+            return methods.subscribe(call, agent, owner)
+        if call.operation == "list":
+            return result_response(call.id, methods.list(call, agent, owner))
         raise unsupported(call)
     except RpcError as exc:
         return error_response(call.id, exc)
@@ -172,7 +180,37 @@ async def card_endpoint(request: Request) -> Response:
     if agent is None or not agent.exposed:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
     public_url = public_base_url(request, services.settings.public_url)
-    return JSONResponse(agent_card(agent, public_url, services.gate.card_extensions(agent, public_url)))
+    card = JSONResponse(agent_card(agent, public_url, services.gate.card_extensions(agent, public_url)))
+    return cached(request, card, services.started_at)
+
+
+CARD_MAX_AGE_SECONDS = 300
+
+
+def cached(request: Request, response: Response, modified: float) -> Response:
+    """Caching headers for a card: a strong ETag from the body's bytes, `Last-Modified` (when
+    the configuration it comes from was read), `Cache-Control`; 304 when the client has it."""
+    tag = f'"{hashlib.sha256(response.body).hexdigest()[:32]}"'
+    headers = {"ETag": tag, "Last-Modified": formatdate(modified, usegmt=True),
+               "Cache-Control": f"public, max-age={CARD_MAX_AGE_SECONDS}"}
+    if not_modified(request.headers, tag, modified):
+        return Response(status_code=304, headers=headers)
+    response.headers.update(headers)
+    return response
+
+
+def not_modified(headers: Headers, tag: str, modified: float) -> bool:
+    """RFC 9110 13.1: If-None-Match (weak comparison) decides; If-Modified-Since only without it."""
+    wanted = headers.get("if-none-match")
+    if wanted is not None:
+        return wanted.strip() == "*" or tag in (t.strip().removeprefix("W/") for t in wanted.split(","))
+    since = headers.get("if-modified-since")
+    if since is None:
+        return False
+    try:
+        return int(modified) <= parsedate_to_datetime(since).timestamp()
+    except (TypeError, ValueError):  # an unreadable date is ignored, as the RFC says
+        return False
 
 
 async def healthz(request: Request) -> Response:
@@ -216,6 +254,7 @@ def create_app(settings: Settings) -> Starlette:
 
     routes = [
         Route("/a2a/{agent}", a2a_endpoint, methods=["POST"]),
+        Route("/a2a/{agent}/", a2a_endpoint, methods=["POST"]),  # answered, not redirected: clients drop a 307's body
         Route("/a2a/{agent}/.well-known/agent-card.json", card_endpoint, methods=["GET"]),
         Route("/a2a/{agent}/.well-known/agent.json", card_endpoint, methods=["GET"]),
         Route("/.well-known/agent-card.json", card_endpoint, methods=["GET"]),

@@ -57,7 +57,6 @@ def agent_card(agent: AgentConfig, public_url: str, extensions: list[dict[str, A
     capabilities: dict[str, Any] = {
         "streaming": agent.streaming,
         "pushNotifications": False,
-        "stateTransitionHistory": False,
     }
     if extensions:
         capabilities["extensions"] = extensions

@@ -17,9 +17,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.config import ConfigError, Settings, default_settings, load_config
+
+if TYPE_CHECKING:
+    from sqlite_utils import Database
+    from starlette.applications import Starlette
 
 CONFIG_ENV = "A2A_GATE_CONFIG"
 
@@ -32,7 +36,7 @@ def load_settings(path: str | None) -> Settings:
     return default_settings()
 
 
-def app_from_env():  # uvicorn factory for --workers > 1
+def app_from_env() -> Starlette:  # uvicorn factory for --workers > 1
     from server import request_log
     from server.app import create_app
 
@@ -191,7 +195,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _database(args: argparse.Namespace):
+def _database(args: argparse.Namespace) -> Database:
     from server.database import open_database
 
     settings = load_settings(args.config)
@@ -231,7 +235,7 @@ def cmd_payments(args: argparse.Namespace) -> int:
     for row in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         print(f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
-              f"{row['transaction'] or '-'}\t{row['error'] or ''}")
+              f"{row['transaction'] or '-'}\t{row['error'] or '-'}\t{row['task_id'] or '-'}")
     return 0
 
 

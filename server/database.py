@@ -69,7 +69,7 @@ def create_schema(db: sqlite_utils.Database) -> None:
     """Create tables and indexes if missing; safe to run from every worker at start."""
     tables = set(db.table_names())
     if "tasks" not in tables:
-        db["tasks"].create(
+        db.table("tasks").create(
             {
                 "id": str,
                 "agent": str,
@@ -85,17 +85,19 @@ def create_schema(db: sqlite_utils.Database) -> None:
             pk="id",
             if_not_exists=True,
         )
-        db["tasks"].create_index(["state", "updated_at"], if_not_exists=True)
+        db.table("tasks").create_index(["state", "updated_at"], if_not_exists=True)
     # requests awaiting payment are counted per caller
-    db["tasks"].create_index(["owner", "state"], if_not_exists=True)
+    db.table("tasks").create_index(["owner", "state"], if_not_exists=True)
+    # ListTasks: one owner's tasks at one agent, newest first (also added to older files)
+    db.table("tasks").create_index(["owner", "agent", "updated_at"], if_not_exists=True)
     if "api_keys" not in tables:
-        db["api_keys"].create(
+        db.table("api_keys").create(
             {"sha256": str, "name": str, "agents": str, "revoked": int, "created_at": float},
             pk="sha256",
             if_not_exists=True,
         )
     if "claims" not in tables:
-        db["claims"].create(
+        db.table("claims").create(
             {
                 "token_digest": str,  # SHA-256 of the canonical token, never the token
                 "nonce_key": str,  # network/asset/payer/nonce of an EVM authorization
@@ -118,10 +120,10 @@ def create_schema(db: sqlite_utils.Database) -> None:
         db.conn.execute(
             "CREATE UNIQUE INDEX IF NOT EXISTS claims_nonce ON claims(nonce_key) WHERE nonce_key != ''"
         )
-        db["claims"].create_index(["state"], if_not_exists=True)
-        db["claims"].create_index(["task_id"], if_not_exists=True)
+        db.table("claims").create_index(["state"], if_not_exists=True)
+        db.table("claims").create_index(["task_id"], if_not_exists=True)
     if "payments" not in tables:
-        db["payments"].create(
+        db.table("payments").create(
             {
                 "id": int,
                 "at": float,
@@ -139,5 +141,5 @@ def create_schema(db: sqlite_utils.Database) -> None:
             pk="id",
             if_not_exists=True,
         )
-        db["payments"].create_index(["token_digest"], if_not_exists=True)
-        db["payments"].create_index(["action", "at"], if_not_exists=True)
+        db.table("payments").create_index(["token_digest"], if_not_exists=True)
+        db.table("payments").create_index(["action", "at"], if_not_exists=True)

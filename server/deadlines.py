@@ -63,7 +63,7 @@ class HeadDeadline:
         self.head_armed_in: Any = None
         self.head_started = False
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self.arm_head_timer()
 

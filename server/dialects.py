@@ -18,8 +18,7 @@ METHODS: dict[str, tuple[str, str]] = {
     "message/stream": (V03, "stream"),
     "tasks/get": (V03, "get"),
     "tasks/cancel": (V03, "cancel"),
-    "tasks/resubscribe": (V03, "unsupported"),
-    "tasks/list": (V03, "unsupported"),
+    "tasks/resubscribe": (V03, "subscribe"),
     "agent/getAuthenticatedExtendedCard": (V03, "unsupported"),
     "tasks/pushNotificationConfig/set": (V03, "push"),
     "tasks/pushNotificationConfig/get": (V03, "push"),
@@ -29,8 +28,8 @@ METHODS: dict[str, tuple[str, str]] = {
     "SendStreamingMessage": (V10, "stream"),
     "GetTask": (V10, "get"),
     "CancelTask": (V10, "cancel"),
-    "ListTasks": (V10, "unsupported"),
-    "SubscribeToTask": (V10, "unsupported"),
+    "ListTasks": (V10, "list"),
+    "SubscribeToTask": (V10, "subscribe"),
     "GetExtendedAgentCard": (V10, "unsupported"),
     "CreateTaskPushNotificationConfig": (V10, "push"),
     "GetTaskPushNotificationConfig": (V10, "push"),
@@ -53,6 +52,31 @@ class InvalidShape(ValueError):
 
 # --- inbound -----------------------------------------------------------------
 
+_OPAQUE = frozenset({"metadata", "data"})  # protobuf Structs: the client's own keys, never renamed
+
+
+def proto_json_names(value: Any) -> Any:
+    """v1.0 params with protobuf field names (`history_length`) also read as their JSON
+    names (`historyLength`): a ProtoJSON parser accepts both, as the a2a-sdk server does.
+    The JSON name wins when both are sent; Struct contents are left alone."""
+    if isinstance(value, list):
+        return [proto_json_names(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        name = _camel(key) if "_" in key else key
+        if name != key and name in value:
+            continue  # the JSON name was sent too
+        out[name] = item if key in _OPAQUE else proto_json_names(item)
+    return out
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word[:1].upper() + word[1:] for word in rest)
+
+
 
 def message_in(raw: Any, dialect: str) -> dict[str, Any]:
     """Read a request's message into the canonical shape, keeping only usable parts."""
@@ -65,6 +89,8 @@ def message_in(raw: Any, dialect: str) -> dict[str, Any]:
     parts = [p for p in (read(item) for item in parts_raw) if p is not None]
     if not parts:
         raise InvalidShape("params.message has no usable parts (text, data or file)")
+    if raw.get("messageId") is None:
+        raise InvalidShape("params.message.messageId is required")
     message: dict[str, Any] = {"kind": "message", "role": "user", "parts": parts}
     for key in ("messageId", "contextId", "taskId"):
         value = raw.get(key)
@@ -132,6 +158,16 @@ def _file_in(uri: Any, data: Any, media_type: Any, name: Any) -> dict[str, Any] 
     if isinstance(name, str):
         file["name"] = name
     return file
+
+
+def state_in(raw: Any, dialect: str) -> str | None:
+    """A task state filter (`TASK_STATE_*` in v1.0, kebab-case in v0.3); None when absent."""
+    if raw is None or raw == "" or raw == "TASK_STATE_UNSPECIFIED":
+        return None
+    state = _STATE_FROM_V10.get(raw) if dialect == V10 else (raw if raw in _STATE_TO_V10 else None)
+    if state is None:
+        raise InvalidShape(f"status must be one of {', '.join(_STATE_FROM_V10 if dialect == V10 else STATES_V03)}")
+    return state
 
 
 def history_length(raw: Any) -> int | None:
@@ -248,7 +284,7 @@ def message_from_any(raw: Any) -> dict[str, Any] | None:
     read = part_in_v10 if v10 else part_in_v03
     role = raw.get("role")
     role = _ROLE_FROM_V10.get(role, role) if isinstance(role, str) else "agent"
-    message = {"kind": "message", "role": role if role in ("user", "agent") else "agent"}
+    message: dict[str, Any] = {"kind": "message", "role": role if role in ("user", "agent") else "agent"}
     message["parts"] = [p for p in (read(x) for x in raw["parts"]) if p is not None]
     for key in ("messageId", "contextId", "taskId"):
         if isinstance(raw.get(key), str):

@@ -124,13 +124,31 @@ class Runner:
         execution.job = asyncio.create_task(self._run(execution, message), name=f"task-{task['id']}")
         return execution
 
-    async def cancel(self, execution: Execution) -> bool:
-        """Cancel before delivery; False once the work is delivered (it will be settled)."""
+    async def cancel(self, execution: Execution) -> str | None:
+        """Cancel before delivery; None when canceled, else why not (delivered, or the
+        backend's upstream agent did not agree: its work goes on, and so does ours)."""
         if execution.delivering or execution.job is None:
-            return False
+            return "Task is delivered and being settled"
+        if not await self.backend_agrees_to_cancel(execution.agent, execution.task["id"]):
+            return "The upstream agent did not agree to cancel the task"
+        if execution.done.is_set():  # it ended while the upstream was asked
+            return None if execution.task["status"]["state"] == "canceled" else f"Task is {execution.task['status']['state']}"
+        if execution.delivering:
+            return "Task is delivered and being settled"
         execution.job.cancel()
         await execution.done.wait()
-        return True
+        return None
+
+    async def backend_agrees_to_cancel(self, agent: str, task_id: str) -> bool:
+        """A backend that runs the task elsewhere (an upstream agent) is asked first."""
+        cancel = getattr(self.agents.backend(agent), "cancel", None)
+        if cancel is None:
+            return True
+        try:
+            return bool(await cancel(task_id, self.store.backend_ref(task_id)))
+        except Exception as exc:  # noqa: BLE001 -- a backend bug refuses the cancel, never the request
+            logger.warning("agent %s: cancel raised %s", agent, type(exc).__name__)
+            return False
 
     async def drain(self, timeout: float) -> None:
         """On shutdown: let running executions (and their settlements) finish."""
@@ -183,7 +201,7 @@ class Runner:
             reply = await self.agents.backend(execution.agent).run(request)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- whatever an agent raises fails its task, uncharged
             logger.warning("agent %s raised %s", execution.agent, type(exc).__name__)
             return AgentReply.failed("The agent failed.")
         if reply.backend_ref:
@@ -238,6 +256,13 @@ class Runner:
 
     async def _end_undelivered(self, execution: Execution, reply: AgentReply) -> None:
         task = execution.task
+        if reply.state in INTERRUPTED_STATES and reply.parts and execution.settlement is None:
+            # partial work of a paused task is kept for a principal; a payer's pause is not
+            # a delivery (nothing is charged), so it carries no work
+            artifact = {"artifactId": new_id(), "name": "partial", "parts": reply.parts}
+            task.setdefault("artifacts", []).append(artifact)
+            execution.publish({"kind": "artifact-update", "taskId": task["id"], "contextId": task["contextId"],
+                               "artifact": artifact, "lastChunk": True})
         message = agent_message(task, reply.text or reply.state)
         set_status(task, reply.state if reply.state in UNDELIVERED_STATES else "failed", message)
         if reply.state in INTERRUPTED_STATES:

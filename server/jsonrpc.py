@@ -2,10 +2,15 @@
 
 Errors travel with HTTP 200 (DESIGN section 2). The body size is checked while
 reading, before any parsing, so an oversized body costs nothing but its bytes.
+`A2A-Version` is read on every call (absent or empty means 0.3, A2A v1.0 section
+3.6.2): an unsupported version, or a method of the other dialect, is -32009.
+An error of a v1.0 call carries the spec's `data` list with a `google.rpc.ErrorInfo`
+whose metadata holds our own codes; a v0.3 call keeps the plain object.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import math
 import re
@@ -15,7 +20,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from server.dialects import METHODS
+from server.dialects import METHODS, V03, V10, proto_json_names
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -26,6 +31,7 @@ TASK_NOT_FOUND = -32001
 TASK_NOT_CANCELABLE = -32002
 PUSH_NOT_SUPPORTED = -32003
 UNSUPPORTED_OPERATION = -32004
+VERSION_NOT_SUPPORTED = -32009
 
 MESSAGES = {
     PARSE_ERROR: "Parse error",
@@ -37,7 +43,35 @@ MESSAGES = {
     TASK_NOT_CANCELABLE: "Task cannot be canceled",
     PUSH_NOT_SUPPORTED: "Push Notification is not supported",
     UNSUPPORTED_OPERATION: "This operation is not supported",
+    VERSION_NOT_SUPPORTED: "Protocol version not supported",
 }
+
+# v1.0: ErrorInfo.reason, the A2A error type in UPPER_SNAKE_CASE (spec section 9.5)
+REASONS = {
+    PARSE_ERROR: "JSON_PARSE",
+    INVALID_REQUEST: "INVALID_REQUEST",
+    METHOD_NOT_FOUND: "METHOD_NOT_FOUND",
+    INVALID_PARAMS: "INVALID_PARAMS",
+    INTERNAL_ERROR: "INTERNAL_ERROR",
+    TASK_NOT_FOUND: "TASK_NOT_FOUND",
+    TASK_NOT_CANCELABLE: "TASK_NOT_CANCELABLE",
+    PUSH_NOT_SUPPORTED: "PUSH_NOTIFICATION_NOT_SUPPORTED",
+    UNSUPPORTED_OPERATION: "UNSUPPORTED_OPERATION",
+    VERSION_NOT_SUPPORTED: "VERSION_NOT_SUPPORTED",
+}
+ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
+ERROR_DOMAIN = "a2a-protocol.org"
+
+VERSION_HEADER = "a2a-version"
+SUPPORTED_VERSIONS = (V03, V10)
+
+# The dialect an error is rendered in: set by `read_call` as soon as the request names
+# it, so an error raised anywhere while answering a v1.0 call carries the ErrorInfo
+# list. Each request runs in its own asyncio task, hence its own context.
+answering_dialect: contextvars.ContextVar[str] = contextvars.ContextVar("answering_dialect", default=V03)
+# v0.3 `tasks/resubscribe` answers its errors as one server-sent event, as the a2a-sdk does
+# (a v0.3 SSE client refuses a JSON body on a stream); every other error is a JSON body
+errors_as_event: contextvars.ContextVar[bool] = contextvars.ContextVar("errors_as_event", default=False)
 
 
 class RpcError(Exception):
@@ -58,7 +92,7 @@ class Call:
     id: str | int | None
     method: str
     dialect: str
-    operation: str  # send | stream | get | cancel | push | unsupported
+    operation: str  # send | stream | get | cancel | subscribe | list | push | unsupported
     params: dict[str, Any]
 
 
@@ -76,13 +110,39 @@ def result_response(call_id: Any, result: Any, headers: dict[str, str] | None = 
 
 def error_body(call_id: Any, error: RpcError) -> dict[str, Any]:
     body: dict[str, Any] = {"code": error.code, "message": error.message}
-    if error.data is not None:
+    if answering_dialect.get() == V10:
+        body["data"] = [error_info(error)]
+    elif error.data is not None:
         body["data"] = error.data
     return {"jsonrpc": "2.0", "id": call_id, "error": body}
 
 
-def error_response(call_id: Any, error: RpcError) -> JsonResponse:
-    response = JsonResponse(error_body(call_id, error))
+def error_info(error: RpcError) -> dict[str, Any]:
+    """The v1.0 `google.rpc.ErrorInfo`: its metadata is a string map (protobuf), so our
+    own codes travel as strings (`"retryable": "true"`)."""
+    metadata = error.data if isinstance(error.data, dict) else {}
+    return {
+        "@type": ERROR_INFO_TYPE,
+        "reason": REASONS.get(error.code, "UNKNOWN_ERROR"),
+        "domain": ERROR_DOMAIN,
+        "metadata": {str(k): _metadata_value(v) for k, v in metadata.items()},
+    }
+
+
+def _metadata_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
+
+
+def error_response(call_id: Any, error: RpcError) -> Response:
+    body = error_body(call_id, error)
+    if errors_as_event.get():
+        data = json.dumps(body, separators=(",", ":"), allow_nan=False)
+        response: Response = Response(f"data: {data}\n\n".encode("ascii"), media_type="text/event-stream",
+                                      headers={"cache-control": "no-store"})
+    else:
+        response = JsonResponse(body)
     response.rpc_error = error.code  # type: ignore[attr-defined]  # for the request log
     return response
 
@@ -149,6 +209,35 @@ def _check_tree(doc: Any) -> None:
                 stack.extend((item, depth + 1) for item in value)
 
 
+async def read_call(request: Request, limit: int) -> Call:
+    """Read, parse and version-check one call; raises RpcError with its id when known."""
+    version = requested_version(request.headers.get(VERSION_HEADER, ""))
+    if version == V10:
+        answering_dialect.set(V10)  # even an envelope error of a v1.0 client is rendered for it
+    call = parse_call(await read_body(request, limit))
+    answering_dialect.set(V10 if V10 in (version, call.dialect) else V03)
+    errors_as_event.set(call.method == "tasks/resubscribe")
+    if version not in SUPPORTED_VERSIONS:
+        raise RpcError(VERSION_NOT_SUPPORTED, f"A2A-Version {version[:16]!r} is not supported",
+                       {"supportedVersions": ", ".join(SUPPORTED_VERSIONS)}, call_id=call.id)
+    if version != call.dialect:
+        raise RpcError(VERSION_NOT_SUPPORTED,
+                       f"{call.method} is an A2A {call.dialect} method; the request is A2A-Version {version}"
+                       + (" (no header means 0.3)" if version == V03 and call.dialect == V10 else ""),
+                       {"supportedVersions": ", ".join(SUPPORTED_VERSIONS)}, call_id=call.id)
+    return call
+
+
+def requested_version(header: str) -> str:
+    """`Major.Minor` of an A2A-Version value; empty means 0.3 (patch numbers are ignored)."""
+    value = header.strip()
+    if not value:
+        return V03
+    major, _, rest = value.partition(".")
+    minor = rest.partition(".")[0] or "0"
+    return f"{major}.{minor}"
+
+
 def load_json(body: bytes) -> Any:
     """Strict JSON: no NaN or Infinity, no number too large for a float (ValueError)."""
     return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
@@ -178,4 +267,6 @@ def parse_call(body: bytes) -> Call:
     if not isinstance(params, dict):
         raise RpcError(INVALID_PARAMS, "params must be an object", call_id=call_id)
     dialect, operation = METHODS[method]
+    if dialect == V10:
+        params = proto_json_names(params)
     return Call(id=call_id, method=method, dialect=dialect, operation=operation, params=params)

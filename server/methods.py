@@ -1,4 +1,4 @@
-"""The A2A methods: send, stream, get and cancel, for any caller.
+"""The A2A methods: send, stream, get, cancel, subscribe and list, for any caller.
 
 Both the free path and the payment gate call these. A send is split in two,
 `plan_send` (read the request, no side effects) and `start_send` (create or continue
@@ -7,18 +7,21 @@ the task and run it), so the gate can put its payment steps between the two.
 
 from __future__ import annotations
 
-import asyncio
+import base64
+import binascii
 import copy
 import json
-from collections.abc import AsyncIterator, Callable
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
 
 from server import dialects
 from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES, V10, InvalidShape
-from server.execution import Execution, Runner, Settlement, status_event
+from server.execution import Execution, Runner, Settlement
 from server.jsonrpc import (
     INVALID_PARAMS,
     PUSH_NOT_SUPPORTED,
@@ -29,9 +32,12 @@ from server.jsonrpc import (
     RpcError,
     result_response,
 )
-from server.tasks import TaskStore, agent_message, new_id, new_task, set_status, trim_history
+from server.streams import follow_live, follow_stored, sse, sse_response
+from server.tasks import TaskQuery, TaskStore, agent_message, new_id, new_task, set_status, trim_history
 
-KEEPALIVE_SECONDS = 15.0
+__all__ = ["Methods", "SendPlan", "plan_send", "sse", "unsupported"]
+
+PAGE_SIZE, MAX_PAGE_SIZE = 50, 100  # ListTasks, as the a2a-sdk
 
 
 @dataclass(frozen=True)
@@ -93,11 +99,12 @@ class Methods:
             task = new_task(message.get("contextId"), message)
             self.store.create(task, agent=agent, owner=owner)
         else:
-            task = self.store.get(task_id, owner, agent)
-            if task is None:
+            found = self.store.get(task_id, owner, agent)
+            if found is None:
                 raise RpcError(TASK_NOT_FOUND)
-            if task["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
-                raise RpcError(INVALID_PARAMS, f"Task is {task['status']['state']}: only an interrupted task can be continued")
+            if found["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
+                raise RpcError(INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued")
+            task = found
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
@@ -120,31 +127,49 @@ class Methods:
         return dialects.send_result(task, plan.call.dialect)
 
     def stream(self, plan: SendPlan, execution: Execution, headers: dict[str, str] | None = None) -> StreamingResponse:
-        subscriber = execution.subscribe()
         call = plan.call
+        subscriber = execution.subscribe()
         # the task as it is now, before the execution runs: the stream's first event
         first = dialects.send_result(copy.deepcopy(trim_history(execution.task, plan.history_length)), call.dialect)
+        return sse_response(follow_live(call.id, call.dialect, execution, subscriber, first), headers)
 
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                yield sse(call.id, first)
-                final = False
-                while not final:
-                    if subscriber.overflowed:
-                        await execution.done.wait()
-                        yield sse(call.id, dialects.event_out(status_event(execution.task, final=True), call.dialect))
-                        return
-                    try:
-                        event = await asyncio.wait_for(subscriber.queue.get(), KEEPALIVE_SECONDS)
-                    except TimeoutError:
-                        yield b": keepalive\n\n"
-                        continue
-                    final = event.get("final") is True
-                    yield sse(call.id, dialects.event_out(event, call.dialect))
-            finally:
-                execution.unsubscribe(subscriber)
+    def subscribe(self, call: Call, agent: str, owner: str) -> StreamingResponse:
+        """Resubscription: the Task now, then every event until it ends, from any worker."""
+        if not self.runner.agents.get(agent).streaming:  # type: ignore[union-attr]
+            raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
+        task = self.store.get(call.params.get("id"), owner, agent)
+        if task is None:
+            raise RpcError(TASK_NOT_FOUND)
+        live = self.runner.live.get(task["id"])
+        if live is not None:
+            subscriber = live.subscribe()
+            first = dialects.send_result(copy.deepcopy(live.task), call.dialect)
+            return sse_response(follow_live(call.id, call.dialect, live, subscriber, first))
+        if task["status"]["state"] in TERMINAL_STATES:
+            raise RpcError(UNSUPPORTED_OPERATION, f"Task is {task['status']['state']}: a finished task has no stream")
+        return sse_response(follow_stored(call.id, call.dialect, task, lambda: self.store.get(task["id"], owner, agent),
+                                          self.store.deadline_seconds))
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-store", **(headers or {})})
+    def list(self, call: Call, agent: str, owner: str | None) -> dict[str, Any]:
+        """ListTasks: `owner`'s tasks at this agent, newest first, one page at a time
+        (an empty page for a caller who owns nothing here: no owner)."""
+        try:
+            query, length, with_artifacts = list_query(call.params, call.dialect)
+        except InvalidShape as exc:
+            raise invalid(exc) from None
+        tasks, total, cursor = self.store.page(owner, agent, query) if owner else ([], 0, None)
+        page = []
+        for task in tasks:
+            live = self.runner.live.get(task["id"])
+            if live is not None and query.state in (None, live.task["status"]["state"]):
+                task = copy.deepcopy(live.task)
+            task = dict(trim_history(task, length))
+            if not with_artifacts:
+                task.pop("artifacts", None)
+            elif "artifacts" not in task:
+                task["artifacts"] = []
+            page.append(dialects.task_out(task, call.dialect))
+        return {"tasks": page, "nextPageToken": encode_cursor(cursor), "pageSize": query.size, "totalSize": total}
 
     def get(self, call: Call, agent: str, owner: str) -> dict[str, Any]:
         try:
@@ -165,12 +190,18 @@ class Methods:
             raise RpcError(TASK_NOT_FOUND)
         live = self.runner.live.get(task["id"])
         if live is not None:
-            if not await self.runner.cancel(live):
-                raise RpcError(TASK_NOT_CANCELABLE, "Task is delivered and being settled")
+            refused = await self.runner.cancel(live)
+            if refused:
+                raise RpcError(TASK_NOT_CANCELABLE, refused)
             task = live.task
         elif task["status"]["state"] in TERMINAL_STATES:
             raise RpcError(TASK_NOT_CANCELABLE)
         elif task["status"]["state"] in INTERRUPTED_STATES:
+            if not await self.runner.backend_agrees_to_cancel(agent, task["id"]):
+                raise RpcError(TASK_NOT_CANCELABLE, "The upstream agent did not agree to cancel the task")
+            task = self.store.get(task["id"], owner, agent)  # as it is after that wait
+            if task is None or task["status"]["state"] not in INTERRUPTED_STATES or task["id"] in self.runner.live:
+                raise RpcError(TASK_NOT_CANCELABLE, "Task changed while its cancel was forwarded")
             set_status(task, "canceled", agent_message(task, "Canceled by the caller."))
             self.store.save(task)
         else:
@@ -187,6 +218,65 @@ def task_answer(plan: SendPlan, task: dict[str, Any], headers: dict[str, str] | 
     return result_response(plan.call.id, result, headers)
 
 
-def sse(call_id: Any, result: Any) -> bytes:
-    body = json.dumps({"jsonrpc": "2.0", "id": call_id, "result": result}, separators=(",", ":"))
-    return f"data: {body}\n\n".encode("ascii")
+
+def list_query(params: dict[str, Any], dialect: str) -> tuple[TaskQuery, int | None, bool]:
+    """ListTasks parameters: filters and page, historyLength, includeArtifacts."""
+    size = params.get("pageSize")
+    if size is None:
+        size = PAGE_SIZE
+    elif isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_PAGE_SIZE:
+        raise InvalidShape(f"pageSize must be a whole number from 1 to {MAX_PAGE_SIZE}")
+    context_id = params.get("contextId")
+    if context_id is not None and not isinstance(context_id, str):
+        raise InvalidShape("contextId must be a string")
+    query = TaskQuery(
+        size=size,
+        context_id=context_id or None,
+        state=dialects.state_in(params.get("status"), dialect),
+        status_after=timestamp_in(params.get("statusTimestampAfter")),
+        after=decode_cursor(params.get("pageToken")),
+    )
+    include = params.get("includeArtifacts")
+    if include is not None and not isinstance(include, bool):
+        raise InvalidShape("includeArtifacts must be a boolean")
+    return query, dialects.history_length(params.get("historyLength")), include is True
+
+
+_FRACTION = re.compile(r"(\.\d{6})\d+")  # Python reads at most microseconds
+
+
+def timestamp_in(raw: Any) -> str | None:
+    """A protobuf Timestamp in its JSON form (RFC 3339), in the form tasks store theirs."""
+    if raw is None or raw == "":
+        return None
+    try:
+        if not isinstance(raw, str):
+            raise ValueError
+        moment = datetime.fromisoformat(_FRACTION.sub(r"\1", raw.replace("Z", "+00:00")))
+        if moment.tzinfo is None:
+            raise ValueError
+    except ValueError:
+        raise InvalidShape("statusTimestampAfter must be an RFC 3339 timestamp") from None
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def encode_cursor(cursor: tuple[float, str] | None) -> str:
+    if cursor is None:
+        return ""
+    return base64.urlsafe_b64encode(json.dumps(cursor, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def decode_cursor(raw: Any) -> tuple[float, str] | None:
+    """A pageToken this server issued (opaque to the client); anything else is -32602."""
+    if raw is None or raw == "":
+        return None
+    try:
+        if not isinstance(raw, str) or len(raw) > 512:
+            raise ValueError
+        value = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        updated_at, task_id = value
+        if isinstance(updated_at, bool) or not isinstance(updated_at, (int, float)) or not isinstance(task_id, str):
+            raise ValueError
+        return float(updated_at), task_id
+    except (ValueError, TypeError, binascii.Error):
+        raise InvalidShape("pageToken is not one this server issued") from None

@@ -17,7 +17,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
 
-
 UNKNOWN_AGENT = "unknown"  # a name no agent is configured under
 HIDDEN_AGENT = "other"  # a configured agent that is not exposed
 

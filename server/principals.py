@@ -101,7 +101,7 @@ def create_key(db: sqlite_utils.Database, name: str, agents: list[str]) -> tuple
     if db.conn.execute("SELECT 1 FROM api_keys WHERE name = ?", (name,)).fetchone():
         raise ValueError(f"a key named {name!r} exists already")
     key = generate_key()
-    db["api_keys"].insert(
+    db.table("api_keys").insert(
         {"sha256": digest(key), "name": name, "agents": json.dumps(agents), "revoked": 0, "created_at": time.time()}
     )
     return key, digest(key)

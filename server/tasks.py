@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlite_utils
@@ -25,7 +26,7 @@ def pending_owner(client: str) -> str:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def new_id() -> str:
@@ -78,6 +79,17 @@ def trim_history(task: dict[str, Any], length: int | None) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class TaskQuery:
+    """ListTasks filters: all optional but the page size; `after` is the cursor."""
+
+    size: int
+    context_id: str | None = None
+    state: str | None = None
+    status_after: str | None = None  # an ISO timestamp as `now_iso` writes them
+    after: tuple[float, str] | None = None
+
+
 class TaskStore:
     def __init__(self, db: sqlite_utils.Database, *, deadline_seconds: float = 600.0) -> None:
         self.db = db
@@ -114,6 +126,34 @@ class TaskStore:
             "SELECT document FROM tasks WHERE id = ? AND owner = ? AND agent = ?", (task_id, owner, agent)
         ).fetchone()
         return None if row is None else json.loads(row[0])
+
+    def page(self, owner: str, agent: str, query: TaskQuery) -> tuple[list[dict[str, Any]], int, tuple[float, str] | None]:
+        """One page of `owner`'s tasks at `agent`, most recently updated first: the tasks,
+        how many match in all, and the cursor after the last one (None on the last page)."""
+        where = ["owner = ?", "agent = ?"]
+        args: list[Any] = [owner, agent]
+        if query.context_id is not None:
+            where.append("context_id = ?")
+            args.append(query.context_id)
+        if query.state is not None:
+            where.append("state = ?")
+            args.append(query.state)
+        if query.status_after is not None:  # timestamps of one format compare as strings
+            where.append("json_extract(document, '$.status.timestamp') > ?")
+            args.append(query.status_after)
+        condition = " AND ".join(where)
+        total = self.db.conn.execute(f"SELECT COUNT(*) FROM tasks WHERE {condition}", args).fetchone()[0]
+        if query.after is not None:
+            condition += " AND (updated_at < ? OR (updated_at = ? AND id < ?))"
+            args += [query.after[0], query.after[0], query.after[1]]
+        rows = self.db.conn.execute(
+            f"SELECT document, updated_at, id FROM tasks WHERE {condition} ORDER BY updated_at DESC, id DESC LIMIT ?",
+            [*args, query.size + 1],
+        ).fetchall()
+        more = len(rows) > query.size
+        rows = rows[: query.size]
+        cursor = (rows[-1][1], rows[-1][2]) if more and rows else None
+        return [json.loads(r[0]) for r in rows], total, cursor
 
     def pending(self, task_id: Any, agent: str) -> dict[str, Any] | None:
         """A request of `agent` still awaiting its first payment (unexpired), whoever asked."""

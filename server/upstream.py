@@ -24,7 +24,7 @@ from server.dialects import (
     parts_from_any,
     state_from_any,
 )
-from server.jsonrpc import load_json
+from server.jsonrpc import TASK_NOT_FOUND, load_json
 from server.tasks import new_id
 
 logger = logging.getLogger("a2a_gate.upstream")
@@ -101,7 +101,7 @@ def _task_answer(task: dict[str, Any]) -> Answer:
     state = state_from_any(status.get("state"))
     if state is None:
         return Malformed("task with an unknown state")
-    context_id = task.get("contextId") if isinstance(task.get("contextId"), str) else ""
+    context_id: str = task["contextId"] if isinstance(task.get("contextId"), str) else ""
     if state in ("submitted", "working"):
         return Running(task_id, context_id)
     status_message = message_from_any(status.get("message"))
@@ -129,6 +129,7 @@ class UpstreamBackend:
         if agent.upstream_auth_env and os.environ.get(agent.upstream_auth_env):
             headers["authorization"] = os.environ[agent.upstream_auth_env]
         self.client = httpx.AsyncClient(headers=headers, timeout=agent.timeout_seconds, follow_redirects=False)
+        self.running: dict[str, str] = {}  # our task id -> the upstream's, while we poll it
 
     async def run(self, request: AgentRequest) -> AgentReply:
         message: dict[str, Any] = {
@@ -143,12 +144,31 @@ class UpstreamBackend:
             message["contextId"] = request.backend_ref.get("upstream_context_id") or ""
         answer = await self.call("message/send", {"message": message, "configuration": {"blocking": True}})
         deadline = time.monotonic() + self.agent.deadline_seconds
-        while isinstance(answer, Running):
-            if time.monotonic() >= deadline:
-                return AgentReply.failed(f"upstream did not finish within {self.agent.deadline_seconds:g}s")
-            await asyncio.sleep(self.agent.poll_interval_seconds)
-            answer = await self.call("tasks/get", {"id": answer.task_id})
+        try:
+            while isinstance(answer, Running):
+                self.running[request.task_id] = answer.task_id
+                if time.monotonic() >= deadline:
+                    return AgentReply.failed(f"upstream did not finish within {self.agent.deadline_seconds:g}s")
+                await asyncio.sleep(self.agent.poll_interval_seconds)
+                answer = await self.call("tasks/get", {"id": answer.task_id})
+        finally:
+            self.running.pop(request.task_id, None)
         return self.reply(answer)
+
+    async def cancel(self, task_id: str, backend_ref: dict[str, Any]) -> bool:
+        """Ask the upstream to cancel its task: True when it agrees or the task is gone there.
+
+        False when the upstream has not named its task yet (a blocking send still in
+        flight), refuses, or cannot be reached: our task then goes on."""
+        upstream_task = self.running.get(task_id) or backend_ref.get("upstream_task_id")
+        if not upstream_task:
+            return False
+        answer = await self.call("tasks/cancel", {"id": upstream_task})
+        if isinstance(answer, RpcFailure):
+            return answer.code == TASK_NOT_FOUND
+        if isinstance(answer, Malformed):
+            logger.warning("upstream agent %s (%s): cancel: %s", self.agent.name, self.url, answer.reason)
+        return isinstance(answer, Result) and answer.state == "canceled"
 
     async def call(self, method: str, params: dict[str, Any]) -> Answer:
         body = {"jsonrpc": "2.0", "id": new_id(), "method": method, "params": params}
@@ -171,7 +191,10 @@ class UpstreamBackend:
         if answer.state == "completed":
             return AgentReply(parts=answer.parts, text=answer.text, backend_ref=ref)
         if answer.state in INTERRUPTED_STATES:
-            return AgentReply(state=answer.state, text=answer.text or answer.state, backend_ref=ref)
+            # an interrupted upstream task may already hold partial work: kept, not delivered
+            return AgentReply(state=answer.state, parts=answer.parts, text=answer.text or answer.state, backend_ref=ref)
+        if answer.state == "canceled":
+            return AgentReply(state="canceled", text=answer.text or "The upstream agent canceled the task.")
         return AgentReply.failed(f"upstream task {answer.state}" + (f": {answer.text}" if answer.text else ""))
 
     async def aclose(self) -> None:

@@ -195,8 +195,34 @@ def test_reconcile_beside_a_live_server_steals_no_live_claim(tmp_path, facilitat
         paid.gate.stop()
 
 
+def test_a_worker_killed_mid_settle_is_recovered_by_the_workers_that_follow(tmp_path, facilitator, write_config):
+    """`--workers 2`: the supervisor replaces the dead worker; a live worker or the new one finds the orphan."""
+    import psutil
+
+    port = free_port()
+    config = write_config(LEASE + paid_config(f"http://127.0.0.1:{port}", facilitator, reconcile=0.5))
+    gate = GateProcess(config, tmp_path / "gate.log", port=port, extra_args=["--workers", "2"]).start()
+    paid = PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+    try:
+        headers = Payer().header_for(paid.gate.url)
+        paid.faults(settle="slow:15", count=1)
+        sender = threading.Thread(target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10)))
+        sender.start()
+        wait_for(lambda: claim_states(paid.db_path) == ["settling"])
+        workers = psutil.Process(gate.process.pid).children(recursive=True)
+        owner = [w for w in workers if any(c.status == "ESTABLISHED" and c.raddr and c.raddr.port == int(
+            facilitator.rsplit(":", 1)[1]) for c in w.net_connections())]
+        assert len(owner) == 1, "the worker that is settling"
+        owner[0].kill()
+        sender.join()
+        wait_for(lambda: claim_states(paid.db_path) == ["settled"], timeout=20)
+        assert len(paid.ledger()["settlements"]) == 1
+    finally:
+        paid.gate.stop()
+
+
 def _swallow(call) -> None:
     try:
         call()
-    except Exception:
+    except Exception:  # noqa: BLE001 -- the call is expected to fail in any way; only the state after counts
         pass

@@ -232,15 +232,13 @@ def test_unknown_method_is_method_not_found(gate: GateProcess) -> None:
 @pytest.mark.parametrize("method", [
     "tasks/pushNotificationConfig/set", "tasks/pushNotificationConfig/get",
     "tasks/pushNotificationConfig/list", "tasks/pushNotificationConfig/delete",
-    "CreateTaskPushNotificationConfig", "GetTaskPushNotificationConfig",
 ])
 def test_push_notification_methods_are_not_supported(gate: GateProcess, method: str) -> None:
     assert code_of(gate, method, {"id": "x"}) == -32003
 
 
-@pytest.mark.parametrize("method", ["ListTasks", "SubscribeToTask", "tasks/resubscribe"])
-def test_unsupported_operations(gate: GateProcess, method: str) -> None:
-    assert code_of(gate, method, {}) == -32004
+def test_the_extended_card_is_not_supported(gate: GateProcess) -> None:
+    assert code_of(gate, "agent/getAuthenticatedExtendedCard", {}) == -32004
 
 
 def test_unknown_fields_are_ignored(gate: GateProcess) -> None:

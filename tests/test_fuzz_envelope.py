@@ -40,7 +40,7 @@ from tests.support.serve import serve_app
 
 KEY = "a2g_fuzz-principal-key-00000000000000"
 LIMITED_KEY = "a2g_fuzz-limited-key-000000000000000"
-CONTRACT_CODES = {-32700, -32600, -32601, -32602, -32603, -32001, -32002, -32003, -32004}
+CONTRACT_CODES = {-32700, -32600, -32601, -32602, -32603, -32001, -32002, -32003, -32004, -32009}
 RETRYABLE_INTERNAL = {"in_flight", "verify_unavailable"}
 HTTP_REFUSALS = {401, 402, 403, 404, 429, 501}
 AGENTS = ["echo", "interrupting", "paid", "hidden", "no-such-agent"]
@@ -358,8 +358,14 @@ def fill(template: str, **values: str) -> bytes:
     return template.encode()
 
 
+def versioned(method: Any, headers: dict[str, str]) -> dict[str, str]:
+    """A v1.0 method travels with `A2A-Version: 1.0`, as v1.0 clients send it (without it the
+    call is v0.3 and answers -32009, which would leave the v1.0 paths unexplored)."""
+    return {**headers, "A2A-Version": "1.0"} if isinstance(method, str) and method[:1].isupper() else headers
+
+
 def nested_request(method: str, nested: str) -> bytes:
-    return fill('{"jsonrpc":"2.0","id":1,"method":"METHOD","params":{"message":{"role":"user",'
+    return fill('{"jsonrpc":"2.0","id":1,"method":"METHOD","params":{"message":{"role":"user","messageId":"m",'
                 '"parts":[{"kind":"data","data":NESTED},{"text":"x"}]}}}', METHOD=method, NESTED=nested)
 
 
@@ -395,7 +401,7 @@ def test_arbitrary_json_values(target: Target, value: Any, agent: str, anonymous
                   "params": {"message": {"role": "ROLE_USER", "parts": [{"text": "hi"}]}}},
          agent="echo", anonymous=False)
 def test_json_rpc_shaped_requests(target: Target, request: dict[str, Any], agent: str, anonymous: bool) -> None:
-    check(target, agent, encode(request), {} if anonymous else PRINCIPAL)
+    check(target, agent, encode(request), versioned(request.get("method"), {} if anonymous else PRINCIPAL))
 
 
 LITERALS = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e-400", "123456789" * 20,
@@ -413,7 +419,7 @@ def test_odd_number_and_string_literals(target: Target, data: str, history: str,
         '"configuration":{"historyLength":HISTORY}}}',
         ID=call_id, METHOD=method, DATA=data, HISTORY=history,
     )
-    check(target, "echo", body, PRINCIPAL)
+    check(target, "echo", body, versioned(method, PRINCIPAL))
 
 
 @settings(FUZZ, max_examples=80)
@@ -424,7 +430,7 @@ def test_odd_number_and_string_literals(target: Target, data: str, history: str,
 def test_deep_nesting(target: Target, depth: int, brackets: str, method: str) -> None:
     opening, closing = ("[", "]") if brackets == "[]" else ('{"a":', "}")
     nested = opening * depth + ("1" if brackets == "{}" else "") + closing * depth
-    check(target, "echo", nested_request(method, nested), PRINCIPAL)
+    check(target, "echo", nested_request(method, nested), versioned(method, PRINCIPAL))
 
 
 @settings(FUZZ, max_examples=400)
@@ -449,7 +455,7 @@ def test_a_lone_surrogate_in_the_id_is_not_a_500(target: Target) -> None:
 def test_a_lone_surrogate_in_a_message_is_answered(target: Target) -> None:
     """Sends and streams of text with a lone surrogate: an answer, not -32603 or a cut stream."""
     for method in ("message/send", "message/stream"):
-        body = (b'{"jsonrpc":"2.0","id":1,"method":"%s","params":{"message":{"role":"user",'
+        body = (b'{"jsonrpc":"2.0","id":1,"method":"%s","params":{"message":{"role":"user","messageId":"m",'
                 b'"parts":[{"kind":"text","text":"a\\ud800"}]}}}' % method.encode())
         check(target, "echo", body, PRINCIPAL)
 
@@ -458,12 +464,12 @@ def test_a_lone_surrogate_in_a_task_id_is_answered(target: Target) -> None:
     """tasks/get and tasks/cancel hand the id to SQLite, which cannot encode it: -32603 and a traceback."""
     for method in ("tasks/get", "tasks/cancel", "GetTask"):
         check(target, "echo", fill('{"jsonrpc":"2.0","id":1,"method":"METHOD","params":{"id":"\\ud800"}}', METHOD=method),
-              PRINCIPAL)
+              versioned(method, PRINCIPAL))
 
 
 def test_an_out_of_range_number_is_not_an_internal_error(target: Target) -> None:
     """1e400 parses to float('inf'): the task ran, but its answer could never be rendered."""
-    body = (b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"role":"user",'
+    body = (b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"role":"user","messageId":"m",'
             b'"parts":[{"kind":"data","data":1e400}]}}}')
     check(target, "echo", body, PRINCIPAL)
 
@@ -474,7 +480,7 @@ def test_a_deeply_nested_stream_request_is_not_an_internal_error(target: Target,
     (under recursion limit 1000: 600 levels; under 4000: 2500) overflows in the copy."""
     nested = "[" * depth + "]" * depth
     for method in ("message/stream", "SendStreamingMessage"):
-        check(target, "echo", nested_request(method, nested), PRINCIPAL)
+        check(target, "echo", nested_request(method, nested), versioned(method, PRINCIPAL))
 
 
 @pytest.mark.parametrize("depth", [600, 2500])

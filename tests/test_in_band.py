@@ -208,3 +208,41 @@ def test_requests_awaiting_payment_expire_with_the_requirements(tmp_path):
         assert store.adopt(long["id"], "payer:0xdef", "paid-echo") is None  # paid for once
     finally:
         services.db.conn.close()
+
+
+def test_storms_on_one_pending_task_execute_and_charge_once(paid):
+    """The same paying message many times at once, then many payers for one task at once: one execution, one charge."""
+    import asyncio
+
+    async def storm(bodies: list[dict]) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*(client.post(f"{paid.gate.url}/a2a/paid", json=b, headers=ACTIVATE) for b in bodies))
+
+    task = ask(paid, "storm one")
+    token = Payer().sign_v1(offer_v1(task))
+    same = asyncio.run(storm([paying_body(PAYMENT_MESSAGE, task["id"], token, call_id=i) for i in range(8)]))
+    kinds = []
+    for response in same:
+        body = response.json()
+        if "result" in body:
+            assert task_of(body["result"])["status"]["state"] == "completed"
+            kinds.append("replay" if response.headers.get("X-Idempotent-Replay") else "done")
+        else:
+            assert body["error"]["data"]["code"] == "in_flight"
+            kinds.append("in_flight")
+    assert kinds.count("done") == 1
+    assert len(paid.ledger()["settlements"]) == 1
+
+    other = ask(paid, "storm two")
+    offer = offer_v1(other)
+    many = asyncio.run(storm([paying_body(PAYMENT_MESSAGE, other["id"], Payer().sign_v1(offer), call_id=i) for i in range(6)]))
+    done = [r for r in many if "result" in r.json() and task_of(r.json()["result"])["status"]["state"] == "completed"]
+    assert len(done) == 1
+    assert artifact_text(task_of(done[0].json()["result"])) == "storm two"
+    assert len(paid.ledger()["settlements"]) == 2  # one per task, whoever else tried to pay
+    claims = sqlite3.connect(paid.db_path)
+    try:
+        states = [r[0] for r in claims.execute("SELECT state FROM claims")]
+    finally:
+        claims.close()
+    assert states.count("settled") == 2 and set(states) <= {"settled", "released"}

@@ -256,7 +256,8 @@ def test_another_principals_task_answers_exactly_like_an_unknown_id(setup: Setup
     paused = result(setup.url("interrupting"), "message/send", {"message": v03_message("weather?")}, alice)
 
     def answer(agent: str, method: str, task_id: str, headers: dict[str, str]) -> bytes:
-        response = post(setup.url(agent), rpc_body(method, {"id": task_id}, call_id="same-id"), headers)
+        version = {"A2A-Version": "1.0"} if method[0].isupper() else {}
+        response = post(setup.url(agent), rpc_body(method, {"id": task_id}, call_id="same-id"), {**headers, **version})
         assert response.status_code == 200
         return response.content
 

@@ -118,7 +118,7 @@ def test_slow_head_after_a_kept_alive_request_is_cut_off(gate):
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gate\r\n\r\n")
         first = sock.recv(65536)
         assert first.startswith(b"HTTP/1.1 200 "), first
-        answer, seconds = dribble(sock, ENDLESS_HEADERS)
+        _, seconds = dribble(sock, ENDLESS_HEADERS)
     assert seconds < HEAD_TIMEOUT + SLACK, f"the connection was held {seconds:.1f}s"
 
 

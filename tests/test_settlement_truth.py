@@ -94,7 +94,7 @@ def test_settle_unknown_without_a_chain_endpoint_needs_attention_once(tmp_path, 
     assert [r["action"] for r in paid.payment_rows() if r["action"] != "replay"] == ["verify", "needs_attention"]
     assert [c["state"] for c in claim_rows(paid.db_path)] == ["needs_attention"]
     listed = cli(paid, "payments", "--needs-attention")
-    assert task["id"] not in listed and "needs_attention" in listed and "no rpc_url" in listed
+    assert task["id"] in listed and "needs_attention" in listed and "no rpc_url" in listed
     assert metric(paid, "a2a_gate_claims_needs_attention") == 1
 
 
@@ -124,7 +124,8 @@ def test_settle_definitively_refused_is_written_off(tmp_path, facilitator, start
     assert "0 owed settlement(s) attempted" in cli(paid, "reconcile")
     assert paid.ledger()["settle_calls"] == settle_calls  # never retried
     assert [r["action"] for r in paid.payment_rows() if r["action"] != "replay"] == ["verify", "write_off"]
-    assert "invalid_exact_evm_insufficient_balance" in cli(paid, "payments", "--unsettled")
+    listed = cli(paid, "payments", "--unsettled")
+    assert "invalid_exact_evm_insufficient_balance" in listed and task["id"] in listed
     assert metric(paid, "a2a_gate_claims_unsettled") == 1
     assert paid.ledger()["settlements"] == []
 

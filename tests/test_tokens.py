@@ -221,3 +221,14 @@ def test_brackets_inside_strings_do_not_make_a_token_too_deep():
     document = {**signed_once(), "resource": {**signed_once()["resource"], "description": "[beta] {v2} " * 40}}
     header = base64.b64encode(json.dumps(document).encode()).decode()
     assert tokens.from_header(header, "PAYMENT-SIGNATURE").payload == document
+
+
+def test_every_wrapping_of_one_authorization_is_one_nonce_key():
+    """v1 or v2, any spelling the checks let through: one EVM authorization is one claim."""
+    document = signed_once()
+    inner, auth = document["payload"], document["payload"]["authorization"]
+    v1 = {"x402Version": 1, "scheme": "exact", "network": "base-sepolia", "payload": inner}
+    shouting = {**document, "payload": {**inner, "authorization": {**auth, "from": auth["from"].upper().replace("0X", "0x"),
+                                                                    "nonce": auth["nonce"].upper().replace("0X", "0x")}}}
+    keys = {tokens.nonce_key(tokens.from_object(d, "metadata"), DEMO_PRICE.asset) for d in (document, v1, shouting)}
+    assert len(keys) == 1

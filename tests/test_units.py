@@ -131,20 +131,21 @@ def test_message_in_reads_both_dialects_to_the_same_canonical_message() -> None:
 
 
 def test_message_in_keeps_usable_parts_and_refuses_none() -> None:
-    message = {"parts": [{"kind": "text", "text": ""}, {"kind": "text", "text": "kept"}, 7]}
+    message = {"messageId": "m", "parts": [{"kind": "text", "text": ""}, {"kind": "text", "text": "kept"}, 7]}
 
     assert dialects.message_in(message, V03)["parts"] == [{"kind": "text", "text": "kept"}]
     with pytest.raises(InvalidShape, match="no usable parts"):
-        dialects.message_in({"parts": [{"kind": "text", "text": ""}]}, V03)
+        dialects.message_in({"messageId": "m", "parts": [{"kind": "text", "text": ""}]}, V03)
 
 
 @pytest.mark.parametrize("raw,match", [
     (None, "params.message must be an object"),
     ({"parts": {}}, "parts must be a list"),
-    ({"parts": [{"text": "x"}], "taskId": ""}, "taskId must be a non-empty string"),
+    ({"parts": [{"text": "x"}], "messageId": "m", "taskId": ""}, "taskId must be a non-empty string"),
     ({"parts": [{"text": "x"}], "messageId": 5}, "messageId must be a non-empty string"),
-    ({"parts": [{"text": "x"}], "contextId": "c" * 257}, "contextId must be a non-empty string"),
-    ({"parts": [{"text": "x"}], "metadata": []}, "metadata must be an object"),
+    ({"parts": [{"text": "x"}]}, "messageId is required"),
+    ({"parts": [{"text": "x"}], "messageId": "m", "contextId": "c" * 257}, "contextId must be a non-empty string"),
+    ({"parts": [{"text": "x"}], "messageId": "m", "metadata": []}, "metadata must be an object"),
 ])
 def test_message_in_errors_name_the_field(raw: Any, match: str) -> None:
     with pytest.raises(InvalidShape, match=match):
@@ -424,7 +425,7 @@ def test_params_must_be_an_object(params: str) -> None:
     ("message/send", V03, "send"), ("message/stream", V03, "stream"), ("tasks/get", V03, "get"),
     ("tasks/cancel", V03, "cancel"), ("tasks/pushNotificationConfig/set", V03, "push"),
     ("SendMessage", V10, "send"), ("SendStreamingMessage", V10, "stream"), ("GetTask", V10, "get"),
-    ("CancelTask", V10, "cancel"), ("ListTasks", V10, "unsupported"),
+    ("CancelTask", V10, "cancel"), ("ListTasks", V10, "list"),
     ("CreateTaskPushNotificationConfig", V10, "push"),
 ])
 def test_methods_map_to_a_dialect_and_an_operation(method: str, dialect: str, operation: str) -> None:

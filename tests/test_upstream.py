@@ -285,8 +285,10 @@ def test_odd_upstream_output_never_becomes_an_internal_error(fleet: Fleet, name:
     """An upstream's lone surrogate or out-of-range number: our task still has an answer
     (completed or failed), never a -32603 for a task that ran (and on the paid path, was paid)."""
     for method in ("message/send", "SendMessage"):
-        message = v03_message("hi") if method == "message/send" else {"role": "ROLE_USER", "parts": [{"text": "hi"}]}
-        response = post(fleet.url(f"odd-{name}"), rpc_body(method, {"message": message}), AUTH)
+        message = v03_message("hi") if method == "message/send" else {"role": "ROLE_USER", "messageId": "m",
+                                                                       "parts": [{"text": "hi"}]}
+        version = {"A2A-Version": "1.0"} if method == "SendMessage" else {}
+        response = post(fleet.url(f"odd-{name}"), rpc_body(method, {"message": message}), {**AUTH, **version})
         assert response.status_code == 200
         doc = response.json()
         assert "result" in doc, doc

@@ -72,6 +72,24 @@ def test_withheld_answer_is_delivered_once_paid(tmp_path, facilitator, start_gat
     assert task["artifacts"][0]["parts"][0]["text"] == ANSWER
 
 
+def test_withheld_stream_sends_the_answer_only_after_the_settlement(tmp_path, facilitator, start_gate, write_config):
+    paid = withholding_gate(tmp_path, facilitator, start_gate, write_config)
+    headers = Payer().header_for(paid.gate.url, "withheld")
+    paid.faults(settle="slow:1", count=1)  # the settlement takes a second to land
+    events, settled_when_answer_arrived = [], None
+    with httpx.stream("POST", f"{paid.gate.url}/a2a/withheld", json=send_body("sleep 1.5", method="message/stream"),
+                      headers=headers, timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                events.append(json.loads(line[5:])["result"])
+                if events[-1].get("kind") == "artifact-update":
+                    settled_when_answer_arrived = len(paid.ledger()["settlements"])
+    assert settled_when_answer_arrived == 1  # the artifact event waited for the settle result
+    assert ANSWER not in json.dumps([e for e in events if e.get("kind") != "artifact-update"][:-1])
+    assert events[-1]["status"]["state"] == "completed"
+    assert events[-1]["metadata"]["x402.payment.status"] == "payment-completed"
+
+
 def test_refused_settlement_withholds_the_answer_everywhere(tmp_path, facilitator, start_gate, write_config):
     paid = withholding_gate(tmp_path, facilitator, start_gate, write_config)
     payer = Payer()

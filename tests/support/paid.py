@@ -169,4 +169,13 @@ class PaidSetup:
             conn.close()
 
     def post(self, agent: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout: float = 30) -> httpx.Response:
-        return httpx.post(f"{self.gate.url}/a2a/{agent}", json=body, headers=headers or {}, timeout=timeout)
+        return httpx.post(f"{self.gate.url}/a2a/{agent}", json=body, headers=versioned(body, headers or {}), timeout=timeout)
+
+
+def versioned(body: dict[str, Any], headers: dict[str, str]) -> dict[str, str]:
+    """A v1.0 method (`SendMessage`, ...) travels with `A2A-Version: 1.0`, as v1.0 clients send it;
+    without the header a call is v0.3 and a v1.0 method answers -32009. An explicit header wins."""
+    method = body.get("method") if isinstance(body, dict) else None
+    if isinstance(method, str) and method[:1].isupper() and not any(k.lower() == "a2a-version" for k in headers):
+        return {**headers, "A2A-Version": "1.0"}
+    return headers

@@ -2,7 +2,11 @@
 
 Usage: python x402_v1_client.py <agent url> <private key>; prints the final answer as JSON.
 """
-import asyncio, json, sys, uuid
+import asyncio
+import json
+import sys
+import uuid
+
 from eth_account import Account
 from x402.clients.httpx import x402HttpxClient
 

@@ -1,0 +1,102 @@
+"""The claim store and the settlement decision, below the HTTP layer.
+
+The store is what a later PostgreSQL version must match: typed rows, leases instead of
+pids, an additive migration of files written by older versions. The chain decision runs
+against the development facilitator's real `/rpc` (its simulated chain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+
+from gate.chain import Authorization, Chain
+from gate.claims import MIGRATED_COLUMNS, Claims, ClaimState
+from gate.facilitator import FacilitatorClient
+from gate.payment_log import PaymentLog
+from gate.settlement import Payment, Settler
+from server.config import FacilitatorConfig, NetworkConfig
+from server.database import open_database
+
+OLD_CLAIMS = """CREATE TABLE claims (token_digest TEXT PRIMARY KEY, nonce_key TEXT, request_digest TEXT, agent TEXT,
+ state TEXT, task_id TEXT, payer TEXT, answer TEXT, owner_pid INTEGER, created_at FLOAT, updated_at FLOAT,
+ sealed_payment TEXT)"""
+
+
+def test_a_claims_table_from_an_older_version_gains_the_new_columns(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute(OLD_CLAIMS)
+    conn.execute("INSERT INTO claims VALUES ('d1', 'n1', 'r1', 'paid', 'settle_failed', 't1', '0xabc', '', 4242, 1, 1,"
+                 " 'sealed')")
+    conn.commit()
+    conn.close()
+    claims = Claims(open_database(str(path)))
+    columns = {row[1] for row in claims.db.conn.execute("PRAGMA table_info(claims)")}
+    assert set(MIGRATED_COLUMNS) <= columns
+    [owed] = claims.due()
+    assert (owed.token_digest, owed.state, owed.settle_unknown, owed.owner_instance) == \
+        ("d1", ClaimState.SETTLE_FAILED, False, "")
+    Claims(claims.db)  # a second worker starting on the same file migrates nothing twice
+
+
+def test_orphans_are_lapsed_leases_and_renewal_keeps_a_claim(tmp_path: Path) -> None:
+    db = open_database(str(tmp_path / "gate.db"))
+    live, other = Claims(db, lease_seconds=1.0), Claims(db, lease_seconds=1.0)
+    assert live.instance != other.instance  # one id per process start, never a pid
+    assert live.claim("d1", "", "r", "paid", "").kind == "new"
+    assert other.claim("d1", "", "r", "paid", "").kind == "in_flight"
+    time.sleep(0.6)
+    live.renew()
+    time.sleep(0.6)
+    assert other.orphans() == []  # past the first lease, but renewed: its owner is alive
+    time.sleep(1.1)
+    [orphan] = other.orphans()  # not renewed for a lease: whoever finds it may take it
+    assert other.take_orphan(orphan)
+    assert not live.take_orphan(orphan)  # only once
+    live.mark_delivered("d1")
+    assert not live.release("d1")  # a claim whose settle may have been sent is never released
+    assert live.find("d1").state == ClaimState.SETTLING
+
+
+def test_unused_and_expired_authorization_is_written_off_by_the_chain(tmp_path: Path, facilitator: str) -> None:
+    """At the pass cap the chain decides: the authorization was never used and can no longer be."""
+    db = open_database(str(tmp_path / "gate.db"))
+    claims = Claims(db)
+    claims.claim("d1", "", "r", "paid", "")
+    claims.mark_delivered("d1")
+    authorization = {"from": "0x" + "11" * 20, "to": "0x" + "22" * 20, "value": "1000", "validAfter": "0",
+                     "validBefore": str(int(time.time()) - 60), "nonce": "0x" + "ab" * 32}
+    requirements = {"scheme": "exact", "network": "eip155:84532", "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+                    "amount": "1000", "payTo": "0x" + "22" * 20}
+    payload = {"x402Version": 2, "accepted": requirements, "payload": {"signature": "0x00", "authorization": authorization}}
+    payment = Payment("d1", 2, payload, requirements, "paid", "0x" + "11" * 20, "1000", "eip155:84532",
+                      requirements["asset"])
+    config = FacilitatorConfig(url=facilitator, timeout_seconds=2, settle_attempts=1, settle_passes=1)
+    chain = Chain({"eip155:84532": NetworkConfig(rpc_url=f"{facilitator}/rpc")})
+    assert Authorization.of(payload, requirements, "eip155:84532") is not None
+    httpx.post(f"{facilitator}/dev/faults", json={"settle": "http500"}).raise_for_status()  # no answer, ever
+
+    async def settle():
+        client = FacilitatorClient(config)
+        try:
+            return await Settler(client, claims, PaymentLog(db), config, chain=chain).settle(payment, "t1")
+        finally:
+            await client.aclose()
+            await chain.aclose()
+
+    collection = asyncio.run(settle())
+    assert collection.state == ClaimState.UNSETTLED
+    assert "unused and expired" in collection.metadata["x402.payment.error"]
+    assert claims.find("d1").state == ClaimState.UNSETTLED
+    assert [r["action"] for r in PaymentLog(db).rows()] == ["write_off"]
+
+
+def test_authorization_of_a_payload_that_is_not_eip3009_is_none() -> None:
+    requirements = {"asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e"}
+    assert Authorization.of({"payload": {"permit2Authorization": {}}}, requirements, "eip155:84532") is None
+    assert Authorization.of({"payload": {"authorization": {"from": "x", "nonce": "y"}}}, requirements, "n") is None
