@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,16 +20,17 @@ from tests.support.paid import paid_config, send_body
 CLOSED = "http://127.0.0.1:1"  # a priced door answers 402 with a facilitator URL; nothing is called
 
 
-def replica_config(public_url: str, redis_url: str, prefix: str, *, per_ip: int, per_agent: int = 100000) -> str:
-    # a generous timeout: on a machine busy with the parallel suite a slow answer is not an outage
+def replica_config(public_url: str, redis_url: str, prefix: str, *, per_ip: int, per_agent: int = 100000,
+                   timeout: float = 3) -> str:
+    # a generous timeout by default: on a machine busy with the parallel suite a slow answer is not an outage
     text = paid_config(public_url, CLOSED, per_ip=per_ip)
     text = text.replace("per_agent_per_minute = 100000",
                         f'per_agent_per_minute = {per_agent}\nredis_url = "{redis_url}"\nredis_prefix = "{prefix}"\n'
-                        "redis_timeout_seconds = 3")
+                        f"redis_timeout_seconds = {timeout}")
     return text.replace("[facilitator]", '[proxy]\ntrusted = ["127.0.0.1"]\n\n[facilitator]', 1)
 
 
-def start_replicas(tmp_path: Path, redis_url: str, prefix: str, count: int = 2, **limits: int) -> list[GateProcess]:
+def start_replicas(tmp_path: Path, redis_url: str, prefix: str, count: int = 2, **limits: float) -> list[GateProcess]:
     """`count` gates, each in its own working directory with its own database, one Redis."""
     replicas = []
     for i in range(count):
@@ -142,3 +145,52 @@ def test_redis_down_at_start_serves_from_own_buckets(tmp_path):
         assert "Traceback" not in log
     finally:
         stop_all(replicas)
+
+
+class SilentServer:
+    """Accepts TCP connections and never answers a byte: a hung Redis. Counts the connections."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0"
+        self.accepted: list[socket.socket] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.accepted.append(self.listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(5)
+        for conn in self.accepted:
+            conn.close()
+        self.listener.close()
+
+
+def test_hung_redis_is_bounded_by_the_timeout_and_probed_with_backoff(tmp_path):
+    silent = SilentServer()
+    replicas = start_replicas(tmp_path, silent.url, "hung:", count=1, per_ip=3, timeout=0.3)
+    try:
+        gate, codes, started = replicas[0], Counter(), time.monotonic()
+        for _ in range(25):  # about 2.5 s of traffic, one request at a time
+            began = time.monotonic()
+            codes.update(burst(replicas, 1, "198.51.100.30"))
+            assert time.monotonic() - began < 2.0  # never waits on Redis past the timeout
+            time.sleep(0.1)
+        elapsed = time.monotonic() - started
+        assert codes == {402: 3, 429: 22}
+        # the start's ping, then a probe after 0.5 s, 1 s, 2 s ...: a handful, not one per request
+        print(f"{len(silent.accepted)} connections to the hung Redis in {elapsed:.1f} s of traffic")
+        assert 2 <= len(silent.accepted) <= 6
+        assert metric(gate, "a2a_gate_limiter_fallbacks_total") == 1.0
+        assert gate.log.read_text().count("limiters fall back to this replica's own buckets") == 1
+    finally:
+        stop_all(replicas)
+        silent.close()

@@ -1,0 +1,54 @@
+"""The Redis and PostgreSQL fixtures: a per-test prefix or schema that is cleaned up, and a missing
+server that skips with its reason, or fails under CI=true."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.gate_process import free_port
+
+REPO = Path(__file__).parents[1]
+
+
+def run_needing_redis(redis_url: str, ci: str) -> subprocess.CompletedProcess[str]:
+    """Run one Redis-backed test in a child pytest, its Redis URL pointed somewhere."""
+    env = {**os.environ, "A2A_GATE_TEST_REDIS_URL": redis_url, "CI": ci}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "tests/test_shared_limiter.py::test_per_agent_limit_holds_across_replicas"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_missing_redis_skips_with_the_reason_outside_ci():
+    done = run_needing_redis(f"redis://127.0.0.1:{free_port()}/0", ci="")
+    assert "1 skipped" in done.stdout, done.stdout[-2000:]
+    assert "is not answering" in done.stdout and "A2A_GATE_TEST_REDIS_URL" in done.stdout
+
+
+def test_a_missing_redis_fails_under_ci():
+    done = run_needing_redis(f"redis://127.0.0.1:{free_port()}/0", ci="true")
+    assert done.returncode != 0
+    assert "1 error" in done.stdout and "CI=true" in done.stdout, done.stdout[-2000:]
+
+
+def test_redis_keys_live_under_the_tests_own_prefix(redis_service):
+    other = redis_service.prefix.rsplit(":", 2)[0] + ":someone-else:"
+    redis_service.client.set(f"{redis_service.prefix}k", "1", px=60_000)
+    redis_service.client.set(f"{other}k", "1", px=60_000)
+    try:
+        assert redis_service.key_names() == [f"{redis_service.prefix}k"]
+    finally:
+        redis_service.client.delete(f"{other}k")
+
+
+def test_postgres_schema_is_the_tests_own_and_is_dropped(postgres_schema):
+    import psycopg
+
+    with psycopg.connect(postgres_schema.url, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{postgres_schema.schema}".probe (id int primary key)')
+        conn.execute(f'INSERT INTO "{postgres_schema.schema}".probe VALUES (1)')
+        found = conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = %s",
+                             (postgres_schema.schema,)).fetchone()
+    assert found == (1,)
