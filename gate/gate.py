@@ -19,12 +19,13 @@ from gate import in_band
 from gate.chain import Chain
 from gate.claims import FINAL_STATES, Claim, Claims, ClaimState
 from gate.facilitator import FacilitatorClient, Unavailable
-from gate.limiter import AgentLimiters, CallerLimiter
+from gate.limiter import AgentLimiters, CallerLimiter, RateLimit
 from gate.payment_log import PaymentLog
 from gate.pipeline import handle_anonymous
 from gate.pricing import PaymentRequiredAnswers
 from gate.sealing import Sealer, load_key
 from gate.settlement import Collection, Payment, Settler, attach_payment_metadata, metadata_for, withheld_metadata
+from gate.shared_limiter import SharedBuckets, shared_limiters
 from server.cards import agent_url
 from server.config import AgentConfig
 from server.database import commit_until_stored
@@ -42,9 +43,15 @@ class PaymentGate:
     def __init__(self, services: Services) -> None:
         settings = services.settings
         self.services = services
-        self.ip_limiter = CallerLimiter(settings.per_ip_per_minute, settings.limiter_max_entries, settings.ipv6_prefix)
+        own_ip = CallerLimiter(settings.per_ip_per_minute, settings.limiter_max_entries, settings.ipv6_prefix)
         overrides = {a.name: a.per_agent_per_minute for a in settings.agents.values() if a.per_agent_per_minute}
-        self.agent_limiters = AgentLimiters(settings.per_agent_per_minute, overrides)
+        own_agents = AgentLimiters(settings.per_agent_per_minute, overrides)
+        self.ip_limiter: RateLimit = own_ip
+        self.agent_limiters: RateLimit = own_agents
+        self.shared_buckets: SharedBuckets | None = None
+        if settings.limiter_redis_url:  # several replicas: the buckets live in Redis
+            self.shared_buckets, self.ip_limiter, self.agent_limiters = shared_limiters(
+                settings, own_ip, own_agents, services.metrics)
         self.metrics = services.metrics
         self.facilitator = FacilitatorClient(settings.facilitator, services.metrics)
         self.claims = Claims(services.db, settings.claim_lease_seconds)
@@ -119,6 +126,8 @@ class PaymentGate:
         return answer
 
     async def start(self) -> None:
+        if self.shared_buckets is not None:
+            await self.shared_buckets.start()
         self.background.append(asyncio.create_task(self._renew_leases()))
         await self.recover()
         if self.facilitator.configured:
@@ -129,6 +138,8 @@ class PaymentGate:
             job.cancel()
         await self.facilitator.aclose()
         await self.chain.aclose()
+        if self.shared_buckets is not None:
+            await self.shared_buckets.close()
 
     async def recover(self) -> None:
         """Resolve orphans (claims whose owner's lease ran out): undelivered work is released,

@@ -15,8 +15,15 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from cachetools import LRUCache
+
+
+class RateLimit(Protocol):
+    """What the pipeline asks a limiter: 0.0 when `key` may pass, else the seconds to wait."""
+
+    async def check(self, key: str) -> float: ...
 
 
 class Limiter:
@@ -43,6 +50,10 @@ class Limiter:
         bucket[0] = tokens
         return (1.0 - tokens) / self.rate
 
+    async def check(self, key: str) -> float:
+        """`take` behind the interface every limiter shares (see `gate.shared_limiter`)."""
+        return self.take(key)
+
 
 class AgentLimiters:
     """One bucket per agent, each with the agent's own limit or the default."""
@@ -54,6 +65,12 @@ class AgentLimiters:
     def take(self, agent: str) -> float:
         limiter = self.own.get(agent)
         return limiter.take(agent) if limiter is not None else self.default.take(agent)
+
+    def per_minute(self, agent: str) -> int:
+        return int((self.own.get(agent) or self.default).capacity)
+
+    async def check(self, agent: str) -> float:
+        return self.take(agent)
 
 
 MAX_KEY_CHARS = 64  # a forwarded value that is not an address still gets a bucket, of bounded size

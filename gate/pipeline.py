@@ -48,7 +48,7 @@ async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Re
     settings, info = gate.services.settings, request.state.info
     # 1. per-IP, then per-agent limiter
     for limiter, key in ((gate.ip_limiter, info.client), (gate.agent_limiters, name)):
-        wait = limiter.take(key)
+        wait = await limiter.check(key)
         if wait:
             gate.metrics.limiter_refusals.labels("ip" if limiter is gate.ip_limiter else "agent").inc()
             return too_many_requests(wait)

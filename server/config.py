@@ -138,6 +138,9 @@ class Settings:
     per_agent_per_minute: int = 120
     limiter_max_entries: int = 100_000
     ipv6_prefix: int = 64  # an IPv6 caller is its network of this many bits (one household)
+    limiter_redis_url: str = ""  # set: the limiters' buckets are shared by every replica through Redis
+    limiter_redis_prefix: str = "a2a-gate:limits:"
+    limiter_redis_timeout_seconds: float = 0.5  # past this a check is answered by the replica's own buckets
     trusted_proxies: tuple[str, ...] = ()
     facilitator: FacilitatorConfig = FacilitatorConfig()
     http: HttpConfig = HttpConfig()
@@ -273,7 +276,8 @@ class _Reader:
             database = str(base_dir / database)
 
         limits = self.table(raw, "limits", "limits")
-        self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries", "ipv6_prefix"}, "limits")
+        self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries", "ipv6_prefix",
+                              "redis_url", "redis_prefix", "redis_timeout_seconds"}, "limits")
         ipv6_prefix = self.get(limits, "ipv6_prefix", int, defaults.ipv6_prefix, "limits.ipv6_prefix")
         if not 16 <= ipv6_prefix <= 128:
             self.problem("limits.ipv6_prefix", f"must be a prefix length from 16 to 128, got {ipv6_prefix}")
@@ -312,6 +316,9 @@ class _Reader:
             per_agent_per_minute=self.positive(limits, "per_agent_per_minute", defaults.per_agent_per_minute, "limits.per_agent_per_minute"),
             limiter_max_entries=self.positive(limits, "max_entries", defaults.limiter_max_entries, "limits.max_entries"),
             ipv6_prefix=ipv6_prefix,
+            limiter_redis_url=self.redis_url(limits),
+            limiter_redis_prefix=self.get(limits, "redis_prefix", str, defaults.limiter_redis_prefix, "limits.redis_prefix"),
+            limiter_redis_timeout_seconds=self.positive(limits, "redis_timeout_seconds", defaults.limiter_redis_timeout_seconds, "limits.redis_timeout_seconds", float),
             trusted_proxies=tuple(t for t in trusted if isinstance(t, str)),
             facilitator=facilitator,
             http=self.http(self.table(raw, "http", "http")),
@@ -325,6 +332,13 @@ class _Reader:
             source=source,
             warnings=tuple(f"{source}: {w}" for w in self.warnings),
         )
+
+    def redis_url(self, limits: dict[str, Any]) -> str:
+        value = self.get(limits, "redis_url", str, "", "limits.redis_url")
+        if value and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+            self.problem("limits.redis_url", "must be a redis://, rediss:// or unix:// URL")
+            return ""
+        return value
 
     def http(self, raw: dict[str, Any]) -> HttpConfig:
         self.unknown(raw, {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes"}, "http")

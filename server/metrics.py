@@ -48,6 +48,10 @@ class Metrics:
                                      registry=self.registry)
         self.limiter_refusals = Counter("a2a_gate_limiter_refusals", "Anonymous requests refused by a limiter",
                                         ["limiter"], registry=self.registry)
+        self.limiter_shared = Gauge("a2a_gate_limiter_shared", "1 while the limiters' buckets are shared through"
+                                    " Redis, 0 while this replica answers from its own", registry=self.registry)
+        self.limiter_fallbacks = Counter("a2a_gate_limiter_fallbacks", "Times Redis stopped answering and the"
+                                         " limiters fell back to this replica's own buckets", registry=self.registry)
         self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling",
                                       registry=self.registry)
         self.reconciler_backlog = Gauge("a2a_gate_reconciler_backlog", "Delivered work awaiting settlement",

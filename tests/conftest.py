@@ -9,6 +9,9 @@ import pytest
 
 from tests.support.gate_process import GateProcess
 
+# redis_service, own_redis, postgres_schema: the servers scale-out tests run against
+pytest_plugins = ["tests.support.services"]
+
 FREE_CONFIG = """
 public_url = "http://gate.example"
 database = "gate.db"

@@ -485,11 +485,13 @@ class FakeUpstream:
     with partial work attached. It keeps every method it was sent."""
 
     calls: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    credentials: list[str | None] = field(default_factory=list)  # each request's Authorization
 
     def app(self) -> Starlette:
         async def endpoint(request: Request) -> JSONResponse:
             mode, doc = request.path_params["mode"], await request.json()
             self.calls.append((mode, doc["method"], doc.get("params") or {}))
+            self.credentials.append(request.headers.get("authorization"))
             return JSONResponse({"jsonrpc": "2.0", "id": doc["id"], **self.answer(mode, doc["method"])})
 
         return Starlette(routes=[Route("/{mode}", endpoint, methods=["POST"])])
@@ -547,6 +549,7 @@ def test_cancel_is_forwarded_and_agreed(fronted: tuple[Gate, FakeUpstream], mode
 
     assert canceled["status"]["state"] == "canceled"
     assert (mode, "tasks/cancel", {"id": "up-task"}) in upstream.calls
+    assert upstream.credentials and set(upstream.credentials) == {None}  # the caller's key never travels
 
 
 def test_a_cancel_the_upstream_refuses_leaves_our_task_running(fronted: tuple[Gate, FakeUpstream]) -> None:

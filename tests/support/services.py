@@ -1,0 +1,162 @@
+"""The Redis and PostgreSQL servers the scale-out tests run against.
+
+The development and CI machines run both (Redis 7, PostgreSQL 15 with trust
+authentication); a test takes their URLs from the environment, works in its own key
+prefix or schema, and cleans up. A missing server skips the test with a one-line
+reason, except in CI (`CI=true`), where it fails: a skipped scale-out test there would
+hide that the guarantees were never checked.
+
+The fixtures are registered for the whole suite by `tests/conftest.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from tests.support.gate_process import free_port
+
+REDIS_URL_VARIABLE = "A2A_GATE_TEST_REDIS_URL"
+POSTGRES_URL_VARIABLE = "A2A_GATE_TEST_POSTGRES_URL"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def redis_url() -> str:
+    return os.environ.get(REDIS_URL_VARIABLE) or DEFAULT_REDIS_URL
+
+
+def postgres_url() -> str:
+    return os.environ.get(POSTGRES_URL_VARIABLE) or DEFAULT_POSTGRES_URL
+
+
+def missing(reason: str) -> NoReturn:
+    """A server (or tool) the test needs is not there: fail in CI, skip elsewhere."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason} (CI=true: scale-out tests must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def where(url: str) -> str:
+    """host:port of a URL, without any password it carries (for a skip reason)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+
+
+@dataclass
+class RedisService:
+    """A Redis server and the key prefix this test owns there."""
+
+    url: str
+    prefix: str
+    client: redis.Redis
+
+    def key_names(self) -> list[str]:
+        return sorted(k.decode() for k in self.client.scan_iter(match=f"{self.prefix}*", count=1000))
+
+
+@pytest.fixture
+def redis_service() -> Iterator[RedisService]:
+    """The shared Redis (A2A_GATE_TEST_REDIS_URL), with a fresh key prefix deleted afterwards."""
+    url = redis_url()
+    client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        client.close()
+        missing(f"Redis at {where(url)} is not answering ({type(exc).__name__}); set {REDIS_URL_VARIABLE}")
+    service = RedisService(url, f"a2a-gate-test:{uuid.uuid4().hex[:12]}:", client)
+    try:
+        yield service
+    finally:
+        for key in service.key_names():
+            client.delete(key)
+        client.close()
+
+
+class OwnRedis:
+    """A redis-server process of the test's own on a free loopback port, to stop and restart
+    (the machine's Redis is shared with everyone else's tests and must stay up)."""
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 15.0) -> OwnRedis:
+        command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--dir", str(self.workdir)]
+        with open(self.workdir / "redis.log", "ab") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        client = redis.Redis.from_url(self.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    client.ping()
+                    return self
+                except redis.RedisError:
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        self.kill()
+        raise TimeoutError(f"redis-server did not start on port {self.port}")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    """A private redis-server (`redis-server` on PATH or in /usr/sbin), killed afterwards."""
+    binary = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/sbin:/usr/bin")
+    if binary is None:
+        missing("no redis-server binary on this machine (apt-get install redis-server)")
+    workdir = tmp_path / "redis"
+    workdir.mkdir()
+    server = OwnRedis(binary, workdir).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@dataclass
+class PostgresSchema:
+    """A PostgreSQL database and the schema this test owns in it (dropped afterwards)."""
+
+    url: str
+    schema: str
+
+
+@pytest.fixture
+def postgres_schema() -> Iterator[PostgresSchema]:
+    """A fresh schema in the PostgreSQL of A2A_GATE_TEST_POSTGRES_URL, dropped with all it holds."""
+    psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
+    url = postgres_url()
+    schema = f"a2a_gate_test_{uuid.uuid4().hex[:12]}"
+    try:
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=5)
+    except psycopg.Error as exc:
+        missing(f"PostgreSQL at {where(url)} is not answering ({type(exc).__name__}); set {POSTGRES_URL_VARIABLE}")
+    try:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        yield PostgresSchema(url, schema)
+    finally:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        conn.close()

@@ -1,0 +1,144 @@
+"""Two replicas, one Redis: `per_ip_per_minute = N` admits exactly N of a burst spread over
+both, the per-agent bucket likewise; Redis gone (at start or mid-run) falls back to each
+replica's own buckets without one error, and sharing resumes when Redis answers again."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from tests.support.gate_process import GateProcess, free_port
+from tests.support.paid import paid_config, send_body
+
+CLOSED = "http://127.0.0.1:1"  # a priced door answers 402 with a facilitator URL; nothing is called
+
+
+def replica_config(public_url: str, redis_url: str, prefix: str, *, per_ip: int, per_agent: int = 100000) -> str:
+    # a generous timeout: on a machine busy with the parallel suite a slow answer is not an outage
+    text = paid_config(public_url, CLOSED, per_ip=per_ip)
+    text = text.replace("per_agent_per_minute = 100000",
+                        f'per_agent_per_minute = {per_agent}\nredis_url = "{redis_url}"\nredis_prefix = "{prefix}"\n'
+                        "redis_timeout_seconds = 3")
+    return text.replace("[facilitator]", '[proxy]\ntrusted = ["127.0.0.1"]\n\n[facilitator]', 1)
+
+
+def start_replicas(tmp_path: Path, redis_url: str, prefix: str, count: int = 2, **limits: int) -> list[GateProcess]:
+    """`count` gates, each in its own working directory with its own database, one Redis."""
+    replicas = []
+    for i in range(count):
+        home = tmp_path / f"replica{i}"
+        home.mkdir()
+        port = free_port()
+        config = home / "gate.toml"
+        config.write_text(replica_config(f"http://127.0.0.1:{port}", redis_url, prefix, **limits))
+        replicas.append(GateProcess(config, home / "gate.log", port=port).start())
+    return replicas
+
+
+def burst(replicas: list[GateProcess], count: int, client_ip: str, agent: str = "paid") -> list[int]:
+    """`count` concurrent anonymous sends, round-robin over the replicas, from one client."""
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            answers = await asyncio.gather(*(
+                client.post(f"{replicas[i % len(replicas)].url}/a2a/{agent}", json=send_body("x"),
+                            headers={"X-Forwarded-For": client_ip})
+                for i in range(count)))
+        for answer in answers:
+            if answer.status_code == 429:
+                assert int(answer.headers["Retry-After"]) >= 1
+        return [a.status_code for a in answers]
+
+    return asyncio.run(run())
+
+
+def metric(gate: GateProcess, name: str) -> float:
+    text = httpx.get(f"{gate.url}/metrics", timeout=5.0).text
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def stop_all(replicas: list[GateProcess]) -> None:
+    for gate in replicas:
+        gate.stop()
+
+
+def test_per_ip_limit_holds_across_replicas(tmp_path, redis_service):
+    replicas = start_replicas(tmp_path, redis_service.url, redis_service.prefix, per_ip=5)
+    try:
+        codes = Counter(burst(replicas, 16, "198.51.100.7"))
+        assert codes == {402: 5, 429: 11}
+        # an IPv6 household is one caller on every replica: its /64 is one shared bucket
+        v6 = Counter(burst(replicas[:1], 3, "2001:db8:1:2::1") + burst(replicas[1:], 8, "2001:db8:1:2::ffff"))
+        assert v6 == {402: 5, 429: 6}
+        keys = redis_service.key_names()
+        assert f"{redis_service.prefix}ip:198.51.100.7" in keys
+        assert f"{redis_service.prefix}ip:2001:db8:1:2::/64" in keys
+        for key in keys:  # every bucket expires: Redis memory stays bounded
+            assert 0 < redis_service.client.pttl(key) <= 61_000
+        assert [metric(gate, "a2a_gate_limiter_shared") for gate in replicas] == [1.0, 1.0]
+    finally:
+        stop_all(replicas)
+
+
+def test_per_agent_limit_holds_across_replicas(tmp_path, redis_service):
+    replicas = start_replicas(tmp_path, redis_service.url, redis_service.prefix, per_ip=100000, per_agent=4)
+    try:
+        codes = Counter()
+        for i in range(12):  # twelve different callers, one agent
+            codes.update(burst(replicas[i % 2:i % 2 + 1], 1, f"198.51.100.{i + 1}"))
+        assert codes == {402: 4, 429: 8}
+        assert f"{redis_service.prefix}agent:paid" in redis_service.key_names()
+    finally:
+        stop_all(replicas)
+
+
+def test_redis_stopped_mid_run_falls_back_then_shares_again(tmp_path, own_redis):
+    replicas = start_replicas(tmp_path, own_redis.url, "midrun:", per_ip=3)
+    try:
+        assert Counter(burst(replicas, 8, "198.51.100.10")) == {402: 3, 429: 5}
+
+        own_redis.kill()
+        # every answer still comes from a limiter: each replica's own buckets, N per replica
+        for gate in replicas:
+            assert Counter(burst([gate], 6, "198.51.100.11")) == {402: 3, 429: 3}
+        for gate in replicas:
+            assert metric(gate, "a2a_gate_limiter_shared") == 0.0
+            assert metric(gate, "a2a_gate_limiter_fallbacks_total") == 1.0  # once per transition
+            log = gate.log.read_text()
+            assert log.count("limiters fall back to this replica's own buckets") == 1
+
+        own_redis.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(metric(g, "a2a_gate_limiter_shared") != 1.0 for g in replicas):
+            burst(replicas, 2, "198.51.100.12")  # traffic lets a due probe run; never more than one at a time
+            time.sleep(0.5)
+        assert [metric(gate, "a2a_gate_limiter_shared") for gate in replicas] == [1.0, 1.0]
+        assert Counter(burst(replicas, 8, "198.51.100.13")) == {402: 3, 429: 5}
+        for gate in replicas:
+            log = gate.log.read_text()
+            assert log.count("limiters shared through Redis again") == 1
+            assert log.count("limiters fall back to this replica's own buckets") == 1
+    finally:
+        stop_all(replicas)
+
+
+def test_redis_down_at_start_serves_from_own_buckets(tmp_path):
+    closed = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    replicas = start_replicas(tmp_path, closed, "down:", count=1, per_ip=2)
+    try:
+        gate = replicas[0]
+        assert Counter(burst(replicas, 5, "198.51.100.20")) == {402: 2, 429: 3}
+        assert metric(gate, "a2a_gate_limiter_shared") == 0.0
+        assert metric(gate, "a2a_gate_limiter_fallbacks_total") == 1.0
+        log = gate.log.read_text()
+        assert log.count("limiters fall back to this replica's own buckets") == 1
+        assert "Traceback" not in log
+    finally:
+        stop_all(replicas)
