@@ -131,6 +131,10 @@ class AgentRegistry:
     def backend(self, name: str) -> Backend:
         return self.backends[name]
 
+    def deadline_seconds(self, name: str) -> float:
+        """How long one run of this agent may take before its task fails, uncharged."""
+        return self.configs[name].deadline_seconds
+
     async def aclose(self) -> None:
         for backend in self.backends.values():
             await backend.aclose()

@@ -197,8 +197,14 @@ class Runner:
             # a new task (one message) has no backend memory yet; a continued one may
             backend_ref=self.store.backend_ref(task["id"]) if len(task.get("history") or []) > 1 else {},
         )
+        deadline = self.agents.deadline_seconds(execution.agent)
         try:
-            reply = await self.agents.backend(execution.agent).run(request)
+            # the payment window a token must leave is counted from this deadline (DESIGN 4.7)
+            async with asyncio.timeout(deadline):
+                reply = await self.agents.backend(execution.agent).run(request)
+        except TimeoutError:
+            logger.warning("agent %s passed its deadline of %gs", execution.agent, deadline)
+            return AgentReply.failed(f"The agent did not finish within {deadline:g}s (its deadline).")
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 -- whatever an agent raises fails its task, uncharged
