@@ -257,7 +257,7 @@ def gate_config(folder: Path, *, facilitator: str = "", per_ip: int = BIG, per_a
 
 def create_key(config: Path, src: Path = servers.REPO) -> str:
     """`a2a-gate keys --config ... create bench --agent echo`; returns the key it prints once."""
-    done = subprocess.run([sys.executable, "-m", "server.cli", "keys", "--config", str(config), "create", "bench",
+    done = subprocess.run([sys.executable, "-m", "gate.cli", "keys", "--config", str(config), "create", "bench",
                            "--agent", "echo"], capture_output=True, text=True, cwd=src, timeout=60, check=False)
     match = KEY_LINE.search(done.stdout)
     if done.returncode != 0 or not match:

@@ -174,12 +174,12 @@ def reference(kind: str, log: Path, *extra: str) -> ServerProcess:
 
 
 def gate(config: Path, port: int, log: Path, *extra: str, src: Path = REPO) -> ServerProcess:
-    """`a2a-gate serve --config ... --port P` (as `python -m server.cli`, the same entry point).
+    """`a2a-gate serve --config ... --port P` (as `python -m gate.cli`, the same entry point).
 
     `src`: the tree whose `server/` and `gate/` run (another checkout, a patched copy);
     `python -m` puts its working directory first on the import path.
     """
-    command = [sys.executable, "-m", "server.cli", "serve", "--config", str(config), "--port", str(port),
+    command = [sys.executable, "-m", "gate.cli", "serve", "--config", str(config), "--port", str(port),
                "--log-level", "warning", *extra]
     return ServerProcess("a2a-gate", command, port, log, cwd=src)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import sqlite_utils
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -26,23 +27,26 @@ from gate.pricing import PaymentRequiredAnswers
 from gate.sealing import Sealer, load_key
 from gate.settlement import Collection, Payment, Settler, attach_payment_metadata, metadata_for, withheld_metadata
 from gate.shared_limiter import SharedBuckets, shared_limiters
+from server.agents import AgentRegistry
+from server.anonymous import Parts
 from server.cards import agent_url
-from server.config import AgentConfig
+from server.config import AgentConfig, Settings
 from server.database import commit_until_stored
 from server.dialects import TERMINAL_STATES
 from server.execution import Collected, Settlement
-from server.tasks import agent_message, set_status
-
-if TYPE_CHECKING:
-    from server.app import Services
+from server.methods import Methods
+from server.metrics import Metrics
+from server.tasks import TaskStore, agent_message, set_status
 
 logger = logging.getLogger("a2a_gate.gate")
 
 
 class PaymentGate:
-    def __init__(self, services: Services) -> None:
-        settings = services.settings
-        self.services = services
+    """The anonymous path of a2a-gate (`server.anonymous.AnonymousPath`): pay per request."""
+
+    def __init__(self, *, settings: Settings, db: sqlite_utils.Database, store: TaskStore, agents: AgentRegistry,
+                 methods: Methods, metrics: Metrics) -> None:
+        self.settings, self.store, self.agents, self.methods = settings, store, agents, methods
         own_ip = CallerLimiter(settings.per_ip_per_minute, settings.limiter_max_entries, settings.ipv6_prefix)
         overrides = {a.name: a.per_agent_per_minute for a in settings.agents.values() if a.per_agent_per_minute}
         own_agents = AgentLimiters(settings.per_agent_per_minute, overrides)
@@ -51,21 +55,27 @@ class PaymentGate:
         self.shared_buckets: SharedBuckets | None = None
         if settings.limiter_redis_url:  # several replicas: the buckets live in Redis
             self.shared_buckets, self.ip_limiter, self.agent_limiters = shared_limiters(
-                settings, own_ip, own_agents, services.metrics)
-        self.metrics = services.metrics
-        self.facilitator = FacilitatorClient(settings.facilitator, services.metrics)
-        self.claims = Claims(services.db, settings.claim_lease_seconds)
-        self.log = PaymentLog(services.db)
+                settings, own_ip, own_agents, metrics)
+        self.metrics = metrics
+        self.facilitator = FacilitatorClient(settings.facilitator, metrics)
+        self.claims = Claims(db, settings.claim_lease_seconds)
+        self.log = PaymentLog(db)
         self.sealer = Sealer(load_key(settings.database))
         self.chain = Chain(settings.networks)
-        self.settler = Settler(self.facilitator, self.claims, self.log, settings.facilitator, services.metrics,
+        self.settler = Settler(self.facilitator, self.claims, self.log, settings.facilitator, metrics,
                                self.chain, pass_interval=settings.reconcile_interval_seconds)
         self.answers_402 = PaymentRequiredAnswers()
         self.background: list[asyncio.Task[None]] = []
         self.ready: tuple[float, str] = (0.0, "")
-        services.metrics.watch_state(self.claims.count_in_flight, self.claims.count_owed)
-        services.metrics.watch_terminal(lambda: self.claims.count(ClaimState.UNSETTLED),
+        metrics.watch_state(self.claims.count_in_flight, self.claims.count_owed)
+        metrics.watch_terminal(lambda: self.claims.count(ClaimState.UNSETTLED),
                                         lambda: self.claims.count(ClaimState.NEEDS_ATTENTION))
+
+    @classmethod
+    def from_parts(cls, parts: Parts) -> PaymentGate:
+        """The factory `create_app(settings, anonymous=...)` is given."""
+        return cls(settings=parts.settings, db=parts.db, store=parts.store, agents=parts.agents,
+                   methods=parts.methods, metrics=parts.metrics)
 
     async def handle(self, request: Request, agent: str) -> Response:
         return await handle_anonymous(self, request, agent)
@@ -82,7 +92,7 @@ class PaymentGate:
 
     def settlement_for(self, payment: Payment) -> Settlement:
         """The hooks an execution calls: settle after delivery, release otherwise."""
-        agent = self.services.agents.get(payment.agent)
+        agent = self.agents.get(payment.agent)
         withhold = agent is not None and agent.on_settle_failure == "withhold"
         digest, outcome = payment.token_digest, []
 
@@ -110,6 +120,12 @@ class PaymentGate:
         return Settlement(mark_delivered=mark_delivered, delivered=delivered, not_delivered=not_delivered,
                           saved=saved, abandoned=lambda: self.claims.let_go(digest),
                           withhold=withhold)
+
+    async def readiness(self) -> dict[str, str]:
+        return {"facilitator": await self.facilitator_ready()}
+
+    def expire(self, older_than_seconds: float) -> None:
+        self.claims.expire(older_than_seconds)
 
     async def facilitator_ready(self, ttl: float = 10.0) -> str:
         """"ok", "not configured", or the reason the facilitator cannot be reached (cached)."""
@@ -144,7 +160,7 @@ class PaymentGate:
     async def recover(self) -> None:
         """Resolve orphans (claims whose owner's lease ran out): undelivered work is released,
         delivered work is owed, and its settle may have been sent."""
-        store = self.services.store
+        store = self.store
         for claim in self.claims.orphans():
             if not self.claims.take_orphan(claim):
                 continue  # its owner renewed, or another process took it
@@ -185,7 +201,7 @@ class PaymentGate:
     async def settle_owed(self, claim: Claim) -> dict[str, Any]:
         """Settle one owed claim (already taken for this process) and show the outcome on its task."""
         sealed = self.sealer.unseal(claim.sealed_payment, claim.token_digest)
-        config = self.services.agents.get(claim.agent)
+        config = self.agents.get(claim.agent)
         price = config.price if config is not None else None
         amount, network, asset = (price.amount, price.network, price.asset) if price else ("", "", "")
         payment = Payment(claim.token_digest, sealed["version"], sealed["payload"], sealed["requirements"],
@@ -198,7 +214,7 @@ class PaymentGate:
     async def show_outcome(self, claim: Claim, metadata: dict[str, Any], collection: Collection | None = None) -> None:
         """Bring a claim's stored task up to its recorded outcome (after a pass, a crash or a lost write)."""
         state = collection.state if collection is not None else claim.state
-        store = self.services.store
+        store = self.store
         task = store.get(claim.task_id, f"payer:{claim.payer}", claim.agent)
         if task is not None:
             if claim.withheld is None:
@@ -224,7 +240,7 @@ class PaymentGate:
                 logger.exception("renewing claim leases failed")
 
     async def _reconcile_loop(self) -> None:
-        interval = self.services.settings.reconcile_interval_seconds
+        interval = self.settings.reconcile_interval_seconds
         while True:
             await asyncio.sleep(min(interval, self.claims.lease_seconds))
             try:

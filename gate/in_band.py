@@ -130,7 +130,7 @@ class Pending:
 
 def find_pending(gate: PaymentGate, plan: SendPlan, agent: AgentConfig) -> Pending | None:
     """The pending request this message continues (pays for, or declines), if any."""
-    task = gate.services.store.pending(plan.message.get("taskId"), agent.name)
+    task = gate.store.pending(plan.message.get("taskId"), agent.name)
     return Pending(task) if task is not None else None
 
 
@@ -154,7 +154,7 @@ def payment_required(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, reso
     """The Task asking for payment; over a cap (message size, requests per caller) the HTTP 402 instead."""
     price = agent.price
     assert price is not None
-    settings, store = gate.services.settings, gate.services.store
+    settings, store = gate.settings, gate.store
     if pending is not None:
         task = pending.task
     else:
@@ -183,7 +183,7 @@ def refused(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, resource: str
     failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
     task = pending.task
     ask(task, price, resource, agent.description, failure, f"Payment failed ({code}); pay again to use this agent.")
-    gate.services.store.save(task)
+    gate.store.save(task)
     return task_answer(plan, task, echo(active))
 
 
@@ -193,17 +193,17 @@ def declined(gate: PaymentGate, plan: SendPlan, pending: Pending, active: Activa
     metadata = {STATUS: "payment-rejected"}
     set_status(task, "canceled", agent_message(task, "Payment declined by the client; nothing was charged.", metadata))
     task["metadata"] = metadata
-    gate.services.store.save(task)
+    gate.store.save(task)
     return task_answer(plan, task, echo(active))
 
 
 def start_paid(gate: PaymentGate, pending: Pending, agent: AgentConfig, owner: str, settlement: Settlement) -> Execution:
     """The payment is verified: the payer adopts the task and the agent runs the ORIGINAL message."""
-    task = gate.services.store.adopt(pending.id, owner, agent.name)
+    task = gate.store.adopt(pending.id, owner, agent.name)
     if task is None:  # paid for by someone else a moment ago, or expired
         raise RpcError(TASK_NOT_FOUND)
     task.pop("metadata", None)
-    return gate.services.methods.start_task(task, agent.name, task["history"][0], settlement)
+    return gate.methods.start_task(task, agent.name, task["history"][0], settlement)
 
 
 def ask(task: dict[str, Any], price: Price, resource: str, description: str, metadata: dict[str, Any],

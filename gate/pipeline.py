@@ -23,6 +23,7 @@ from gate.claims import Claim, ClaimState
 from gate.facilitator import Unavailable
 from gate.limiter import caller_key
 from gate.settlement import STATUS, Payment
+from server.anonymous import not_authenticated
 from server.cards import agent_url
 from server.config import AgentConfig, payment_window_seconds
 from server.jsonrpc import (
@@ -45,7 +46,7 @@ logger = logging.getLogger("a2a_gate.gate")
 
 
 async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Response:
-    settings, info = gate.services.settings, request.state.info
+    settings, info = gate.settings, request.state.info
     # 1. per-IP, then per-agent limiter
     for limiter, key in ((gate.ip_limiter, info.client), (gate.agent_limiters, name)):
         wait = await limiter.check(key)
@@ -53,7 +54,7 @@ async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Re
             gate.metrics.limiter_refusals.labels("ip" if limiter is gate.ip_limiter else "agent").inc()
             return too_many_requests(wait)
     # 2. unknown, unexposed and unpriced agents all look the same
-    agent = gate.services.agents.get(name)
+    agent = gate.agents.get(name)
     if agent is None or not agent.exposed or agent.price is None:
         return not_authenticated()
     # 3. a priced door that cannot take payment now
@@ -85,7 +86,7 @@ async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Re
 async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: AgentConfig) -> Response:
     call, price, info = plan.call, agent.price, request.state.info
     assert price is not None
-    resource = agent_url(public_base_url(request, gate.services.settings.public_url), agent.name)
+    resource = agent_url(public_base_url(request, gate.settings.public_url), agent.name)
     active = in_band.activation(request.headers)
     # a message continuing an in-band request awaiting payment pays (or declines) for its original
     pending = in_band.find_pending(gate, plan, agent)
@@ -97,7 +98,7 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
     if token is None:
         if active is not None:
             info.set("payment_required", "in-band")
-            caller = caller_key(info.client, gate.services.settings.ipv6_prefix)  # one household, one cap
+            caller = caller_key(info.client, gate.settings.ipv6_prefix)  # one household, one cap
             return in_band.payment_required(gate, plan, agent, resource, caller, active, pending)
         return gate.answers_402.response(agent.name, price, resource, agent.description)
     log = log_fields(agent, token)
@@ -113,7 +114,7 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
     try:
         requirements = tokens.check_payload(token, price, resource)
         if gate.claims.find(token.digest) is None:
-            tokens.check_window(token, min_window=payment_window_seconds(agent, gate.services.settings.facilitator))
+            tokens.check_window(token, min_window=payment_window_seconds(agent, gate.settings.facilitator))
     except tokens.Rejection as exc:
         return refuse(exc.reason)
     # 8. claim, before anything is executed
@@ -173,7 +174,7 @@ async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, age
         if pending is not None:  # in-band: the agent runs the original message of the task
             execution = in_band.start_paid(gate, pending, agent, owner, settlement)
         else:
-            execution = gate.services.methods.start_send(plan, agent.name, owner, settlement)
+            execution = gate.methods.start_send(plan, agent.name, owner, settlement)
     except RpcError as exc:
         gate.claims.release(token.digest)
         gate.log.append("release", **log, payer=payment.payer, error=f"not started: {exc.message}")
@@ -182,8 +183,8 @@ async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, age
     headers = in_band.echo(active)
     if call.operation == "stream":
         info.set("ok", "stream")
-        return gate.services.methods.stream(plan, execution, headers)
-    result = await gate.services.methods.send(plan, execution)
+        return gate.methods.stream(plan, execution, headers)
+    result = await gate.methods.send(plan, execution)
     info.set(*charge_outcome(execution.task))
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})
 
@@ -229,7 +230,7 @@ async def replay(gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payme
         taken = gate.claims.take_owed(claim.token_digest)
         if taken is not None:
             await gate.settle_owed(taken)
-    task = gate.services.store.get(claim.task_id, owner, claim.agent)
+    task = gate.store.get(claim.task_id, owner, claim.agent)
     if task is None:
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
     gate.log.append("replay", **replace(payment, payer=claim.payer).log_fields(claim.task_id))
@@ -239,7 +240,7 @@ async def replay(gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payme
 async def bound_task_call(gate: PaymentGate, request: Request, call: Call, agent: AgentConfig) -> Response:
     """Task calls for a payer: every failure is the same -32001 bytes (a list, an empty page)."""
     owner = await prove_payer(gate, request, call, agent)
-    methods = gate.services.methods
+    methods = gate.methods
     if owner is None:
         if call.operation == "list":  # nothing is visible without proof
             return result_response(call.id, methods.list(call, agent.name, None))
@@ -266,7 +267,7 @@ async def prove_payer(gate: PaymentGate, request: Request, call: Call, agent: Ag
         return f"payer:{claim.payer}"
     assert agent.price is not None
     try:
-        resource = agent_url(public_base_url(request, gate.services.settings.public_url), agent.name)
+        resource = agent_url(public_base_url(request, gate.settings.public_url), agent.name)
         requirements = tokens.check(token, agent.price, resource)
         verification = await gate.facilitator.verify(token.version, token.payload, requirements)
     except (tokens.Rejection, Unavailable):
@@ -297,10 +298,6 @@ def payment_response_header(task: dict[str, Any]) -> dict[str, str]:
 
 def too_many_requests(wait: float) -> JSONResponse:
     return JSONResponse({"detail": "Too many requests"}, status_code=429, headers={"Retry-After": str(max(1, math.ceil(wait)))})
-
-
-def not_authenticated() -> JSONResponse:
-    return JSONResponse({"detail": "Not authenticated"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
 
 def payment_rejected(reason: str) -> JSONResponse:

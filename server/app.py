@@ -1,8 +1,9 @@
 """The Starlette application: routes, start-up, and the one branch on the principal.
 
 `POST /a2a/{agent}` decides exactly once who is calling. A principal takes the free
-path below; everyone else goes through the payment gate (`gate.pipeline`), which
-never sees a principal and which a principal never touches.
+path below; everyone else goes to the anonymous path the app was given
+(`server.anonymous`; in a2a-gate, the payment gate), which never sees a principal and
+which a principal never touches.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from starlette.routing import Route
 
 from server import request_log
 from server.agents import AgentRegistry
+from server.anonymous import AnonymousFactory, KeysOnly, Parts
 from server.cards import agent_card
 from server.config import Settings
 from server.database import open_database
@@ -54,9 +56,7 @@ HOUSEKEEPING_SECONDS = 60.0
 class Services:
     """Everything a request needs, built once per process."""
 
-    def __init__(self, settings: Settings) -> None:
-        from gate.gate import PaymentGate  # the gate builds on the server, not the other way
-
+    def __init__(self, settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> None:
         self.settings = settings
         self.db = open_database(settings.database)
         self.store = TaskStore(self.db, deadline_seconds=settings.task_deadline_seconds)
@@ -65,16 +65,17 @@ class Services:
         self.runner = Runner(self.store, self.agents)
         self.methods = Methods(self.store, self.runner)
         self.metrics = Metrics()
-        self.gate = PaymentGate(self)
-        self.methods.scrub = self.gate.scrub_message  # signed material never stays in a message
+        self.anonymous = anonymous(Parts(settings, self.db, self.store, self.agents, self.runner, self.methods,
+                                         self.metrics))
+        self.methods.scrub = self.anonymous.scrub_message  # what the anonymous path says may not stay in a message
         self.started_at = time.time()  # cards come from the configuration read now
 
     async def start(self) -> None:
-        await self.gate.start()
+        await self.anonymous.start()
 
     async def close(self) -> None:
         await self.runner.drain(timeout=10.0)
-        await self.gate.close()
+        await self.anonymous.close()
         await self.agents.aclose()
         self.db.conn.close()
 
@@ -89,7 +90,7 @@ class Services:
     def housekeeping(self) -> None:
         """Expire old finished tasks and fail the ones stuck past their deadline (uncharged)."""
         self.store.expire(self.settings.task_retention_days * 86400)
-        self.gate.claims.expire(self.settings.task_retention_days * 86400)
+        self.anonymous.expire(self.settings.task_retention_days * 86400)
         for task in self.store.stuck():
             execution = self.runner.live.get(task["id"])
             if execution is not None:
@@ -118,10 +119,10 @@ async def a2a_endpoint(request: Request) -> Response:
 
 
 async def branch(services: Services, request: Request, name: str, info: RequestInfo) -> Response:
-    """The one branch on the principal: the free path here, or the payment gate."""
+    """The one branch on the principal: the free path here, or the anonymous path."""
     principal = services.principals.identify(request.headers.get("authorization"))
     if principal is None:
-        return await services.gate.handle(request, name)
+        return await services.anonymous.handle(request, name)
     info.caller = principal.owner
     if not principal.may_use(name):
         return forbidden()
@@ -180,7 +181,7 @@ async def card_endpoint(request: Request) -> Response:
     if agent is None or not agent.exposed:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
     public_url = public_base_url(request, services.settings.public_url)
-    card = JSONResponse(agent_card(agent, public_url, services.gate.card_extensions(agent, public_url)))
+    card = JSONResponse(agent_card(agent, public_url, services.anonymous.card_extensions(agent, public_url)))
     return cached(request, card, services.started_at)
 
 
@@ -219,9 +220,9 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready: the database takes writes and the facilitator (if any) answers (cached briefly)."""
+    """Ready: the database takes writes and the anonymous path's own checks pass."""
     services: Services = request.app.state.services
-    checks = {"database": services.database_writable(), "facilitator": await services.gate.facilitator_ready()}
+    checks = {"database": services.database_writable(), **await services.anonymous.readiness()}
     ready = all(v in ("ok", "not configured") for v in checks.values())
     return JSONResponse({"status": "ready" if ready else "not ready", **checks}, status_code=200 if ready else 503)
 
@@ -237,12 +238,13 @@ async def metrics(request: Request) -> Response:
 SAFE_RECURSION_LIMIT = 4000
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> Starlette:
+    """The A2A server for `settings`; callers without a key are handed to `anonymous`."""
     if sys.getrecursionlimit() > SAFE_RECURSION_LIMIT:
         sys.setrecursionlimit(SAFE_RECURSION_LIMIT)
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        services = Services(settings)
+        services = Services(settings, anonymous)
         app.state.services = services
         await services.start()
         keeper = asyncio.create_task(_housekeeping_loop(services))

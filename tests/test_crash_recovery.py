@@ -181,7 +181,7 @@ def test_reconcile_beside_a_live_server_steals_no_live_claim(tmp_path, facilitat
         task = paid.post("paid-slow", send_body("sleep 10", blocking=False), headers).json()["result"]
         wait_for(lambda: claim_states(paid.db_path) == ["running"])
         time.sleep(2.0)  # past one lease: only renewal keeps it alive
-        command = [sys.executable, "-m", "server.cli", "reconcile", "--config", str(paid.gate.config)]
+        command = [sys.executable, "-m", "gate.cli", "reconcile", "--config", str(paid.gate.config)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert claim_states(paid.db_path) == ["running"]

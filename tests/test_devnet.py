@@ -34,7 +34,7 @@ def test_serve_with_dev_facilitator_then_devnet_pay_runs_the_paid_flow(tmp_path:
     port, facilitator_port = free_port(), free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        serve = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port),
+        serve = subprocess.Popen([sys.executable, "-m", "gate.cli", "serve", "--port", str(port),
                                   "--dev-facilitator", str(facilitator_port), "--log-level", "warning"],
                                  cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -79,7 +79,7 @@ def test_production_server_runs_without_the_extra_and_dev_facilitator_says_what_
         "        return None\n"
         "sys.meta_path.insert(0, Hide())\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--port", str(free_port()),
+    result = subprocess.run([sys.executable, "-m", "gate.cli", "serve", "--port", str(free_port()),
                              "--dev-facilitator", str(free_port())],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode != 0
@@ -90,7 +90,7 @@ def test_production_server_runs_without_the_extra_and_dev_facilitator_says_what_
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        serve = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port)],
+        serve = subprocess.Popen([sys.executable, "-m", "gate.cli", "serve", "--port", str(port)],
                                  cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", serve, log)

@@ -94,7 +94,7 @@ def test_principal_on_a_priced_agent_never_touches_the_payment_path(paid, tmp_pa
     import subprocess
     import sys
 
-    made = subprocess.run([sys.executable, "-m", "server.cli", "keys", "--config", str(paid.gate.config), "create",
+    made = subprocess.run([sys.executable, "-m", "gate.cli", "keys", "--config", str(paid.gate.config), "create",
                            "ops", "--agent", "paid"], capture_output=True, text=True, check=True)
     key = made.stdout.split("keep it secret): ")[1].split()[0]
     headers = {"Authorization": f"Bearer {key}", **Payer().header_for(paid.gate.url)}

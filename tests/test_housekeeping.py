@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from gate.gate import PaymentGate
 from server.app import Services
 from server.config import default_settings
 from server.tasks import PENDING_OWNER, new_task, set_status
@@ -17,7 +18,7 @@ def message(text: str) -> dict:
 def test_stuck_tasks_fail_and_old_finished_tasks_expire(tmp_path):
     settings = replace(default_settings(str(tmp_path / "gate.db")), task_deadline_seconds=0.01,
                        task_retention_days=0.1 / 86400)
-    services = Services(settings)
+    services = Services(settings, PaymentGate.from_parts)
     try:
         store = services.store
         stuck = new_task(None, message("stuck"))

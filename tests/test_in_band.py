@@ -181,11 +181,12 @@ def test_requests_awaiting_payment_expire_with_the_requirements(tmp_path):
     """A pending request lives maxTimeoutSeconds: then it can be neither paid nor counted, and it is deleted."""
     import time
 
+    from gate.gate import PaymentGate
     from server.app import Services
     from server.config import default_settings
     from server.tasks import new_task, pending_owner, set_status
 
-    services = Services(default_settings(str(tmp_path / "gate.db")))
+    services = Services(default_settings(str(tmp_path / "gate.db")), PaymentGate.from_parts)
     try:
         store, owner = services.store, pending_owner("203.0.113.7")
         tasks = []

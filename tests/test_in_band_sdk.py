@@ -141,7 +141,7 @@ def test_sdk_client_pays_by_metadata_on_the_http_flow(paid, dialect):
 
 
 def test_sdk_auth_interceptor_attaches_the_key_from_the_card(paid):
-    made = subprocess.run([sys.executable, "-m", "server.cli", "keys", "--config", str(paid.gate.config), "create",
+    made = subprocess.run([sys.executable, "-m", "gate.cli", "keys", "--config", str(paid.gate.config), "create",
                            "ops", "--agent", "echo"], capture_output=True, text=True, check=True)
     api_key = made.stdout.split("keep it secret): ")[1].split()[0]
 

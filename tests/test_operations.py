@@ -68,6 +68,6 @@ def test_json_log_lines_name_the_request_and_never_the_token(tmp_path, facilitat
 
 def test_payments_command_lists_the_log(paid):
     paid.post("paid", send_body("x"), Payer().header_for(paid.gate.url))
-    out = subprocess.run([sys.executable, "-m", "server.cli", "payments", "--config", str(paid.gate.config),
+    out = subprocess.run([sys.executable, "-m", "gate.cli", "payments", "--config", str(paid.gate.config),
                           "--action", "settle"], capture_output=True, text=True, check=True).stdout
     assert "\tsettle\tpaid\t0x" in out and "\t1000\t0x" in out

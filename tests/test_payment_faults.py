@@ -86,7 +86,7 @@ def test_reconcile_command_settles_owed_work_once(paid):
     paid.faults(settle="http500")
     task = paid.post("paid", send_body("later"), headers).json()["result"]
     paid.faults()
-    command = [sys.executable, "-m", "server.cli", "reconcile", "--config", str(paid.gate.config)]
+    command = [sys.executable, "-m", "gate.cli", "reconcile", "--config", str(paid.gate.config)]
     first = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
     assert "payment-completed" in first.stdout and "1 owed settlement(s) attempted" in first.stdout

@@ -46,7 +46,7 @@ def as_struct_numbers(token: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_no_token_signature_or_key_is_kept_or_echoed(paid):
-    made = subprocess.run([sys.executable, "-m", "server.cli", "keys", "--config", str(paid.gate.config), "create",
+    made = subprocess.run([sys.executable, "-m", "gate.cli", "keys", "--config", str(paid.gate.config), "create",
                            "ops", "--agent", "echo"], capture_output=True, text=True, check=True)
     api_key = made.stdout.split("keep it secret): ")[1].split()[0]
     payer = Payer()

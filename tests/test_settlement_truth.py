@@ -43,7 +43,7 @@ def claim_rows(db: Path) -> list[dict]:
 
 
 def cli(paid: PaidSetup, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "server.cli", *args, "--config", str(paid.gate.config)],
+    done = subprocess.run([sys.executable, "-m", "gate.cli", *args, "--config", str(paid.gate.config)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout

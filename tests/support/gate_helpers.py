@@ -20,8 +20,8 @@ KEY_LINE = re.compile(r"key \(shown once, keep it secret\): (\S+)")
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run `a2a-gate ...` (as `python -m server.cli`) and capture its output."""
-    done = subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True,
+    """Run `a2a-gate ...` (as `python -m gate.cli`) and capture its output."""
+    done = subprocess.run([sys.executable, "-m", "gate.cli", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=60, check=False)
     if check and done.returncode != 0:
         raise AssertionError(f"a2a-gate {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")

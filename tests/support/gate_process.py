@@ -41,7 +41,7 @@ class GateProcess:
 
     def start(self, timeout: float = 60.0) -> GateProcess:
         """Start and wait for /healthz; generous, for a busy machine running the suite in parallel."""
-        command = [*self.prefix, sys.executable, "-m", "server.cli", "serve", "--config", str(self.config),
+        command = [*self.prefix, sys.executable, "-m", "gate.cli", "serve", "--config", str(self.config),
                    "--host", self.host, "--port", str(self.port), "--log-level", "info", *self.extra_args]
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,

@@ -1,5 +1,8 @@
 """The `a2a-gate` command: serve, check a configuration, manage keys, see payments.
 
+The composition root: the one place that puts the A2A server (`server/`) and the
+payment gate (its anonymous path) together, in `build_app`.
+
 A bad configuration stops with one line per problem and exit status 2, never a
 traceback.
 """
@@ -36,15 +39,22 @@ def load_settings(path: str | None) -> Settings:
     return default_settings()
 
 
+def build_app(settings: Settings) -> Starlette:
+    """The server for `settings`, with the payment gate answering callers without a key."""
+    from gate.gate import PaymentGate
+    from server.app import create_app
+
+    return create_app(settings, anonymous=PaymentGate.from_parts)
+
+
 def app_from_env() -> Starlette:  # uvicorn factory for --workers > 1
     from server import request_log
-    from server.app import create_app
 
     request_log.configure(json_lines=os.environ.get("A2A_GATE_LOG_JSON") == "1",
                           level=os.environ.get("A2A_GATE_LOG_LEVEL", "info"))
     settings = load_settings(None)
     overrides = json.loads(os.environ.get("A2A_GATE_OVERRIDES", "{}"))
-    return create_app(_apply_overrides(settings, overrides))
+    return build_app(_apply_overrides(settings, overrides))
 
 
 def _apply_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
@@ -84,13 +94,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             os.environ["A2A_GATE_OVERRIDES"] = json.dumps(overrides)
             os.environ["A2A_GATE_LOG_JSON"] = "1" if args.log_json else "0"
             os.environ["A2A_GATE_LOG_LEVEL"] = args.log_level
-            _run_workers(server_config("server.cli:app_from_env", settings.http, factory=True, host=args.host,
+            _run_workers(server_config("gate.cli:app_from_env", settings.http, factory=True, host=args.host,
                                        port=args.port, workers=args.workers, proxy_headers=False, access_log=False,
                                        log_level=args.log_level))
         else:
-            from server.app import create_app
-
-            server = uvicorn.Server(server_config(create_app(settings), settings.http, host=args.host, port=args.port,
+            server = uvicorn.Server(server_config(build_app(settings), settings.http, host=args.host, port=args.port,
                                                   proxy_headers=False, access_log=False, log_level=args.log_level))
             server.run()
             if not server.started:
@@ -240,6 +248,7 @@ def cmd_payments(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
+    from gate.gate import PaymentGate
     from server.app import Services
 
     settings = load_settings(args.config)
@@ -247,11 +256,13 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         settings = replace(settings, database=args.database)
 
     async def run() -> list[dict[str, Any]]:
-        services = Services(settings)
+        services = Services(settings, PaymentGate.from_parts)
+        gate = services.anonymous
+        assert isinstance(gate, PaymentGate)
         try:
-            return await services.gate.reconcile_once()
+            return await gate.reconcile_once()
         finally:
-            await services.gate.close()
+            await gate.close()
             await services.agents.aclose()
 
     outcomes = asyncio.run(run())

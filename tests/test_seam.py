@@ -1,0 +1,64 @@
+"""The server alone: a principal's free path works, and callers without a key get the uniform 401.
+
+The server knows nothing of payments (import-linter holds that in CI); this pins what it does
+without the gate plugged in, and that the gate is what the `a2a-gate` command plugs in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+
+from starlette.testclient import TestClient
+
+from gate.cli import build_app
+from server.app import create_app
+from server.config import parse_config
+
+KEY = "seam-test-key"
+PRICE = ('{ network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318f3dCF7e", amount = "1",'
+         ' pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C" }')
+CONFIG = f"""
+public_url = "http://gate.example"
+database = "gate.db"
+keys = [{{ name = "ops", sha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}", agents = ["*"] }}]
+
+[facilitator]
+url = "http://127.0.0.1:9"
+
+[agents.echo]
+
+[agents.priced]
+price = {PRICE}
+"""
+
+
+def send(text: str) -> dict:
+    return {"jsonrpc": "2.0", "id": 1, "method": "message/send",
+            "params": {"message": {"kind": "message", "role": "user", "messageId": "m1",
+                                   "parts": [{"kind": "text", "text": text}]}}}
+
+
+def settings(tmp_path):
+    return parse_config(tomllib.loads(CONFIG), base_dir=tmp_path)
+
+
+def test_the_server_alone_serves_keys_and_answers_everyone_else_401(tmp_path):
+    with TestClient(create_app(settings(tmp_path))) as client:
+        free = client.post("/a2a/echo", json=send("hi"), headers={"Authorization": f"Bearer {KEY}"})
+        assert free.json()["result"]["status"]["state"] == "completed"
+        for agent in ("echo", "priced", "nobody"):
+            anonymous = client.post(f"/a2a/{agent}", json=send("hi"))
+            assert (anonymous.status_code, anonymous.json()) == (401, {"detail": "Not authenticated"})
+        card = client.get("/a2a/priced/.well-known/agent-card.json").json()
+        assert not card["capabilities"].get("extensions")  # no payment vocabulary without the gate
+        assert "facilitator" not in client.get("/readyz").json()
+
+
+def test_the_a2a_gate_command_plugs_the_payment_gate_in(tmp_path):
+    with TestClient(build_app(settings(tmp_path))) as client:
+        priced = client.post("/a2a/priced", json=send("hi"))
+        assert priced.status_code == 402 and "PAYMENT-REQUIRED" in priced.headers
+        card = client.get("/a2a/priced/.well-known/agent-card.json").json()
+        assert card["capabilities"]["extensions"]
+        assert "facilitator" in client.get("/readyz").json()
