@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -55,6 +55,7 @@ redis.call('PEXPIRE', KEYS[1], math.ceil((capacity - tokens) / per_ms) + 1000)
 return wait
 """
 
+MAX_CONNECTIONS = 50  # to Redis, per process
 FIRST_PROBE_SECONDS = 0.5
 LAST_PROBE_SECONDS = 10.0
 
@@ -64,8 +65,12 @@ class SharedBuckets:
 
     def __init__(self, url: str, prefix: str, timeout: float, metrics: Metrics,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.client = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                     retry=Retry(NoBackoff(), 0))  # a failed check falls back, it never waits
+        # a bounded pool (a flood waits for a connection, within the check's timeout, instead of
+        # opening one per request); a failed check falls back at once, it is never retried
+        pool = BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS, timeout=timeout,
+                                               socket_timeout=timeout, socket_connect_timeout=timeout,
+                                               retry=Retry(NoBackoff(), 0))
+        self.client = Redis.from_pool(pool)
         self.script = self.client.register_script(TAKE_SCRIPT)
         self.where = where(self.client)
         self.prefix = prefix
