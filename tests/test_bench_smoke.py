@@ -28,8 +28,8 @@ ROWS = {
     "d": {},
 }
 ADDRESSES = 1000
-# Seconds measured per server: the real-crypto facilitator needs a whole second to answer a few.
-DURATION = {"a": "0.5", "b": "0.5", "c": "1", "d": "0.5"}
+# Seconds measured per server: on a busy machine the real-crypto facilitator needs seconds to answer a few.
+DURATION = {"a": "0.5", "b": "0.5", "c": "3", "d": "0.5"}
 
 
 @pytest.mark.parametrize("case", sorted(ROWS))

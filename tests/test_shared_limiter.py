@@ -27,6 +27,8 @@ def replica_config(public_url: str, redis_url: str, prefix: str, *, per_ip: int,
     text = text.replace("per_agent_per_minute = 100000",
                         f'per_agent_per_minute = {per_agent}\nredis_url = "{redis_url}"\nredis_prefix = "{prefix}"\n'
                         f"redis_timeout_seconds = {timeout}")
+    text = text.replace('callable = "tests.support.agents:slow"\n',
+                        'callable = "tests.support.agents:slow"\nper_agent_per_minute = 2\n', 1)
     return text.replace("[facilitator]", '[proxy]\ntrusted = ["127.0.0.1"]\n\n[facilitator]', 1)
 
 
@@ -98,6 +100,11 @@ def test_per_agent_limit_holds_across_replicas(tmp_path, redis_service):
             codes.update(burst(replicas[i % 2:i % 2 + 1], 1, f"198.51.100.{i + 1}"))
         assert codes == {402: 4, 429: 8}
         assert f"{redis_service.prefix}agent:paid" in redis_service.key_names()
+        # an agent's own per_agent_per_minute is shared the same way
+        own = Counter()
+        for i in range(6):
+            own.update(burst(replicas[i % 2:i % 2 + 1], 1, f"198.51.100.{i + 50}", agent="paid-slow"))
+        assert own == {402: 2, 429: 4}
     finally:
         stop_all(replicas)
 
