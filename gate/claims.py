@@ -105,6 +105,37 @@ class Outcome:
     reason: str = ""
 
 
+def create_table(db: sqlite_utils.Database) -> None:
+    """Create the claims table and its indexes if missing; safe from every worker at start."""
+    tables = set(db.table_names())
+    if "claims" not in tables:
+        db.table("claims").create(
+            {
+                "token_digest": str,  # SHA-256 of the canonical token, never the token
+                "nonce_key": str,  # network/asset/payer/nonce of an EVM authorization
+                "request_digest": str,  # SHA-256 of agent + method + message content
+                "agent": str,
+                "state": str,  # running | delivered | settle_failed | settled | released
+                "task_id": str,
+                "payer": str,
+                "answer": str,  # stored JSON-RPC answer for replays
+                "owner_pid": int,
+                "created_at": float,
+                "updated_at": float,
+                # The payload needed to settle later, sealed with a key kept outside the
+                # database (gate/sealing.py), erased once settled or released.
+                "sealed_payment": str,
+            },
+            pk="token_digest",
+            if_not_exists=True,
+        )
+        db.conn.execute(
+            "CREATE UNIQUE INDEX IF NOT EXISTS claims_nonce ON claims(nonce_key) WHERE nonce_key != ''"
+        )
+        db.table("claims").create_index(["state"], if_not_exists=True)
+        db.table("claims").create_index(["task_id"], if_not_exists=True)
+
+
 def migrate(db: sqlite_utils.Database) -> None:
     """Add the columns newer code needs to a claims table made by older code (idempotent)."""
     present = {row[1] for row in db.conn.execute("PRAGMA table_info(claims)")}
@@ -124,6 +155,7 @@ class Claims:
         self.instance = secrets.token_hex(8)  # this process start; never reused
         self.lease_seconds = lease_seconds
         self.held: set[str] = set()  # digests whose work is alive in this process
+        create_table(db)
         migrate(db)
 
     # -- the request path --------------------------------------------------------

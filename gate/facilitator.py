@@ -26,8 +26,8 @@ import httpx
 from prometheus_client import Counter, Gauge
 
 from gate.breaker import OPEN, STATE_VALUES, CircuitBreaker
+from gate.metrics import GateMetrics
 from server.config import FacilitatorConfig
-from server.metrics import Metrics
 
 logger = logging.getLogger("a2a_gate.gate")
 
@@ -83,7 +83,7 @@ def load_auth(target: str) -> Callable[[], Any] | None:
 
 
 class FacilitatorClient:
-    def __init__(self, config: FacilitatorConfig, metrics: Metrics | None = None) -> None:
+    def __init__(self, config: FacilitatorConfig, metrics: GateMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics
         self.auth = load_auth(config.auth)
@@ -106,7 +106,7 @@ class FacilitatorClient:
     def configured(self) -> bool:
         return bool(self.config.url)
 
-    def _watch(self, metrics: Metrics) -> None:
+    def _watch(self, metrics: GateMetrics) -> None:
         state = Gauge("a2a_gate_facilitator_breaker_state", "Facilitator circuit breaker: 0 closed, 1 half-open, 2 open",
                       registry=metrics.registry)
         state.set_function(lambda: STATE_VALUES[self.breaker.state])

@@ -21,6 +21,7 @@ from gate.chain import Chain
 from gate.claims import FINAL_STATES, Claim, Claims, ClaimState
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.limiter import AgentLimiters, CallerLimiter, RateLimit
+from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
 from gate.pipeline import handle_anonymous
 from gate.pricing import PaymentRequiredAnswers
@@ -47,6 +48,7 @@ class PaymentGate:
     def __init__(self, *, settings: Settings, db: sqlite_utils.Database, store: TaskStore, agents: AgentRegistry,
                  methods: Methods, metrics: Metrics) -> None:
         self.settings, self.store, self.agents, self.methods = settings, store, agents, methods
+        self.metrics = GateMetrics(metrics.registry)  # the gate's own, served beside the server's
         own_ip = CallerLimiter(settings.per_ip_per_minute, settings.limiter_max_entries, settings.ipv6_prefix)
         overrides = {a.name: a.per_agent_per_minute for a in settings.agents.values() if a.per_agent_per_minute}
         own_agents = AgentLimiters(settings.per_agent_per_minute, overrides)
@@ -55,20 +57,19 @@ class PaymentGate:
         self.shared_buckets: SharedBuckets | None = None
         if settings.limiter_redis_url:  # several replicas: the buckets live in Redis
             self.shared_buckets, self.ip_limiter, self.agent_limiters = shared_limiters(
-                settings, own_ip, own_agents, metrics)
-        self.metrics = metrics
-        self.facilitator = FacilitatorClient(settings.facilitator, metrics)
+                settings, own_ip, own_agents, self.metrics)
+        self.facilitator = FacilitatorClient(settings.facilitator, self.metrics)
         self.claims = Claims(db, settings.claim_lease_seconds)
         self.log = PaymentLog(db)
         self.sealer = Sealer(load_key(settings.database))
         self.chain = Chain(settings.networks)
-        self.settler = Settler(self.facilitator, self.claims, self.log, settings.facilitator, metrics,
+        self.settler = Settler(self.facilitator, self.claims, self.log, settings.facilitator, self.metrics,
                                self.chain, pass_interval=settings.reconcile_interval_seconds)
         self.answers_402 = PaymentRequiredAnswers()
         self.background: list[asyncio.Task[None]] = []
         self.ready: tuple[float, str] = (0.0, "")
-        metrics.watch_state(self.claims.count_in_flight, self.claims.count_owed)
-        metrics.watch_terminal(lambda: self.claims.count(ClaimState.UNSETTLED),
+        self.metrics.watch_state(self.claims.count_in_flight, self.claims.count_owed)
+        self.metrics.watch_terminal(lambda: self.claims.count(ClaimState.UNSETTLED),
                                         lambda: self.claims.count(ClaimState.NEEDS_ATTENTION))
 
     @classmethod

@@ -25,7 +25,6 @@ from starlette.responses import Response
 
 from gate import pricing
 from gate.settlement import ERROR, RECEIPTS, STATUS
-from server.cards import requirement
 from server.config import AgentConfig, Price
 from server.execution import Execution, Settlement
 from server.jsonrpc import TASK_NOT_FOUND, RpcError
@@ -99,7 +98,7 @@ def card_extensions(price: Price | None, url: str) -> list[dict[str, Any]]:
     """What a priced agent's card declares: every extension URI it accepts, none required."""
     if price is None:
         return []
-    params = {"x402Version": 2, "accepts": [requirement(price, url)]}
+    params = {"x402Version": 2, "accepts": [pricing.requirement(price, url)]}
     description = "Pay per request with x402; without a payment the agent answers HTTP 402."
     return [{"uri": uri, "description": description, "required": False, "params": params} for uri in EXTENSION_URIS]
 

@@ -16,9 +16,36 @@ import sqlite_utils
 ACTIONS = ("verify", "reject", "settle", "settle_failed", "write_off", "needs_attention", "replay", "release")
 
 
+def create_table(db: sqlite_utils.Database) -> None:
+    """Create the payments table and its indexes if missing; safe from every worker at start."""
+    tables = set(db.table_names())
+    if "payments" not in tables:
+        db.table("payments").create(
+            {
+                "id": int,
+                "at": float,
+                "action": str,  # verify | reject | settle | settle_failed | replay | release
+                "agent": str,
+                "task_id": str,
+                "token_digest": str,
+                "payer": str,
+                "amount": str,
+                "network": str,
+                "asset": str,
+                "transaction": str,
+                "error": str,
+            },
+            pk="id",
+            if_not_exists=True,
+        )
+        db.table("payments").create_index(["token_digest"], if_not_exists=True)
+        db.table("payments").create_index(["action", "at"], if_not_exists=True)
+
+
 class PaymentLog:
     def __init__(self, db: sqlite_utils.Database) -> None:
         self.db = db
+        create_table(db)
 
     def append(
         self,

@@ -17,7 +17,6 @@ from typing import Any
 from cachetools import LRUCache
 from starlette.responses import JSONResponse, Response
 
-from server.cards import requirement
 from server.config import Price
 
 # CAIP-2 ids and the x402 v1 network names for the same chains.
@@ -34,6 +33,19 @@ V1_NETWORKS = {
 CAIP2_FOR_V1 = {v: k for k, v in V1_NETWORKS.items()}
 
 PAYMENT_REQUIRED_ERROR = "Payment required to use this agent"
+
+
+def requirement(price: Price, resource: str) -> dict[str, Any]:
+    """The x402 v2 PaymentRequirements an agent advertises."""
+    return {
+        "scheme": price.scheme,
+        "network": price.network,
+        "asset": price.asset,
+        "amount": price.amount,
+        "payTo": price.pay_to,
+        "maxTimeoutSeconds": price.max_timeout_seconds,
+        "extra": dict(price.extra),
+    }
 
 
 def b64_json(document: dict[str, Any]) -> str:

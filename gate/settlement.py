@@ -26,10 +26,10 @@ from typing import Any
 from gate.chain import Authorization, Chain, ChainUnavailable
 from gate.claims import Claim, Claims, ClaimState
 from gate.facilitator import FacilitatorClient, Unavailable
+from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
 from server.config import FacilitatorConfig
 from server.database import commit_until_stored
-from server.metrics import Metrics
 from server.tasks import agent_message, set_status
 
 logger = logging.getLogger("a2a_gate.settlement")
@@ -136,7 +136,7 @@ def classify(reason: str) -> str:
 
 class Settler:
     def __init__(self, facilitator: FacilitatorClient, claims: Claims, log: PaymentLog, config: FacilitatorConfig,
-                 metrics: Metrics | None = None, chain: Chain | None = None, pass_interval: float = 30.0) -> None:
+                 metrics: GateMetrics | None = None, chain: Chain | None = None, pass_interval: float = 30.0) -> None:
         self.metrics = metrics
         self.facilitator = facilitator
         self.claims = claims

@@ -28,8 +28,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gate.limiter import MAX_KEY_CHARS, AgentLimiters, CallerLimiter, caller_key
+from gate.metrics import GateMetrics
 from server.config import Settings
-from server.metrics import Metrics
 
 logger = logging.getLogger("a2a_gate.gate")
 
@@ -63,7 +63,7 @@ LAST_PROBE_SECONDS = 10.0
 class SharedBuckets:
     """The Redis connection the limiters share, and whether Redis is answering."""
 
-    def __init__(self, url: str, prefix: str, timeout: float, metrics: Metrics,
+    def __init__(self, url: str, prefix: str, timeout: float, metrics: GateMetrics,
                  clock: Callable[[], float] = time.monotonic) -> None:
         # a bounded pool (a flood waits for a connection, within the check's timeout, instead of
         # opening one per request); a failed check falls back at once, it is never retried
@@ -169,7 +169,7 @@ def bounded_name(name: str) -> str:
 
 
 def shared_limiters(settings: Settings, ip: CallerLimiter, agents: AgentLimiters,
-                    metrics: Metrics) -> tuple[SharedBuckets, SharedLimiter, SharedLimiter]:
+                    metrics: GateMetrics) -> tuple[SharedBuckets, SharedLimiter, SharedLimiter]:
     """The per-IP and per-agent limiters over Redis (`[limits] redis_url`)."""
     buckets = SharedBuckets(settings.limiter_redis_url, settings.limiter_redis_prefix,
                             settings.limiter_redis_timeout_seconds, metrics)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.config import AgentConfig, Price
+from server.config import AgentConfig
 
 VERSION = "0.1.0"
 SECURITY_SCHEME = "apiKey"
@@ -23,19 +23,6 @@ BEARER_DESCRIPTION = "An operator-issued API key, sent as `Authorization: Bearer
 
 def agent_url(public_url: str, agent: str) -> str:
     return f"{public_url}/a2a/{agent}"
-
-
-def requirement(price: Price, resource: str) -> dict[str, Any]:
-    """The x402 v2 PaymentRequirements an agent advertises."""
-    return {
-        "scheme": price.scheme,
-        "network": price.network,
-        "asset": price.asset,
-        "amount": price.amount,
-        "payTo": price.pay_to,
-        "maxTimeoutSeconds": price.max_timeout_seconds,
-        "extra": dict(price.extra),
-    }
 
 
 def security(anonymous_allowed: bool) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""The one SQLite file that holds tasks, keys, claims and the payment log.
+"""The one SQLite file that holds tasks and keys (and what is built on the server adds: the
+gate's claims and payment log, each created by the module that owns it).
 
-Shared by every worker process through the file (WAL mode), which is what makes a
-claim hold across workers. Connections are in autocommit mode; multi-statement
+Shared by every worker process through the file (WAL mode), so what one worker writes
+(a task, a claim) holds for all of them. Connections are in autocommit mode; multi-statement
 changes use `transaction()` with ``BEGIN IMMEDIATE`` so writers serialise early.
 """
 
@@ -96,50 +97,3 @@ def create_schema(db: sqlite_utils.Database) -> None:
             pk="sha256",
             if_not_exists=True,
         )
-    if "claims" not in tables:
-        db.table("claims").create(
-            {
-                "token_digest": str,  # SHA-256 of the canonical token, never the token
-                "nonce_key": str,  # network/asset/payer/nonce of an EVM authorization
-                "request_digest": str,  # SHA-256 of agent + method + message content
-                "agent": str,
-                "state": str,  # running | delivered | settle_failed | settled | released
-                "task_id": str,
-                "payer": str,
-                "answer": str,  # stored JSON-RPC answer for replays
-                "owner_pid": int,
-                "created_at": float,
-                "updated_at": float,
-                # The payload needed to settle later, sealed with a key kept outside the
-                # database (gate/sealing.py), erased once settled or released.
-                "sealed_payment": str,
-            },
-            pk="token_digest",
-            if_not_exists=True,
-        )
-        db.conn.execute(
-            "CREATE UNIQUE INDEX IF NOT EXISTS claims_nonce ON claims(nonce_key) WHERE nonce_key != ''"
-        )
-        db.table("claims").create_index(["state"], if_not_exists=True)
-        db.table("claims").create_index(["task_id"], if_not_exists=True)
-    if "payments" not in tables:
-        db.table("payments").create(
-            {
-                "id": int,
-                "at": float,
-                "action": str,  # verify | reject | settle | settle_failed | replay | release
-                "agent": str,
-                "task_id": str,
-                "token_digest": str,
-                "payer": str,
-                "amount": str,
-                "network": str,
-                "asset": str,
-                "transaction": str,
-                "error": str,
-            },
-            pk="id",
-            if_not_exists=True,
-        )
-        db.table("payments").create_index(["token_digest"], if_not_exists=True)
-        db.table("payments").create_index(["action", "at"], if_not_exists=True)
