@@ -58,7 +58,9 @@ class Verification:
 
 
 @dataclass(frozen=True)
-class Settlement:
+class SettleAnswer:
+    """The facilitator's answer to one settle call (its SettleResponse)."""
+
     success: bool
     transaction: str
     network: str
@@ -127,16 +129,16 @@ class FacilitatorClient:
         reason = _text(doc.get("invalidReason")) or ("" if valid else "invalid_payment")
         return Verification(valid=valid, payer=payer.lower(), reason=reason)
 
-    async def settle(self, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> Settlement:
+    async def settle(self, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> SettleAnswer:
         try:
             doc = await self._post("/settle", version, payload, requirements)
         except PayloadRefused:
-            return Settlement(success=False, transaction="", network="", payer="", reason="invalid_payload")
+            return SettleAnswer(success=False, transaction="", network="", payer="", reason="invalid_payload")
         success = doc.get("success")
         if not isinstance(success, bool):
             raise Unavailable("malformed_settle_answer")
         receipt = {k: v for k, v in doc.items() if k in ("success", "transaction", "network", "payer", "errorReason", "amount")}
-        return Settlement(
+        return SettleAnswer(
             success=success,
             transaction=_text(doc.get("transaction"), 130),
             network=_text(doc.get("network"), 64),

@@ -26,7 +26,15 @@ from gate.payment_log import PaymentLog
 from gate.pipeline import handle_anonymous
 from gate.pricing import PaymentRequiredAnswers
 from gate.sealing import Sealer, load_key
-from gate.settlement import Collection, Payment, Settler, attach_payment_metadata, metadata_for, withheld_metadata
+from gate.settlement import (
+    Collection,
+    Payment,
+    Settler,
+    attach_payment_metadata,
+    metadata_for,
+    with_payment_metadata,
+    withheld_metadata,
+)
 from gate.shared_limiter import SharedBuckets, shared_limiters
 from server.agents import AgentRegistry
 from server.anonymous import Parts
@@ -104,8 +112,9 @@ class PaymentGate:
             collection = await self.settler.settle(payment, task["id"])
             outcome.append(collection)
             unpaid_answer = withhold and not collection.paid
-            return Collected(withheld_metadata(collection.metadata) if unpaid_answer else collection.metadata,
-                             collection.paid)
+            metadata = withheld_metadata(collection.metadata) if unpaid_answer else collection.metadata
+            task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)  # mirrored at task.metadata
+            return Collected(metadata, collection.paid)
 
         async def not_delivered(task: dict[str, Any]) -> None:
             def write() -> None:
@@ -260,5 +269,4 @@ def show_withheld(task: dict[str, Any], withheld: dict[str, Any], metadata: dict
     else:
         metadata = withheld_metadata(metadata)
         set_status(task, "failed", agent_message(task, "Payment failed: the answer is withheld.", metadata))
-    task["metadata"] = {**{k: v for k, v in (task.get("metadata") or {}).items() if not k.startswith("x402.")},
-                        **metadata}
+    task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)

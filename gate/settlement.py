@@ -111,6 +111,12 @@ def metadata_for(claim: Claim) -> dict[str, Any]:
     return verified_metadata(claim.last_error)
 
 
+def with_payment_metadata(existing: dict[str, Any] | None, metadata: dict[str, Any]) -> dict[str, Any]:
+    """The one merge rule: the previous payment keys go, the new ones come, the rest stays."""
+    kept = {k: v for k, v in (existing or {}).items() if not k.startswith("x402.")}
+    return {**kept, **metadata}
+
+
 def attach_payment_metadata(task: dict[str, Any], metadata: dict[str, Any]) -> None:
     """Put payment metadata on the status message and mirror it at task.metadata.
 
@@ -120,11 +126,9 @@ def attach_payment_metadata(task: dict[str, Any], metadata: dict[str, Any]) -> N
     if task["status"]["state"] != "completed":
         set_status(task, "completed", agent_message(task, "Done."))
     message = task["status"].get("message") or agent_message(task, "Done.")
-    kept = {k: v for k, v in (message.get("metadata") or {}).items() if not k.startswith("x402.")}
-    message["metadata"] = {**kept, **metadata}
+    message["metadata"] = with_payment_metadata(message.get("metadata"), metadata)
     task["status"]["message"] = message
-    task_kept = {k: v for k, v in (task.get("metadata") or {}).items() if not k.startswith("x402.")}
-    task["metadata"] = {**task_kept, **metadata}
+    task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)
 
 
 def classify(reason: str) -> str:

@@ -40,7 +40,8 @@ class Settlement:
     `mark_delivered` records the delivery in the same transaction that saves the
     work, so a crash can never leave delivered work unowed or owed work undelivered
     (a withholding agent's answer is handed to it instead of the task); `delivered`
-    then settles, records the outcome durably and never raises; `saved` runs inside
+    then settles, records the outcome durably, mirrors it at `task.metadata` and never
+    raises (its `Collected.metadata` goes on the final status message); `saved` runs inside
     the transaction that stores the final task; `abandoned` when that store gave up
     (the reconciler repairs the task from the recorded outcome); `not_delivered` runs
     when nothing is to be charged.
@@ -241,7 +242,6 @@ class Runner:
             set_status(task, "completed", agent_message(task, text, collected.metadata))
         else:
             set_status(task, "failed", agent_message(task, "Payment failed: the answer is withheld.", collected.metadata))
-        task["metadata"] = {**task.get("metadata", {}), **collected.metadata}
         await self._save_final(execution)
         execution.publish(status_event(task, final=True))
 
