@@ -38,13 +38,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=defaults.duration, help="measured seconds per server")
     parser.add_argument("--warmup", type=float, default=defaults.warmup, help="warm-up seconds per server")
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="closed-loop workers")
-    parser.add_argument("--addresses", type=int, default=None,
-                        help=f"case d: distinct client addresses (default {defaults.addresses:,}; --long: 1,000,000)")
-    parser.add_argument("--paid-tokens", type=int, default=None,
-                        help=f"case c: tokens signed per server (default {defaults.paid_tokens})")
+    parser.add_argument(
+        "--addresses",
+        type=int,
+        default=None,
+        help=f"case d: distinct client addresses (default {defaults.addresses:,}; --long: 1,000,000)",
+    )
+    parser.add_argument(
+        "--paid-tokens",
+        type=int,
+        default=None,
+        help=f"case c: tokens signed per server (default {defaults.paid_tokens})",
+    )
     parser.add_argument("--long", action="store_true", help="durations and token counts ×5, 1,000,000 addresses")
-    parser.add_argument("--gate-src", type=Path, default=servers.REPO,
-                        help="run a2a-gate from this tree (its server/ and gate/), e.g. a patched copy")
+    parser.add_argument(
+        "--gate-src",
+        type=Path,
+        default=servers.REPO,
+        help="run a2a-gate from this tree (its server/ and gate/), e.g. a patched copy",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs, databases)")
     return parser.parse_args(argv)
@@ -73,51 +85,89 @@ def machine() -> str:
     except OSError:
         pass
     packages = ", ".join(f"{name} {version(name)}" for name in ("a2a-sdk", "x402", "starlette", "uvicorn", "fastapi"))
-    return (f"machine: {os.cpu_count()} CPUs ({model}), Python {platform.python_version()}, {platform.system()} "
-            f"{platform.release()}\npackages: {packages}")
+    return (
+        f"machine: {os.cpu_count()} CPUs ({model}), Python {platform.python_version()}, {platform.system()} "
+        f"{platform.release()}\npackages: {packages}"
+    )
 
 
 def fmt_ratio(bench: Bench, key: str) -> str:
     row = bench.rows[key]
-    parts = [f"{bench.ratio(key, ref):.2f}× {bench.rows[ref].server.split(' ')[0]}"
-             for ref in row.reference if ref in bench.rows]
+    parts = [
+        f"{bench.ratio(key, ref):.2f}× {bench.rows[ref].server.split(' ')[0]}"
+        for ref in row.reference
+        if ref in bench.rows
+    ]
     return ", ".join(parts) or "reference"
 
 
 def table(bench: Bench, params: Params) -> str:
-    head = ("case", "server", "req/s", "p50 ms", "p99 ms", "peak RSS MiB", "ok", "srv CPU", "srv ms/req", "cli CPU",
-            "vs reference")
+    head = (
+        "case",
+        "server",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "peak RSS MiB",
+        "ok",
+        "srv CPU",
+        "srv ms/req",
+        "cli CPU",
+        "vs reference",
+    )
     lines = []
     for row in bench.rows.values():
         r = row.result
         client = f"{r.client_cpu:.0%}" + ("!" if r.client_cpu >= SATURATED else "")
-        lines.append((row.case, row.server, f"{r.rps:,.0f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}",
-                      f"{row.peak_rss / MIB:.1f}", f"{r.ok_fraction:.0%}", f"{row.server_cpu:.0%}",
-                      f"{row.cpu_ms_per_request:.2f}", client,
-                      fmt_ratio(bench, row.key)))
+        lines.append(
+            (
+                row.case,
+                row.server,
+                f"{r.rps:,.0f}",
+                f"{r.p50_ms:.1f}",
+                f"{r.p99_ms:.1f}",
+                f"{row.peak_rss / MIB:.1f}",
+                f"{r.ok_fraction:.0%}",
+                f"{row.server_cpu:.0%}",
+                f"{row.cpu_ms_per_request:.2f}",
+                client,
+                fmt_ratio(bench, row.key),
+            )
+        )
     widths = [max(len(str(x[i])) for x in [head, *lines]) for i in range(len(head))]
     numeric = {2, 3, 4, 5, 6, 7, 8, 9}
 
     def render(cells: tuple) -> str:
-        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(
+            str(c).rjust(w) if i in numeric else str(c).ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     out = [render(head), render(tuple("-" * w for w in widths)), *map(render, lines)] if lines else []
     m = bench.memory
     if m is not None:
-        out.append(f"d     a2a-gate limiter, {m.addresses:,} distinct X-Forwarded-For addresses in {m.seconds:.1f}s "
-                   f"({m.addresses / m.seconds if m.seconds else 0:,.0f} req/s, answers {dict(sorted(m.statuses.items()))}): "
-                   f"RSS before {m.rss_before / MIB:.1f} MiB, after {m.rss_after / MIB:.1f} MiB, "
-                   f"growth {m.growth / MIB:+.1f} MiB, peak {m.peak_rss / MIB:.1f} MiB")
+        out.append(
+            f"d     a2a-gate limiter, {m.addresses:,} distinct X-Forwarded-For addresses in {m.seconds:.1f}s "
+            f"({m.addresses / m.seconds if m.seconds else 0:,.0f} req/s, answers {dict(sorted(m.statuses.items()))}): "
+            f"RSS before {m.rss_before / MIB:.1f} MiB, after {m.rss_after / MIB:.1f} MiB, "
+            f"growth {m.growth / MIB:+.1f} MiB, peak {m.peak_rss / MIB:.1f} MiB"
+        )
     notes = [f"{row.server}: {row.note}" for row in bench.rows.values() if row.note]
     for row in bench.rows.values():
         if row.result.exhausted:
-            notes.append(f"{row.server}: its {row.result.requests} pre-signed tokens ran out after "
-                         f"{row.result.seconds:.1f}s of the {params.duration:g}s window (req/s is over that time)")
+            notes.append(
+                f"{row.server}: its {row.result.requests} pre-signed tokens ran out after "
+                f"{row.result.seconds:.1f}s of the {params.duration:g}s window (req/s is over that time)"
+            )
         if row.result.client_cpu >= SATURATED:
-            notes.append(f"{row.server}: the client used {row.result.client_cpu:.0%} of a core; it may be the bottleneck")
+            notes.append(
+                f"{row.server}: the client used {row.result.client_cpu:.0%} of a core; it may be the bottleneck"
+            )
         if row.other_cpu >= NOISY:
-            notes.append(f"{row.server}: other processes on the machine used {row.other_cpu:.0%} of a core during "
-                         f"its window; its numbers may be low")
+            notes.append(
+                f"{row.server}: other processes on the machine used {row.other_cpu:.0%} of a core during "
+                f"its window; its numbers may be low"
+            )
         if row.result.errors:
             notes.append(f"{row.server}: {row.result.errors} connection errors")
     if notes or bench.notes:
@@ -162,9 +212,11 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.monotonic() - started
     print(machine())
-    print(f"run: cases {','.join(chosen)}, duration {params.duration:g}s + warm-up {params.warmup:g}s per server, "
-          f"concurrency {params.concurrency}, {params.paid_tokens} paid tokens per server, "
-          f"{params.addresses:,} addresses; {elapsed:.0f}s in all")
+    print(
+        f"run: cases {','.join(chosen)}, duration {params.duration:g}s + warm-up {params.warmup:g}s per server, "
+        f"concurrency {params.concurrency}, {params.paid_tokens} paid tokens per server, "
+        f"{params.addresses:,} addresses; {elapsed:.0f}s in all"
+    )
     if params.gate_src != servers.REPO:
         print(f"a2a-gate from: {params.gate_src}")
     print()
@@ -172,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         document = {
             "params": asdict(params),
-            "rows": {k: {**asdict(r), "result": {**asdict(r.result), "ok_fraction": r.result.ok_fraction}}
-                     for k, r in bench.rows.items()},
+            "rows": {
+                k: {**asdict(r), "result": {**asdict(r.result), "ok_fraction": r.result.ok_fraction}}
+                for k, r in bench.rows.items()
+            },
             "memory": asdict(bench.memory) if bench.memory else None,
             "targets": [{**asdict(t), "met": t.met} for t in bench.targets],
             "notes": bench.notes,

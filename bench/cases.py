@@ -129,14 +129,18 @@ class Bench:
         if self._pool is None:
             import multiprocessing
 
-            self._pool = ProcessPoolExecutor(self.params.sign_processes, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                self.params.sign_processes, mp_context=multiprocessing.get_context("spawn")
+            )
         return self._pool
 
     def trusting_facilitator(self) -> ServerProcess:
         """One dev-trusting facilitator for the whole run (every paid server shares it)."""
         if self._trusting is None:
             folder = self.path("facilitator-trusting")
-            self._trusting = servers.facilitator(folder / "ledger.db", folder / "log.txt", trust_signatures=True).start()
+            self._trusting = servers.facilitator(
+                folder / "ledger.db", folder / "log.txt", trust_signatures=True
+            ).start()
         return self._trusting
 
     def close(self) -> None:
@@ -147,8 +151,17 @@ class Bench:
             self._trusting.stop()
             self._trusting = None
 
-    def measure(self, case: str, key: str, server: ServerProcess, spec: load.Spec, label: str,
-                reference: list[str] | None = None, note: str = "", also: list[ServerProcess] = ()) -> Row:
+    def measure(
+        self,
+        case: str,
+        key: str,
+        server: ServerProcess,
+        spec: load.Spec,
+        label: str,
+        reference: list[str] | None = None,
+        note: str = "",
+        also: list[ServerProcess] = (),
+    ) -> Row:
         """Drive `server` with `spec` and record a row (server CPU sampled over the window)."""
         self.log(f"  {case}: {label} ...")
         marks: list[list[float]] = []
@@ -158,7 +171,11 @@ class Bench:
 
         result = load.run_load(spec, on_window_start=sample, on_window_end=sample)
         seconds = result.seconds or 1.0
-        cpu = [(b - a) / seconds for a, b in zip(marks[0], marks[1], strict=True)] if len(marks) == 2 else [0.0] * (2 + len(also))
+        cpu = (
+            [(b - a) / seconds for a, b in zip(marks[0], marks[1], strict=True)]
+            if len(marks) == 2
+            else [0.0] * (2 + len(also))
+        )
         machine = cpu.pop()  # the whole machine's busy cores; the rest is ours or someone else's
         other = max(0.0, machine - sum(cpu) - result.client_cpu)
         for proc, used in zip(also, cpu[1:], strict=True):
@@ -167,15 +184,23 @@ class Bench:
         self.rows[key] = row
         if result.ok_fraction < 0.95:
             self.notes.append(f"{label}: only {result.ok_fraction:.0%} of answers as expected; e.g. {result.sample}")
-        self.log(f"    {result.rps:,.0f} req/s, p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, "
-                 f"ok {result.ok_fraction:.0%}, server CPU {cpu[0]:.0%}, client CPU {result.client_cpu:.0%}, "
-                 f"other CPU {other:.0%}")
+        self.log(
+            f"    {result.rps:,.0f} req/s, p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, "
+            f"ok {result.ok_fraction:.0%}, server CPU {cpu[0]:.0%}, client CPU {result.client_cpu:.0%}, "
+            f"other CPU {other:.0%}"
+        )
         return row
 
     def spec(self, port: int, requests: list[bytes], **kw: Any) -> load.Spec:
         p = self.params
-        return load.Spec(port=port, source=load.Source("cycle", requests), concurrency=p.concurrency,
-                         duration=p.duration, warmup=p.warmup, **kw)
+        return load.Spec(
+            port=port,
+            source=load.Source("cycle", requests),
+            concurrency=p.concurrency,
+            duration=p.duration,
+            warmup=p.warmup,
+            **kw,
+        )
 
     def ratio(self, key: str, ref: str) -> float:
         a, b = self.rows.get(key), self.rows.get(ref)
@@ -192,8 +217,13 @@ class Bench:
         if "bare" not in self.rows:
             folder = self.path("bare")
             with servers.reference("bare", folder / "log.txt") as server:
-                self.measure("a", "bare", server, self.spec(server.port, send_requests(server.port, "/a2a/echo"),
-                                                              expect_marker=b'"result"'), "bare Starlette echo (floor)")
+                self.measure(
+                    "a",
+                    "bare",
+                    server,
+                    self.spec(server.port, send_requests(server.port, "/a2a/echo"), expect_marker=b'"result"'),
+                    "bare Starlette echo (floor)",
+                )
         return self.rows["bare"]
 
 
@@ -205,8 +235,9 @@ class Bench:
 def send_body(i: int, text: str = "hello") -> bytes:
     """The same v0.3 `message/send` body for every server (a fresh messageId per request)."""
     message = {"kind": "message", "role": "user", "messageId": f"bench-{i}", "parts": [{"kind": "text", "text": text}]}
-    return json.dumps({"jsonrpc": "2.0", "id": i, "method": "message/send", "params": {"message": message}},
-                      separators=(",", ":")).encode()
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": i, "method": "message/send", "params": {"message": message}}, separators=(",", ":")
+    ).encode()
 
 
 def send_requests(port: int, path: str, headers: dict[str, str] | None = None, n: int = 512) -> list[bytes]:
@@ -240,25 +271,40 @@ BIG = 1_000_000_000  # a limit the benchmark never reaches
 KEY_LINE = re.compile(r"key \(shown once, keep it secret\): (\S+)")
 
 
-def gate_config(folder: Path, *, facilitator: str = "", per_ip: int = BIG, per_agent: int = BIG,
-                trusted: tuple[str, ...] = ()) -> tuple[Path, int]:
+def gate_config(
+    folder: Path, *, facilitator: str = "", per_ip: int = BIG, per_agent: int = BIG, trusted: tuple[str, ...] = ()
+) -> tuple[Path, int]:
     """Write a gate configuration for a fresh port; returns (file, port)."""
     port = servers.free_port()
     config = folder / "a2a-gate.toml"
-    config.write_text(GATE_CONFIG.format(
-        port=port, per_ip=per_ip, per_agent=per_agent, trusted=json.dumps(list(trusted)),
-        # a priced agent needs a facilitator URL to answer 402 rather than 501; the 402 and
-        # 429 paths never call it, so an unused loopback port is enough there
-        facilitator=facilitator or f"http://127.0.0.1:{servers.free_port()}",
-        network=NETWORK, asset=ASSET, amount=AMOUNT, pay_to=PAY_TO,
-    ))
+    config.write_text(
+        GATE_CONFIG.format(
+            port=port,
+            per_ip=per_ip,
+            per_agent=per_agent,
+            trusted=json.dumps(list(trusted)),
+            # a priced agent needs a facilitator URL to answer 402 rather than 501; the 402 and
+            # 429 paths never call it, so an unused loopback port is enough there
+            facilitator=facilitator or f"http://127.0.0.1:{servers.free_port()}",
+            network=NETWORK,
+            asset=ASSET,
+            amount=AMOUNT,
+            pay_to=PAY_TO,
+        )
+    )
     return config, port
 
 
 def create_key(config: Path, src: Path = servers.REPO) -> str:
     """`a2a-gate keys --config ... create bench --agent echo`; returns the key it prints once."""
-    done = subprocess.run([sys.executable, "-m", "gate.cli", "keys", "--config", str(config), "create", "bench",
-                           "--agent", "echo"], capture_output=True, text=True, cwd=src, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "gate.cli", "keys", "--config", str(config), "create", "bench", "--agent", "echo"],
+        capture_output=True,
+        text=True,
+        cwd=src,
+        timeout=60,
+        check=False,
+    )
     match = KEY_LINE.search(done.stdout)
     if done.returncode != 0 or not match:
         raise RuntimeError(f"a2a-gate keys create failed:\n{done.stdout}\n{done.stderr}")
@@ -275,8 +321,13 @@ def case_a(bench: Bench) -> None:
     bench.bare()
     folder = bench.path("sdk")
     with servers.reference("sdk", folder / "log.txt") as server:
-        bench.measure("a", "sdk", server, bench.spec(server.port, send_requests(server.port, "/a2a/echo"),
-                                                     expect_marker=b'"completed"'), "a2a-sdk server (DefaultRequestHandler)")
+        bench.measure(
+            "a",
+            "sdk",
+            server,
+            bench.spec(server.port, send_requests(server.port, "/a2a/echo"), expect_marker=b'"completed"'),
+            "a2a-sdk server (DefaultRequestHandler)",
+        )
     for key, workers in (("gate", 1), ("gate-w2", 2)):
         folder = bench.path(key)
         config, port = gate_config(folder)
@@ -286,8 +337,15 @@ def case_a(bench: Bench) -> None:
             requests = send_requests(port, "/a2a/echo", {"Authorization": f"Bearer {api_key}"})
             label = "a2a-gate (API key)" + (" --workers 2" if workers == 2 else "")
             note = "peak RSS is the supervisor and both workers together" if workers == 2 else ""
-            bench.measure("a", key, server, bench.spec(port, requests, expect_marker=b'"completed"'), label,
-                          reference=["sdk", "bare"], note=note)
+            bench.measure(
+                "a",
+                key,
+                server,
+                bench.spec(port, requests, expect_marker=b'"completed"'),
+                label,
+                reference=["sdk", "bare"],
+                note=note,
+            )
     bench.target("a", "a2a-gate req/s ≥ 5× a2a-sdk server", "gate", "sdk", 5.0)
     bench.target("a", "a2a-gate req/s ≥ 50% of bare echo", "gate", "bare", 0.5)
     bench.target("a", "a2a-gate --workers 2 req/s ≥ 5× a2a-sdk server", "gate-w2", "sdk", 5.0)
@@ -302,13 +360,21 @@ def case_a(bench: Bench) -> None:
 def case_b(bench: Bench) -> None:
     bench.log("case b: anonymous refusals")
     bench.bare()
-    for key, status, per_ip, label in (("gate-402", 402, BIG, "a2a-gate 402 (priced, no token)"),
-                                       ("gate-429", 429, 1, "a2a-gate 429 (per-IP limit 1/min)")):
+    for key, status, per_ip, label in (
+        ("gate-402", 402, BIG, "a2a-gate 402 (priced, no token)"),
+        ("gate-429", 429, 1, "a2a-gate 429 (per-IP limit 1/min)"),
+    ):
         folder = bench.path(key)
         config, port = gate_config(folder, per_ip=per_ip)
         with servers.gate(config, port, folder / "log.txt", src=bench.params.gate_src) as server:
-            bench.measure("b", key, server, bench.spec(port, send_requests(port, "/a2a/paid-echo"), expect_status=status),
-                          label, reference=["bare"])
+            bench.measure(
+                "b",
+                key,
+                server,
+                bench.spec(port, send_requests(port, "/a2a/paid-echo"), expect_status=status),
+                label,
+                reference=["bare"],
+            )
         bench.target("b", f"a2a-gate {status} req/s ≥ 70% of bare echo", key, "bare", 0.7)
 
 
@@ -341,12 +407,20 @@ def paid_spec(bench: Bench, server: ServerProcess, path: str, tokens: int) -> tu
     sizes = [min(chunk, tokens - i) for i in range(0, tokens, chunk)]
     headers = [h for part in bench.pool().map(sign_chunk, [document] * len(sizes), sizes) for h in part]
     signing = time.perf_counter() - started
-    requests = [load.build_request(server.port, path, send_body(i), {"PAYMENT-SIGNATURE": h})
-                for i, h in enumerate(headers)]
+    requests = [
+        load.build_request(server.port, path, send_body(i), {"PAYMENT-SIGNATURE": h}) for i, h in enumerate(headers)
+    ]
     p = bench.params
-    spec = load.Spec(port=server.port, source=load.Source("once", requests), concurrency=p.concurrency,
-                     duration=p.duration, warmup=p.warmup, warmup_requests=max(p.concurrency, tokens // 10),
-                     expect_status=200, expect_marker=b"payment-response:")
+    spec = load.Spec(
+        port=server.port,
+        source=load.Source("once", requests),
+        concurrency=p.concurrency,
+        duration=p.duration,
+        warmup=p.warmup,
+        warmup_requests=max(p.concurrency, tokens // 10),
+        expect_status=200,
+        expect_marker=b"payment-response:",
+    )
     return spec, signing
 
 
@@ -377,8 +451,15 @@ def case_c(bench: Bench) -> None:
             tokens = max(p.concurrency * 2, p.paid_tokens // 3)
             spec, signing = paid_spec(bench, server, path, tokens)
             bench.log(f"    signed {tokens} tokens in {signing:.1f}s")
-            bench.measure("c", "gate-paid-real", server, spec, "a2a-gate paid, real-crypto facilitator",
-                          reference=["gate-paid"], also=[real])
+            bench.measure(
+                "c",
+                "gate-paid-real",
+                server,
+                spec,
+                "a2a-gate paid, real-crypto facilitator",
+                reference=["gate-paid"],
+                also=[real],
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -397,25 +478,48 @@ def case_d(bench: Bench) -> None:
         body = send_body(0)
         # warm the server up from a few addresses, then take the baseline
         warm = [load.build_request(port, "/a2a/paid-echo", body, {"X-Forwarded-For": f"192.0.2.{i}"}) for i in range(8)]
-        load.run_load(load.Spec(port=port, source=load.Source("cycle", warm), concurrency=p.concurrency,
-                                duration=min(1.0, p.duration), warmup=0.0, expect_status=429))
+        load.run_load(
+            load.Spec(
+                port=port,
+                source=load.Source("cycle", warm),
+                concurrency=p.concurrency,
+                duration=min(1.0, p.duration),
+                warmup=0.0,
+                expect_status=429,
+            )
+        )
         time.sleep(0.2)
         before = server.rss()
         head, tail = load.build_request(port, "/a2a/paid-echo", body, {"X-Forwarded-For": "\0"}).split(b"\0")
         source = load.Source("xff", head=head, tail=tail, count=p.addresses)
-        spec = load.Spec(port=port, source=source, concurrency=p.concurrency, duration=max(60.0, p.addresses / 200),
-                         warmup=0.0, expect_status=429)
+        spec = load.Spec(
+            port=port,
+            source=source,
+            concurrency=p.concurrency,
+            duration=max(60.0, p.addresses / 200),
+            warmup=0.0,
+            expect_status=429,
+        )
         result = load.run_load(spec)
         time.sleep(0.2)
         after = server.rss()
-        bench.memory = MemoryResult(p.addresses, result.seconds, before, after, server.peak_rss(), result.statuses,
-                                    result.errors, result.client_cpu)
+        bench.memory = MemoryResult(
+            p.addresses,
+            result.seconds,
+            before,
+            after,
+            server.peak_rss(),
+            result.statuses,
+            result.errors,
+            result.client_cpu,
+        )
         sent = sum(result.statuses.values())
         bench.log(f"    {sent:,} answers in {result.seconds:.1f}s; RSS {before / MIB:.1f} -> {after / MIB:.1f} MiB")
         if sent < p.addresses * 0.99:
             bench.notes.append(f"case d: only {sent:,} of {p.addresses:,} addresses answered")
-    bench.targets.append(Target("d", f"RSS growth over {p.addresses:,} addresses ≤ 100 MiB",
-                                bench.memory.growth / MIB, 100.0, "MiB"))
+    bench.targets.append(
+        Target("d", f"RSS growth over {p.addresses:,} addresses ≤ 100 MiB", bench.memory.growth / MIB, 100.0, "MiB")
+    )
 
 
 CASES = {"a": case_a, "b": case_b, "c": case_c, "d": case_d}

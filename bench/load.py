@@ -30,8 +30,12 @@ HOST = "127.0.0.1"  # the only host this generator ever talks to
 
 def build_request(port: int, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
     """One complete HTTP/1.1 POST, ready to write to a socket."""
-    lines = [f"POST {path} HTTP/1.1", f"Host: {HOST}:{port}", "Content-Type: application/json",
-             f"Content-Length: {len(body)}"]
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {HOST}:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+    ]
     lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
@@ -105,7 +109,7 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bytes
     at = lower.find(b"\r\ncontent-length:")
     if at >= 0:
         end = lower.index(b"\r\n", at + 2)
-        return status, lower, await reader.readexactly(int(lower[at + 17:end]))
+        return status, lower, await reader.readexactly(int(lower[at + 17 : end]))
     if b"\r\ntransfer-encoding: chunked" in lower:
         chunks = []
         while True:
@@ -209,11 +213,17 @@ class Run:
         seconds = self.t1 - self.t0
         lat = sorted(self.latencies)
         return Result(
-            requests=len(lat), seconds=seconds, rps=len(lat) / seconds if seconds > 0 else 0.0,
-            p50_ms=_percentile(lat, 0.50) * 1000, p99_ms=_percentile(lat, 0.99) * 1000,
-            ok=self.ok, statuses=self.statuses, errors=self.errors,
+            requests=len(lat),
+            seconds=seconds,
+            rps=len(lat) / seconds if seconds > 0 else 0.0,
+            p50_ms=_percentile(lat, 0.50) * 1000,
+            p99_ms=_percentile(lat, 0.99) * 1000,
+            ok=self.ok,
+            statuses=self.statuses,
+            errors=self.errors,
             client_cpu=(cpu1 - cpu0) / seconds if seconds > 0 else 0.0,
-            exhausted=exhausted, sample=self.sample,
+            exhausted=exhausted,
+            sample=self.sample,
         )
 
 
@@ -234,7 +244,9 @@ def _child(conn: Any) -> None:
         conn.close()
 
 
-def run_load(spec: Spec, on_window_start: Any = None, on_window_end: Any = None, timeout: float | None = None) -> Result:
+def run_load(
+    spec: Spec, on_window_start: Any = None, on_window_end: Any = None, timeout: float | None = None
+) -> Result:
     """Run `spec` in a separate process; the callbacks run here as the window opens and closes
     (the caller samples the server's CPU time there)."""
     ctx = multiprocessing.get_context("spawn")

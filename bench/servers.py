@@ -57,8 +57,9 @@ _RUNNING: list[ServerProcess] = []
 class ServerProcess:
     """One server process (and any children, e.g. uvicorn workers) on a loopback port."""
 
-    def __init__(self, label: str, command: list[str], port: int, log: Path, ready_path: str = "/healthz",
-                 cwd: Path = REPO) -> None:
+    def __init__(
+        self, label: str, command: list[str], port: int, log: Path, ready_path: str = "/healthz", cwd: Path = REPO
+    ) -> None:
         self.label = label
         self.cwd = cwd
         self.command = command
@@ -71,8 +72,9 @@ class ServerProcess:
     def start(self, timeout: float = 30.0) -> Self:
         with open(self.log, "ab") as out:
             # its own session: stop() can end the server and its workers, and only them
-            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd, start_new_session=True
+            )
         _RUNNING.append(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -179,8 +181,19 @@ def gate(config: Path, port: int, log: Path, *extra: str, src: Path = REPO) -> S
     `src`: the tree whose `server/` and `gate/` run (another checkout, a patched copy);
     `python -m` puts its working directory first on the import path.
     """
-    command = [sys.executable, "-m", "gate.cli", "serve", "--config", str(config), "--port", str(port),
-               "--log-level", "warning", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "gate.cli",
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     return ServerProcess("a2a-gate", command, port, log, cwd=src)
 
 
@@ -191,8 +204,18 @@ def facilitator(db: Path, log: Path, *, trust_signatures: bool) -> ServerProcess
     compared server, slower for all of them.
     """
     port = free_port()
-    command = [sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", str(db),
-               "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "devnet",
+        "facilitator",
+        "--port",
+        str(port),
+        "--db",
+        str(db),
+        "--log-level",
+        "warning",
+    ]
     if trust_signatures:
         command.append("--trust-signatures")
     label = "facilitator (trusting)" if trust_signatures else "facilitator (real crypto)"
@@ -226,8 +249,13 @@ def bare_app() -> Any:
     async def echo(request: Request) -> JSONResponse:
         call = json.loads(await request.body())
         parts = call.get("params", {}).get("message", {}).get("parts", [])
-        return JSONResponse({"jsonrpc": "2.0", "id": call.get("id"),
-                             "result": {"kind": "message", "role": "agent", "messageId": "echo", "parts": parts}})
+        return JSONResponse(
+            {
+                "jsonrpc": "2.0",
+                "id": call.get("id"),
+                "result": {"kind": "message", "role": "agent", "messageId": "echo", "parts": parts},
+            }
+        )
 
     return Starlette(routes=[Route("/a2a/{agent}", echo, methods=["POST"]), healthz_route()])
 
@@ -259,11 +287,16 @@ def sdk_app() -> Any:
             await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
     card = AgentCard(
-        name="echo", description="echo", version="1.0.0",
-        supported_interfaces=[AgentInterface(url="http://127.0.0.1/a2a/echo", protocol_binding="JSONRPC",
-                                             protocol_version="0.3")],
-        capabilities=AgentCapabilities(streaming=True), default_input_modes=["text/plain"],
-        default_output_modes=["text/plain"], skills=[AgentSkill(id="echo", name="Echo", description="echo", tags=[])],
+        name="echo",
+        description="echo",
+        version="1.0.0",
+        supported_interfaces=[
+            AgentInterface(url="http://127.0.0.1/a2a/echo", protocol_binding="JSONRPC", protocol_version="0.3")
+        ],
+        capabilities=AgentCapabilities(streaming=True),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=[AgentSkill(id="echo", name="Echo", description="echo", tags=[])],
     )
     handler = DefaultRequestHandler(agent_executor=EchoExecutor(), task_store=InMemoryTaskStore(), agent_card=card)
 
@@ -294,7 +327,8 @@ def x402_app(facilitator_url: str) -> Any:
     routes = {
         "POST /a2a/paid-echo": RouteConfig(
             accepts=PaymentOption(scheme="exact", pay_to=PAY_TO, price=price, network=NETWORK, max_timeout_seconds=300),
-            description="paid echo", mime_type="application/json",
+            description="paid echo",
+            mime_type="application/json",
         )
     }
     app = FastAPI()
@@ -305,7 +339,9 @@ def x402_app(facilitator_url: str) -> Any:
         message = call.get("params", {}).get("message", {})
         task_id, context_id = str(uuid.uuid4()), str(uuid.uuid4())
         task = {
-            "kind": "task", "id": task_id, "contextId": context_id,
+            "kind": "task",
+            "id": task_id,
+            "contextId": context_id,
             "status": {"state": "completed", "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
             "history": [{**message, "taskId": task_id, "contextId": context_id}],
             "artifacts": [{"artifactId": str(uuid.uuid4()), "name": "result", "parts": message.get("parts", [])}],

@@ -172,9 +172,7 @@ class LedgerEvmSigner:
         self.ledger = ledger
         self.network = network
         self.chain_id = chain_id
-        self.tokens = {
-            to_checksum_address(a): info for a, info in (tokens or default_tokens(network)).items()
-        }
+        self.tokens = {to_checksum_address(a): info for a, info in (tokens or default_tokens(network)).items()}
         self.trust_signatures = trust_signatures
         self.address = to_checksum_address(address)
 
@@ -194,9 +192,7 @@ class LedgerEvmSigner:
     def get_balance(self, address: str, token_address: str) -> int:
         return self.ledger.balance_of(self.network, token_address, address)
 
-    def read_contract(
-        self, address: str, abi: list[dict[str, Any]], function_name: str, *args: Any
-    ) -> Any:
+    def read_contract(self, address: str, abi: list[dict[str, Any]], function_name: str, *args: Any) -> Any:
         return self._call(address, function_name, args)
 
     def write_contract(
@@ -231,9 +227,7 @@ class LedgerEvmSigner:
             ],
             "data": "0x" + int(row["amount"]).to_bytes(32, "big").hex(),
         }
-        return TransactionReceipt(
-            status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=[log]
-        )
+        return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=[log])
 
     def verify_typed_data(
         self,
@@ -258,21 +252,13 @@ class LedgerEvmSigner:
                 "verifyingContract": domain.verifying_contract,
             }
         message_types = {
-            name: [
-                {"name": f.name, "type": f.type} if isinstance(f, TypedDataField) else f
-                for f in fields
-            ]
+            name: [{"name": f.name, "type": f.type} if isinstance(f, TypedDataField) else f for f in fields]
             for name, fields in types.items()
             if name != "EIP712Domain"
         }
-        data = {
-            key: "0x" + value.hex() if isinstance(value, bytes) else value
-            for key, value in message.items()
-        }
+        data = {key: "0x" + value.hex() if isinstance(value, bytes) else value for key, value in message.items()}
         try:
-            signable = encode_typed_data(
-                domain_data=domain_data, message_types=message_types, message_data=data
-            )
+            signable = encode_typed_data(domain_data=domain_data, message_types=message_types, message_data=data)
             recovered = Account.recover_message(signable, signature=signature)
         except Exception:  # noqa: BLE001 -- any malformed typed data or signature is not a valid one
             return False
@@ -291,9 +277,7 @@ class LedgerEvmSigner:
             return EIP1271_MAGIC_VALUE
         raise LedgerRevert(f"{target} has no contract code in the dev ledger")
 
-    def _token_call(
-        self, asset: str, token: TokenInfo, function_name: str, args: tuple[Any, ...]
-    ) -> Any:
+    def _token_call(self, asset: str, token: TokenInfo, function_name: str, args: tuple[Any, ...]) -> Any:
         if function_name == "balanceOf":
             return self.ledger.balance_of(self.network, asset, args[0])
         if function_name == "authorizationState":
@@ -347,9 +331,7 @@ class LedgerEvmSigner:
             valid_before=str(transfer.valid_before),
             nonce=transfer.nonce,
         )
-        digest = hash_eip3009_authorization(
-            authorization, self.chain_id, transfer.asset, token.name, token.version
-        )
+        digest = hash_eip3009_authorization(authorization, self.chain_id, transfer.asset, token.name, token.version)
         if _recover_eoa(digest, signature) != transfer.from_address:
             raise LedgerRevert(REVERT_INVALID_SIGNATURE)
 
@@ -432,8 +414,17 @@ class ChainRpc:
             raise JsonRpcError(-32602, "bad address or topic") from None
         if tx_hash is None:
             return []
-        return [{"address": asset.lower(), "topics": topics, "data": "0x", "blockNumber": "0x1",
-                 "transactionHash": tx_hash, "logIndex": "0x0", "removed": False}]
+        return [
+            {
+                "address": asset.lower(),
+                "topics": topics,
+                "data": "0x",
+                "blockNumber": "0x1",
+                "transactionHash": tx_hash,
+                "logIndex": "0x0",
+                "removed": False,
+            }
+        ]
 
 
 def _address_topic(address: str) -> str:

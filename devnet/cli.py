@@ -34,8 +34,15 @@ def cmd_facilitator(args: argparse.Namespace) -> int:
     from devnet.facilitator import run
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(args.host, args.port, args.db, args.trust_signatures, initial_balance=args.initial_balance,
-        auth_token=args.auth_token, log_level=args.log_level)
+    run(
+        args.host,
+        args.port,
+        args.db,
+        args.trust_signatures,
+        initial_balance=args.initial_balance,
+        auth_token=args.auth_token,
+        log_level=args.log_level,
+    )
     return 0
 
 
@@ -50,19 +57,26 @@ def cmd_pay(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from devnet.ledger import DEFAULT_INITIAL_BALANCE
 
-    parser = argparse.ArgumentParser(prog="a2a-gate-devnet",
-                                     description="The development network: an x402 facilitator and a payer.")
+    parser = argparse.ArgumentParser(
+        prog="a2a-gate-devnet", description="The development network: an x402 facilitator and a payer."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     facilitator = sub.add_parser("facilitator", help="run the development x402 facilitator (simulated ledger)")
     facilitator.add_argument("--host", default="127.0.0.1")
     facilitator.add_argument("--port", type=int, default=8402)
     facilitator.add_argument("--db", default="dev-ledger.db", help="SQLite ledger file")
-    facilitator.add_argument("--trust-signatures", action="store_true",
-                             help="DEVELOPMENT/BENCHMARK ONLY: skip signature recovery (nonces still tracked)")
+    facilitator.add_argument(
+        "--trust-signatures",
+        action="store_true",
+        help="DEVELOPMENT/BENCHMARK ONLY: skip signature recovery (nonces still tracked)",
+    )
     facilitator.add_argument("--initial-balance", type=int, default=DEFAULT_INITIAL_BALANCE)
-    facilitator.add_argument("--auth-token", default=os.environ.get("A2A_GATE_FACILITATOR_TOKEN"),
-                             help="require this bearer token (default: $A2A_GATE_FACILITATOR_TOKEN)")
+    facilitator.add_argument(
+        "--auth-token",
+        default=os.environ.get("A2A_GATE_FACILITATOR_TOKEN"),
+        help="require this bearer token (default: $A2A_GATE_FACILITATOR_TOKEN)",
+    )
     facilitator.add_argument("--log-level", default="info")
     facilitator.set_defaults(func=cmd_facilitator)
 
@@ -77,8 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     missing = missing_modules()
     if missing:
-        print(f"error: the development network needs {', '.join(missing)}: "
-              'pip install "a2a-gate[dev]" (or pip install -e ".[dev]" in a checkout)', file=sys.stderr)
+        print(
+            f"error: the development network needs {', '.join(missing)}: "
+            'pip install "a2a-gate[dev]" (or pip install -e ".[dev]" in a checkout)',
+            file=sys.stderr,
+        )
         return MISSING_EXTRA_STATUS
     args = build_parser().parse_args(argv)
     try:

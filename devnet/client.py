@@ -29,8 +29,14 @@ async def pay(url: str, text: str, *, private_key: str | None = None, timeout: f
         "jsonrpc": "2.0",
         "id": 1,
         "method": "message/send",
-        "params": {"message": {"kind": "message", "role": "user", "messageId": str(uuid.uuid4()),
-                               "parts": [{"kind": "text", "text": text}]}},
+        "params": {
+            "message": {
+                "kind": "message",
+                "role": "user",
+                "messageId": str(uuid.uuid4()),
+                "parts": [{"kind": "text", "text": text}],
+            }
+        },
     }
     async with x402HttpxClient(client, timeout=timeout) as http:
         response = await http.post(url, json=body)

@@ -99,9 +99,7 @@ class BearerAuthMiddleware:
         if scope["type"] != "http" or scope["path"] == "/healthz" or self._authorized(scope):
             await self.app(scope, receive, send)
             return
-        response = JSONResponse(
-            {"error": "unauthorized"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
-        )
+        response = JSONResponse({"error": "unauthorized"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
@@ -176,11 +174,7 @@ def _check_shape(
     payload: PaymentPayload | PaymentPayloadV1,
     requirements: PaymentRequirements | PaymentRequirementsV1,
 ) -> None:
-    amount = (
-        requirements.amount
-        if isinstance(requirements, PaymentRequirements)
-        else requirements.max_amount_required
-    )
+    amount = requirements.amount if isinstance(requirements, PaymentRequirements) else requirements.max_amount_required
     _require_uint(amount, "paymentRequirements amount")
     _require_address(requirements.pay_to, "paymentRequirements.payTo")
     _require_address(requirements.asset, "paymentRequirements.asset")
@@ -244,9 +238,7 @@ async def _apply_fault(request: Request, kind: str, mode: str) -> Response | Non
     # "invalid": a well-formed refusal that never touches the ledger.
     payer, network = await _hints(request)
     if kind == "verify":
-        return _model_response(
-            VerifyResponse(is_valid=False, invalid_reason=DEV_FAULT_REASON, payer=payer)
-        )
+        return _model_response(VerifyResponse(is_valid=False, invalid_reason=DEV_FAULT_REASON, payer=payer))
     return _model_response(
         SettleResponse(
             success=False,
@@ -358,8 +350,9 @@ def _refusal(kind: str, reason: str, payload: Any, requirements: Any) -> VerifyR
     """The answer for a payment the dev chain cannot take at all."""
     if kind == "verify":
         return VerifyResponse(is_valid=False, invalid_reason=reason, payer=_payer_of(payload))
-    return SettleResponse(success=False, error_reason=reason, payer=_payer_of(payload), transaction="",
-                          network=str(requirements.network))
+    return SettleResponse(
+        success=False, error_reason=reason, payer=_payer_of(payload), transaction="", network=str(requirements.network)
+    )
 
 
 async def chain_rpc(request: Request) -> Response:

@@ -64,9 +64,7 @@ class FaultInjector:
         count = spec.get("count")
         if count is not None and (type(count) is not int or count < 0):
             raise ValueError("count must be a non-negative integer or null")
-        faults = {
-            kind: _Fault(_parse_fault_mode(spec.get(kind, "none")), count) for kind in FAULT_KINDS
-        }
+        faults = {kind: _Fault(_parse_fault_mode(spec.get(kind, "none")), count) for kind in FAULT_KINDS}
         with self._lock:
             self._faults = faults
 
@@ -85,6 +83,4 @@ class FaultInjector:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return {
-                kind: {"mode": f.mode, "remaining": f.remaining} for kind, f in self._faults.items()
-            }
+            return {kind: {"mode": f.mode, "remaining": f.remaining} for kind, f in self._faults.items()}

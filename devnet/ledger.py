@@ -125,9 +125,7 @@ class DevLedger:
     ) -> None:
         self.path = path
         self.initial_balance = int(initial_balance)
-        conn = sqlite3.connect(
-            path, check_same_thread=False, isolation_level=None, timeout=busy_timeout
-        )
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=busy_timeout)
         self.db = sqlite_utils.Database(conn)
         # One connection is shared by the threadpool, and a connection can only
         # hold one transaction at a time: the lock serializes this process's use
@@ -200,9 +198,7 @@ class DevLedger:
         with self._lock:
             return self._balance(network, to_checksum_address(asset), to_checksum_address(address))
 
-    def authorization_state(
-        self, network: str, asset: str, authorizer: str, nonce: bytes | str
-    ) -> bool:
+    def authorization_state(self, network: str, asset: str, authorizer: str, nonce: bytes | str) -> bool:
         """Return True when the nonce is spent, like EIP-3009 ``authorizationState``."""
         with self._lock:
             return self._nonce_used(
@@ -251,8 +247,7 @@ class DevLedger:
             self._check(transfer, timestamp)
             t = transfer
             self.db.execute(
-                "INSERT INTO nonces (network, asset, authorizer, nonce, tx_hash, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO nonces (network, asset, authorizer, nonce, tx_hash, created_at) VALUES (?, ?, ?, ?, ?, ?)",
                 [t.network, t.asset, t.from_address, t.nonce, tx_hash, created_at],
             )
             payer_balance = self._balance(t.network, t.asset, t.from_address)
@@ -281,9 +276,7 @@ class DevLedger:
     def set_balance(self, network: str, asset: str, address: str, amount: int) -> None:
         """Overwrite a balance (tests use it to make a payer poor)."""
         with self._immediate():
-            self._write_balance(
-                network, to_checksum_address(asset), to_checksum_address(address), int(amount)
-            )
+            self._write_balance(network, to_checksum_address(asset), to_checksum_address(address), int(amount))
 
     # -- internals (caller holds the lock) ------------------------------------
 

@@ -29,9 +29,7 @@ def _client(private_key: str) -> x402ClientSync:
     return client
 
 
-def sign_payment(
-    payment_required: dict[str, Any], private_key: str, *, accept_index: int = 0
-) -> dict[str, Any]:
+def sign_payment(payment_required: dict[str, Any], private_key: str, *, accept_index: int = 0) -> dict[str, Any]:
     """Sign ``accepts[accept_index]`` of a v2 PaymentRequired; return the PaymentPayload.
 
     Both documents are camelCase dicts, as they travel in the

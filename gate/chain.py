@@ -72,8 +72,13 @@ class Authorization:
             valid_before = int(auth["validBefore"])
         except (KeyError, ValueError, TypeError):
             return None
-        return cls(network=network, asset=asset.lower(), authorizer=authorizer.lower(), nonce=nonce.lower(),
-                   valid_before=valid_before)
+        return cls(
+            network=network,
+            asset=asset.lower(),
+            authorizer=authorizer.lower(),
+            nonce=nonce.lower(),
+            valid_before=valid_before,
+        )
 
 
 class Chain:
@@ -106,8 +111,11 @@ class Chain:
 
     async def _used_in(self, a: Authorization) -> str:
         topics = [AUTHORIZATION_USED_TOPIC, "0x" + address_word(a.authorizer), a.nonce]
-        logs = await self._rpc(a.network, "eth_getLogs",
-                               [{"address": a.asset, "fromBlock": "earliest", "toBlock": "latest", "topics": topics}])
+        logs = await self._rpc(
+            a.network,
+            "eth_getLogs",
+            [{"address": a.asset, "fromBlock": "earliest", "toBlock": "latest", "topics": topics}],
+        )
         if not isinstance(logs, list):
             raise ChainUnavailable("malformed_eth_getLogs_answer")
         for log in logs:

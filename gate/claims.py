@@ -86,15 +86,25 @@ class Claim:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:
         return cls(
-            token_digest=row["token_digest"], nonce_key=row["nonce_key"] or "", request_digest=row["request_digest"],
-            agent=row["agent"], state=ClaimState(row["state"]), task_id=row["task_id"] or "", payer=row["payer"] or "",
-            sealed_payment=row["sealed_payment"] or "", owner_instance=row["owner_instance"] or "",
-            lease_until=row["lease_until"] or 0.0, settle_passes=row["settle_passes"] or 0,
-            settle_unknown=bool(row["settle_unknown"]), next_settle_at=row["next_settle_at"] or 0.0,
-            last_error=row["last_error"] or "", receipt=json.loads(row["receipt"]) if row["receipt"] else {},
+            token_digest=row["token_digest"],
+            nonce_key=row["nonce_key"] or "",
+            request_digest=row["request_digest"],
+            agent=row["agent"],
+            state=ClaimState(row["state"]),
+            task_id=row["task_id"] or "",
+            payer=row["payer"] or "",
+            sealed_payment=row["sealed_payment"] or "",
+            owner_instance=row["owner_instance"] or "",
+            lease_until=row["lease_until"] or 0.0,
+            settle_passes=row["settle_passes"] or 0,
+            settle_unknown=bool(row["settle_unknown"]),
+            next_settle_at=row["next_settle_at"] or 0.0,
+            last_error=row["last_error"] or "",
+            receipt=json.loads(row["receipt"]) if row["receipt"] else {},
             task_outdated=bool(row["task_outdated"]),
             withheld=json.loads(row["withheld"]) if row["withheld"] else None,
-            created_at=row["created_at"] or 0.0, updated_at=row["updated_at"] or 0.0,
+            created_at=row["created_at"] or 0.0,
+            updated_at=row["updated_at"] or 0.0,
         )
 
 
@@ -129,9 +139,7 @@ def create_table(db: sqlite_utils.Database) -> None:
             pk="token_digest",
             if_not_exists=True,
         )
-        db.conn.execute(
-            "CREATE UNIQUE INDEX IF NOT EXISTS claims_nonce ON claims(nonce_key) WHERE nonce_key != ''"
-        )
+        db.conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS claims_nonce ON claims(nonce_key) WHERE nonce_key != ''")
         db.table("claims").create_index(["state"], if_not_exists=True)
         db.table("claims").create_index(["task_id"], if_not_exists=True)
 
@@ -167,8 +175,18 @@ class Claims:
                 "INSERT INTO claims (token_digest, nonce_key, request_digest, agent, state, task_id, payer,"
                 " owner_pid, owner_instance, lease_until, created_at, updated_at, sealed_payment)"
                 " VALUES (?, ?, ?, ?, ?, '', '', 0, ?, ?, ?, ?, ?)",
-                (token_digest, nonce_key, request_digest, agent, ClaimState.RUNNING, self.instance,
-                 now + self.lease_seconds, now, now, sealed),
+                (
+                    token_digest,
+                    nonce_key,
+                    request_digest,
+                    agent,
+                    ClaimState.RUNNING,
+                    self.instance,
+                    now + self.lease_seconds,
+                    now,
+                    now,
+                    sealed,
+                ),
             )
             self.held.add(token_digest)
             return Outcome("new")
@@ -193,25 +211,43 @@ class Claims:
     def release(self, token_digest: str) -> bool:
         """Drop a claim whose work was not delivered; never one that is settling or beyond."""
         self.held.discard(token_digest)
-        cursor = self.db.conn.execute("DELETE FROM claims WHERE token_digest = ? AND state = ?",
-                                      (token_digest, ClaimState.RUNNING))
+        cursor = self.db.conn.execute(
+            "DELETE FROM claims WHERE token_digest = ? AND state = ?", (token_digest, ClaimState.RUNNING)
+        )
         return cursor.rowcount == 1
 
     def mark_delivered(self, token_digest: str, withheld: dict[str, Any] | None = None) -> None:
         """The work is delivered: from now on the claim is settled, owed or written off, never released."""
-        self._set(token_digest, state=ClaimState.SETTLING, owner_instance=self.instance,
-                  lease_until=time.time() + self.lease_seconds,
-                  withheld=json.dumps(withheld, separators=(",", ":")) if withheld is not None else "")
+        self._set(
+            token_digest,
+            state=ClaimState.SETTLING,
+            owner_instance=self.instance,
+            lease_until=time.time() + self.lease_seconds,
+            withheld=json.dumps(withheld, separators=(",", ":")) if withheld is not None else "",
+        )
 
     # -- settlement outcomes (callers wrap them in one transaction with the log row) --
 
     def settled(self, token_digest: str, receipt: dict[str, Any]) -> None:
-        self._set(token_digest, state=ClaimState.SETTLED, sealed_payment="", last_error="",
-                  receipt=json.dumps(receipt, separators=(",", ":")), task_outdated=1)
+        self._set(
+            token_digest,
+            state=ClaimState.SETTLED,
+            sealed_payment="",
+            last_error="",
+            receipt=json.dumps(receipt, separators=(",", ":")),
+            task_outdated=1,
+        )
 
     def owed(self, token_digest: str, *, error: str, unknown: bool, passes: int, next_settle_at: float) -> None:
-        self._set(token_digest, state=ClaimState.SETTLE_FAILED, last_error=error[:200], settle_unknown=int(unknown),
-                  settle_passes=passes, next_settle_at=next_settle_at, task_outdated=1)
+        self._set(
+            token_digest,
+            state=ClaimState.SETTLE_FAILED,
+            last_error=error[:200],
+            settle_unknown=int(unknown),
+            settle_passes=passes,
+            next_settle_at=next_settle_at,
+            task_outdated=1,
+        )
 
     def terminal(self, token_digest: str, state: ClaimState, error: str) -> None:
         assert state in (ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION), state
@@ -237,8 +273,7 @@ class Claims:
         cursor = self.db.conn.execute(
             "UPDATE claims SET state = ?, owner_instance = ?, lease_until = ?, updated_at = ?"
             " WHERE token_digest = ? AND state = ?",
-            (ClaimState.SETTLING, self.instance, now + self.lease_seconds, now, token_digest,
-             ClaimState.SETTLE_FAILED),
+            (ClaimState.SETTLING, self.instance, now + self.lease_seconds, now, token_digest, ClaimState.SETTLE_FAILED),
         )
         if cursor.rowcount != 1:
             return None
@@ -267,8 +302,15 @@ class Claims:
         cursor = self.db.conn.execute(
             "UPDATE claims SET owner_instance = ?, lease_until = ?, updated_at = ?"
             " WHERE token_digest = ? AND owner_instance = ? AND lease_until = ? AND lease_until < ?",
-            (self.instance, now + self.lease_seconds, now, claim.token_digest, claim.owner_instance,
-             claim.lease_until, now),
+            (
+                self.instance,
+                now + self.lease_seconds,
+                now,
+                claim.token_digest,
+                claim.owner_instance,
+                claim.lease_until,
+                now,
+            ),
         )
         return cursor.rowcount == 1
 

@@ -50,8 +50,9 @@ def build_app(settings: Settings) -> Starlette:
 def app_from_env() -> Starlette:  # uvicorn factory for --workers > 1
     from server import request_log
 
-    request_log.configure(json_lines=os.environ.get("A2A_GATE_LOG_JSON") == "1",
-                          level=os.environ.get("A2A_GATE_LOG_LEVEL", "info"))
+    request_log.configure(
+        json_lines=os.environ.get("A2A_GATE_LOG_JSON") == "1", level=os.environ.get("A2A_GATE_LOG_LEVEL", "info")
+    )
     settings = load_settings(None)
     overrides = json.loads(os.environ.get("A2A_GATE_OVERRIDES", "{}"))
     return build_app(_apply_overrides(settings, overrides))
@@ -94,12 +95,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
             os.environ["A2A_GATE_OVERRIDES"] = json.dumps(overrides)
             os.environ["A2A_GATE_LOG_JSON"] = "1" if args.log_json else "0"
             os.environ["A2A_GATE_LOG_LEVEL"] = args.log_level
-            _run_workers(server_config("gate.cli:app_from_env", settings.http, factory=True, host=args.host,
-                                       port=args.port, workers=args.workers, proxy_headers=False, access_log=False,
-                                       log_level=args.log_level))
+            _run_workers(
+                server_config(
+                    "gate.cli:app_from_env",
+                    settings.http,
+                    factory=True,
+                    host=args.host,
+                    port=args.port,
+                    workers=args.workers,
+                    proxy_headers=False,
+                    access_log=False,
+                    log_level=args.log_level,
+                )
+            )
         else:
-            server = uvicorn.Server(server_config(build_app(settings), settings.http, host=args.host, port=args.port,
-                                                  proxy_headers=False, access_log=False, log_level=args.log_level))
+            server = uvicorn.Server(
+                server_config(
+                    build_app(settings),
+                    settings.http,
+                    host=args.host,
+                    port=args.port,
+                    proxy_headers=False,
+                    access_log=False,
+                    log_level=args.log_level,
+                )
+            )
             server.run()
             if not server.started:
                 return 3  # uvicorn's own exit status for a server that could not start
@@ -124,8 +144,10 @@ def _dev_facilitator(port: int, ledger: str) -> Iterator[str]:
     it dies (SIGKILL, a crash), so it never outlives the gate holding its port.
     """
     url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen([sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", ledger],
-                               preexec_fn=_die_with_parent())
+    process = subprocess.Popen(
+        [sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", ledger],
+        preexec_fn=_die_with_parent(),
+    )
     try:
         _wait_for(f"{url}/healthz", process)
         yield url
@@ -222,7 +244,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
             return 2
         print(f"key (shown once, keep it secret): {key}")
         print("stored form, for a [[keys]] entry in a configuration file:")
-        print(f'  [[keys]]\n  name = "{args.name}"\n  sha256 = "{digest}"\n  agents = {json.dumps(args.agent or ["*"])}')
+        print(
+            f'  [[keys]]\n  name = "{args.name}"\n  sha256 = "{digest}"\n  agents = {json.dumps(args.agent or ["*"])}'
+        )
     elif args.keys_command == "list":
         for row in principals.list_keys(db):
             state = "revoked" if row["revoked"] else "active"
@@ -242,8 +266,10 @@ def cmd_payments(args: argparse.Namespace) -> int:
     rows = PaymentLog(_database(args)).rows(agent=args.agent, payer=args.payer, action=action, limit=args.limit)
     for row in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
-        print(f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
-              f"{row['transaction'] or '-'}\t{row['error'] or '-'}\t{row['task_id'] or '-'}")
+        print(
+            f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
+            f"{row['transaction'] or '-'}\t{row['error'] or '-'}\t{row['task_id'] or '-'}"
+        )
     return 0
 
 
@@ -267,8 +293,10 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
     outcomes = asyncio.run(run())
     for outcome in outcomes:
-        print(f"{outcome['task_id']}\t{outcome['payer']}\t{outcome['state']}\t{outcome['x402.payment.status']}\t"
-              f"{outcome.get('x402.payment.error', '')}")
+        print(
+            f"{outcome['task_id']}\t{outcome['payer']}\t{outcome['state']}\t{outcome['x402.payment.status']}\t"
+            f"{outcome.get('x402.payment.error', '')}"
+        )
     print(f"{len(outcomes)} owed settlement(s) attempted")
     return 0
 
@@ -282,11 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--workers", type=int, default=1, help="worker processes (they share the SQLite file)")
-    serve.add_argument("--trusted-proxy", action="append", help="peer address whose X-Forwarded-* headers count (repeatable)")
+    serve.add_argument(
+        "--trusted-proxy", action="append", help="peer address whose X-Forwarded-* headers count (repeatable)"
+    )
     serve.add_argument("--database", help="SQLite file (overrides the configuration)")
-    serve.add_argument("--dev-facilitator", type=int, metavar="PORT",
-                       help="also start the development facilitator on this port and use it "
-                            "(a2a-gate-devnet, from the [dev] extra)")
+    serve.add_argument(
+        "--dev-facilitator",
+        type=int,
+        metavar="PORT",
+        help="also start the development facilitator on this port and use it (a2a-gate-devnet, from the [dev] extra)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-json", action="store_true", help="one JSON object per log line")
     serve.set_defaults(func=cmd_serve)
@@ -312,13 +345,21 @@ def build_parser() -> argparse.ArgumentParser:
     payments.add_argument("--database")
     payments.add_argument("--agent")
     payments.add_argument("--payer")
-    payments.add_argument("--action", choices=["verify", "reject", "settle", "settle_failed", "write_off",
-                                               "needs_attention", "replay", "release"])
+    payments.add_argument(
+        "--action",
+        choices=["verify", "reject", "settle", "settle_failed", "write_off", "needs_attention", "replay", "release"],
+    )
     terminal = payments.add_mutually_exclusive_group()
-    terminal.add_argument("--unsettled", action="store_true",
-                          help="delivered work written off: the settlement was refused for good (write_off rows)")
-    terminal.add_argument("--needs-attention", action="store_true",
-                          help="settlements nobody could decide (no chain endpoint, chain unreachable)")
+    terminal.add_argument(
+        "--unsettled",
+        action="store_true",
+        help="delivered work written off: the settlement was refused for good (write_off rows)",
+    )
+    terminal.add_argument(
+        "--needs-attention",
+        action="store_true",
+        help="settlements nobody could decide (no chain endpoint, chain unreachable)",
+    )
     payments.add_argument("--limit", type=int, default=50)
     payments.set_defaults(func=cmd_payments)
 

@@ -109,11 +109,15 @@ class FacilitatorClient:
         return bool(self.config.url)
 
     def _watch(self, metrics: GateMetrics) -> None:
-        state = Gauge("a2a_gate_facilitator_breaker_state", "Facilitator circuit breaker: 0 closed, 1 half-open, 2 open",
-                      registry=metrics.registry)
+        state = Gauge(
+            "a2a_gate_facilitator_breaker_state",
+            "Facilitator circuit breaker: 0 closed, 1 half-open, 2 open",
+            registry=metrics.registry,
+        )
         state.set_function(lambda: STATE_VALUES[self.breaker.state])
-        self.breaker_trips = Counter("a2a_gate_facilitator_breaker_opened", "Times the facilitator breaker opened",
-                                     registry=metrics.registry)
+        self.breaker_trips = Counter(
+            "a2a_gate_facilitator_breaker_opened", "Times the facilitator breaker opened", registry=metrics.registry
+        )
 
     async def verify(self, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> Verification:
         try:
@@ -137,7 +141,9 @@ class FacilitatorClient:
         success = doc.get("success")
         if not isinstance(success, bool):
             raise Unavailable("malformed_settle_answer")
-        receipt = {k: v for k, v in doc.items() if k in ("success", "transaction", "network", "payer", "errorReason", "amount")}
+        receipt = {
+            k: v for k, v in doc.items() if k in ("success", "transaction", "network", "payer", "errorReason", "amount")
+        }
         return SettleAnswer(
             success=success,
             transaction=_text(doc.get("transaction"), 130),
@@ -160,7 +166,9 @@ class FacilitatorClient:
         except ValueError:
             raise Unavailable("malformed_answer") from None
 
-    async def _post(self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
+    async def _post(
+        self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]
+    ) -> dict[str, Any]:
         """One call through the breaker: verify is refused at once while it is open; every
         answer or failure of the facilitator itself (never our own busy gate) moves it."""
         call = path.strip("/")
@@ -193,7 +201,9 @@ class FacilitatorClient:
             was_open = self.breaker.state == OPEN
             self.breaker.failed()
             if not was_open and self.breaker.state == OPEN:
-                logger.warning("facilitator breaker open for %gs after %d failures", self.breaker.cooldown, self.breaker.failures)
+                logger.warning(
+                    "facilitator breaker open for %gs after %d failures", self.breaker.cooldown, self.breaker.failures
+                )
                 if self.metrics is not None:
                     self.breaker_trips.inc()
 
@@ -206,14 +216,18 @@ class FacilitatorClient:
             if inspect.isawaitable(minted):
                 minted = await minted
             headers = minted.get(call, {}) if isinstance(minted, dict) else None
-            if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            if not isinstance(headers, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+            ):
                 raise TypeError("auth must return {call: {header: value}}")
         except Exception as exc:  # noqa: BLE001 - any failure of the operator's callable; its message may hold a credential
             logger.warning("facilitator auth callable failed: %s", type(exc).__name__)
             raise Unavailable("auth_failed") from None
         return headers
 
-    async def _post_once(self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
+    async def _post_once(
+        self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]
+    ) -> dict[str, Any]:
         body = {"x402Version": version, "paymentPayload": payload, "paymentRequirements": requirements}
         headers = await self._auth_headers(path.strip("/"))
         async with self._slot():

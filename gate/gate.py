@@ -53,8 +53,16 @@ logger = logging.getLogger("a2a_gate.gate")
 class PaymentGate:
     """The anonymous path of a2a-gate (`server.anonymous.AnonymousPath`): pay per request."""
 
-    def __init__(self, *, settings: Settings, db: sqlite_utils.Database, store: TaskStore, agents: AgentRegistry,
-                 methods: Methods, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        db: sqlite_utils.Database,
+        store: TaskStore,
+        agents: AgentRegistry,
+        methods: Methods,
+        metrics: Metrics,
+    ) -> None:
         self.settings, self.store, self.agents, self.methods = settings, store, agents, methods
         self.metrics = GateMetrics(metrics.registry)  # the gate's own, served beside the server's
         own_ip = CallerLimiter(settings.per_ip_per_minute, settings.limiter_max_entries, settings.ipv6_prefix)
@@ -65,26 +73,41 @@ class PaymentGate:
         self.shared_buckets: SharedBuckets | None = None
         if settings.limiter_redis_url:  # several replicas: the buckets live in Redis
             self.shared_buckets, self.ip_limiter, self.agent_limiters = shared_limiters(
-                settings, own_ip, own_agents, self.metrics)
+                settings, own_ip, own_agents, self.metrics
+            )
         self.facilitator = FacilitatorClient(settings.facilitator, self.metrics)
         self.claims = Claims(db, settings.claim_lease_seconds)
         self.log = PaymentLog(db)
         self.sealer = Sealer(load_key(settings.database))
         self.chain = Chain(settings.networks)
-        self.settler = Settler(self.facilitator, self.claims, self.log, settings.facilitator, self.metrics,
-                               self.chain, pass_interval=settings.reconcile_interval_seconds)
+        self.settler = Settler(
+            self.facilitator,
+            self.claims,
+            self.log,
+            settings.facilitator,
+            self.metrics,
+            self.chain,
+            pass_interval=settings.reconcile_interval_seconds,
+        )
         self.answers_402 = PaymentRequiredAnswers()
         self.background: list[asyncio.Task[None]] = []
         self.ready: tuple[float, str] = (0.0, "")
         self.metrics.watch_state(self.claims.count_in_flight, self.claims.count_owed)
-        self.metrics.watch_terminal(lambda: self.claims.count(ClaimState.UNSETTLED),
-                                        lambda: self.claims.count(ClaimState.NEEDS_ATTENTION))
+        self.metrics.watch_terminal(
+            lambda: self.claims.count(ClaimState.UNSETTLED), lambda: self.claims.count(ClaimState.NEEDS_ATTENTION)
+        )
 
     @classmethod
     def from_parts(cls, parts: Parts) -> PaymentGate:
         """The factory `create_app(settings, anonymous=...)` is given."""
-        return cls(settings=parts.settings, db=parts.db, store=parts.store, agents=parts.agents,
-                   methods=parts.methods, metrics=parts.metrics)
+        return cls(
+            settings=parts.settings,
+            db=parts.db,
+            store=parts.store,
+            agents=parts.agents,
+            methods=parts.methods,
+            metrics=parts.metrics,
+        )
 
     async def handle(self, request: Request, agent: str) -> Response:
         return await handle_anonymous(self, request, agent)
@@ -119,17 +142,23 @@ class PaymentGate:
         async def not_delivered(task: dict[str, Any]) -> None:
             def write() -> None:
                 self.claims.release(digest)
-                self.log.append("release", **payment.log_fields(task["id"]),
-                                error=f"task {task['status']['state']}: not charged")
+                self.log.append(
+                    "release", **payment.log_fields(task["id"]), error=f"task {task['status']['state']}: not charged"
+                )
 
             await commit_until_stored(self.claims.db, write, "a release")
 
         def saved() -> None:
             self.claims.task_synced(digest, final=bool(outcome) and outcome[-1].state in FINAL_STATES)
 
-        return Settlement(mark_delivered=mark_delivered, delivered=delivered, not_delivered=not_delivered,
-                          saved=saved, abandoned=lambda: self.claims.let_go(digest),
-                          withhold=withhold)
+        return Settlement(
+            mark_delivered=mark_delivered,
+            delivered=delivered,
+            not_delivered=not_delivered,
+            saved=saved,
+            abandoned=lambda: self.claims.let_go(digest),
+            withhold=withhold,
+        )
 
     async def readiness(self) -> dict[str, str]:
         return {"facilitator": await self.facilitator_ready()}
@@ -138,7 +167,7 @@ class PaymentGate:
         self.claims.expire(older_than_seconds)
 
     async def facilitator_ready(self, ttl: float = 10.0) -> str:
-        """"ok", "not configured", or the reason the facilitator cannot be reached (cached)."""
+        """ "ok", "not configured", or the reason the facilitator cannot be reached (cached)."""
         if not self.facilitator.configured:
             return "not configured"
         checked_at, answer = self.ready
@@ -178,8 +207,14 @@ class PaymentGate:
                 self.claims.orphan_settling(claim.token_digest)
                 continue
             self.claims.release(claim.token_digest)
-            self.log.append("release", agent=claim.agent, token_digest=claim.token_digest, payer=claim.payer,
-                            task_id=claim.task_id, error="interrupted by a restart: not charged")
+            self.log.append(
+                "release",
+                agent=claim.agent,
+                token_digest=claim.token_digest,
+                payer=claim.payer,
+                task_id=claim.task_id,
+                error="interrupted by a restart: not charged",
+            )
             task = store.get(claim.task_id, f"payer:{claim.payer}", claim.agent) if claim.task_id else None
             if task is not None and task["status"]["state"] not in TERMINAL_STATES:
                 set_status(task, "failed", agent_message(task, "Interrupted by a server restart; nothing was charged."))
@@ -214,12 +249,26 @@ class PaymentGate:
         config = self.agents.get(claim.agent)
         price = config.price if config is not None else None
         amount, network, asset = (price.amount, price.network, price.asset) if price else ("", "", "")
-        payment = Payment(claim.token_digest, sealed["version"], sealed["payload"], sealed["requirements"],
-                          claim.agent, claim.payer, amount, network, asset)
+        payment = Payment(
+            claim.token_digest,
+            sealed["version"],
+            sealed["payload"],
+            sealed["requirements"],
+            claim.agent,
+            claim.payer,
+            amount,
+            network,
+            asset,
+        )
         collection = await self.settler.settle(payment, claim.task_id, claim)
         await self.show_outcome(claim, collection.metadata, collection)
-        return {"task_id": claim.task_id, "payer": claim.payer, "agent": claim.agent, "state": str(collection.state),
-                **collection.metadata}
+        return {
+            "task_id": claim.task_id,
+            "payer": claim.payer,
+            "agent": claim.agent,
+            "state": str(collection.state),
+            **collection.metadata,
+        }
 
     async def show_outcome(self, claim: Claim, metadata: dict[str, Any], collection: Collection | None = None) -> None:
         """Bring a claim's stored task up to its recorded outcome (after a pass, a crash or a lost write)."""

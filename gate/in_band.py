@@ -148,8 +148,15 @@ def request_digest(agent: str, method: str, task_id: str) -> str:
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
 
 
-def payment_required(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, resource: str, caller: str,
-                     active: Activation, pending: Pending | None) -> Response:
+def payment_required(
+    gate: PaymentGate,
+    plan: SendPlan,
+    agent: AgentConfig,
+    resource: str,
+    caller: str,
+    active: Activation,
+    pending: Pending | None,
+) -> Response:
     """The Task asking for payment; over a cap (message size, requests per caller) the HTTP 402 instead."""
     price = agent.price
     assert price is not None
@@ -171,13 +178,26 @@ def payment_required(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, reso
     return task_answer(plan, task, active.echo())
 
 
-def refused(gate: PaymentGate, plan: SendPlan, agent: AgentConfig, resource: str, pending: Pending,
-            active: Activation | None, reason: str, payer: str = "") -> Response:
+def refused(
+    gate: PaymentGate,
+    plan: SendPlan,
+    agent: AgentConfig,
+    resource: str,
+    pending: Pending,
+    active: Activation | None,
+    reason: str,
+    payer: str = "",
+) -> Response:
     """A refused payment, answered on the Task: payment-failed, the code, a failure receipt; payable again."""
     price = agent.price
     assert price is not None
-    receipt = {"success": False, "errorReason": reason, "network": pricing.V1_NETWORKS.get(price.network, price.network),
-               "transaction": "", "payer": payer}
+    receipt = {
+        "success": False,
+        "errorReason": reason,
+        "network": pricing.V1_NETWORKS.get(price.network, price.network),
+        "transaction": "",
+        "payer": payer,
+    }
     code = error_code(reason)
     failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
     task = pending.task
@@ -196,7 +216,9 @@ def declined(gate: PaymentGate, plan: SendPlan, pending: Pending, active: Activa
     return task_answer(plan, task, echo(active))
 
 
-def start_paid(gate: PaymentGate, pending: Pending, agent: AgentConfig, owner: str, settlement: Settlement) -> Execution:
+def start_paid(
+    gate: PaymentGate, pending: Pending, agent: AgentConfig, owner: str, settlement: Settlement
+) -> Execution:
     """The payment is verified: the payer adopts the task and the agent runs the ORIGINAL message."""
     task = gate.store.adopt(pending.id, owner, agent.name)
     if task is None:  # paid for by someone else a moment ago, or expired
@@ -205,8 +227,14 @@ def start_paid(gate: PaymentGate, pending: Pending, agent: AgentConfig, owner: s
     return gate.methods.start_task(task, agent.name, task["history"][0], settlement)
 
 
-def ask(task: dict[str, Any], price: Price, resource: str, description: str, metadata: dict[str, Any],
-        text: str = "Payment is required to use this agent.") -> None:
+def ask(
+    task: dict[str, Any],
+    price: Price,
+    resource: str,
+    description: str,
+    metadata: dict[str, Any],
+    text: str = "Payment is required to use this agent.",
+) -> None:
     """Put the task in input-required with fresh requirements and the given payment metadata."""
     metadata = {**metadata, REQUIRED: pricing.payment_required_v1(price, resource, description)}
     set_status(task, "input-required", agent_message(task, text, metadata))

@@ -29,7 +29,9 @@ class RateLimit(Protocol):
 class Limiter:
     """`per_minute` requests a minute per key, with bursts up to `per_minute`."""
 
-    def __init__(self, per_minute: int, max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, per_minute: int, max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.capacity = float(per_minute)
         self.rate = per_minute / 60.0  # tokens per second
         self.clock = clock
@@ -93,8 +95,13 @@ def caller_key(address: str, ipv6_prefix: int = 64) -> str:
 class CallerLimiter(Limiter):
     """The per-IP limiter: one bucket per IPv4 address or IPv6 network (see `caller_key`)."""
 
-    def __init__(self, per_minute: int, max_entries: int = 100_000, ipv6_prefix: int = 64,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        per_minute: int,
+        max_entries: int = 100_000,
+        ipv6_prefix: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(per_minute, max_entries, clock)
         self.ipv6_prefix = ipv6_prefix
 

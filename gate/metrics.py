@@ -15,28 +15,47 @@ class GateMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.facilitator_seconds = Histogram(
-            "a2a_gate_facilitator_seconds", "Facilitator call latency", ["call"], registry=registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.facilitator_errors = Counter("a2a_gate_facilitator_errors", "Facilitator calls without an answer",
-                                          ["call", "reason"], registry=registry)
-        self.settle_failures = Counter("a2a_gate_settle_failures", "Settlements that did not succeed",
-                                       registry=registry)
-        self.settlements = Counter("a2a_gate_settlements", "Settle passes by outcome (settled, owed, unsettled,"
-                                   " needs_attention)", ["outcome"], registry=registry)
-        self.unsettled = Gauge("a2a_gate_claims_unsettled", "Delivered work written off (never paid)",
-                               registry=registry)
-        self.needs_attention = Gauge("a2a_gate_claims_needs_attention", "Settlements an operator must resolve",
-                                     registry=registry)
-        self.limiter_refusals = Counter("a2a_gate_limiter_refusals", "Anonymous requests refused by a limiter",
-                                        ["limiter"], registry=registry)
-        self.limiter_shared = Gauge("a2a_gate_limiter_shared", "1 while the limiters' buckets are shared through"
-                                    " Redis, 0 while this replica answers from its own", registry=registry)
-        self.limiter_fallbacks = Counter("a2a_gate_limiter_fallbacks", "Times Redis stopped answering and the"
-                                         " limiters fell back to this replica's own buckets", registry=registry)
-        self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling",
-                                      registry=registry)
-        self.reconciler_backlog = Gauge("a2a_gate_reconciler_backlog", "Delivered work awaiting settlement",
-                                        registry=registry)
+            "a2a_gate_facilitator_seconds",
+            "Facilitator call latency",
+            ["call"],
+            registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.facilitator_errors = Counter(
+            "a2a_gate_facilitator_errors", "Facilitator calls without an answer", ["call", "reason"], registry=registry
+        )
+        self.settle_failures = Counter(
+            "a2a_gate_settle_failures", "Settlements that did not succeed", registry=registry
+        )
+        self.settlements = Counter(
+            "a2a_gate_settlements",
+            "Settle passes by outcome (settled, owed, unsettled, needs_attention)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.unsettled = Gauge(
+            "a2a_gate_claims_unsettled", "Delivered work written off (never paid)", registry=registry
+        )
+        self.needs_attention = Gauge(
+            "a2a_gate_claims_needs_attention", "Settlements an operator must resolve", registry=registry
+        )
+        self.limiter_refusals = Counter(
+            "a2a_gate_limiter_refusals", "Anonymous requests refused by a limiter", ["limiter"], registry=registry
+        )
+        self.limiter_shared = Gauge(
+            "a2a_gate_limiter_shared",
+            "1 while the limiters' buckets are shared through Redis, 0 while this replica answers from its own",
+            registry=registry,
+        )
+        self.limiter_fallbacks = Counter(
+            "a2a_gate_limiter_fallbacks",
+            "Times Redis stopped answering and the limiters fell back to this replica's own buckets",
+            registry=registry,
+        )
+        self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling", registry=registry)
+        self.reconciler_backlog = Gauge(
+            "a2a_gate_reconciler_backlog", "Delivered work awaiting settlement", registry=registry
+        )
 
     def watch_state(self, in_flight: Callable[[], float], backlog: Callable[[], float]) -> None:
         self.claims_in_flight.set_function(in_flight)

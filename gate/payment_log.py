@@ -63,17 +63,32 @@ class PaymentLog:
     ) -> None:
         assert action in ACTIONS, action
         self.db.conn.execute(
-            "INSERT INTO payments (at, action, agent, task_id, token_digest, payer, amount, network, asset, \"transaction\", error)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (time.time(), action, agent, task_id, token_digest, payer, amount, network, asset, transaction, error[:200]),
+            "INSERT INTO payments (at, action, agent, task_id, token_digest, payer, amount, network, asset,"
+            ' "transaction", error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+            (
+                time.time(),
+                action,
+                agent,
+                task_id,
+                token_digest,
+                payer,
+                amount,
+                network,
+                asset,
+                transaction,
+                error[:200],
+            ),
         )
 
-    def rows(self, *, agent: str | None = None, payer: str | None = None, action: str | None = None,
-             limit: int = 50) -> list[dict]:
+    def rows(
+        self, *, agent: str | None = None, payer: str | None = None, action: str | None = None, limit: int = 50
+    ) -> list[dict]:
         where, args = [], []
         for column, value in (("agent", agent), ("payer", payer.lower() if payer else None), ("action", action)):
             if value:
                 where.append(f"{column} = ?")
                 args.append(value)
-        sql = "SELECT * FROM payments" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?"
+        sql = (
+            "SELECT * FROM payments" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?"
+        )
         return list(self.db.query(sql, [*args, limit]))

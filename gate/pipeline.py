@@ -118,7 +118,17 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
     except tokens.Rejection as exc:
         return refuse(exc.reason)
     # 8. claim, before anything is executed
-    payment = Payment(token.digest, token.version, token.payload, requirements, agent.name, "", price.amount, price.network, price.asset)
+    payment = Payment(
+        token.digest,
+        token.version,
+        token.payload,
+        requirements,
+        agent.name,
+        "",
+        price.amount,
+        price.network,
+        price.asset,
+    )
     sealed = gate.sealer.seal(payment.sealable(), token.digest)
     digest = claim_digest(gate, agent, plan, token, pending)
     outcome = gate.claims.claim(token.digest, tokens.nonce_key(token, price.asset), digest, agent.name, sealed)
@@ -126,7 +136,9 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         return refuse(outcome.reason)
     if outcome.kind == "in_flight":
         info.set("in_flight")
-        return error_response(call.id, RpcError(INTERNAL_ERROR, "Request in flight", {"code": "in_flight", "retryable": True}))
+        return error_response(
+            call.id, RpcError(INTERNAL_ERROR, "Request in flight", {"code": "in_flight", "retryable": True})
+        )
     if outcome.kind == "replay":
         assert outcome.claim is not None
         info.set("replay")
@@ -144,9 +156,18 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         raise
 
 
-async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: AgentConfig, token: tokens.Token,
-                        requirements: dict[str, Any], payment: Payment, active: in_band.Activation | None,
-                        pending: in_band.Pending | None, refuse: Callable[[str, str], Response]) -> Response:
+async def verified_send(
+    gate: PaymentGate,
+    request: Request,
+    plan: SendPlan,
+    agent: AgentConfig,
+    token: tokens.Token,
+    requirements: dict[str, Any],
+    payment: Payment,
+    active: in_band.Activation | None,
+    pending: in_band.Pending | None,
+    refuse: Callable[[str, str], Response],
+) -> Response:
     """Steps 9 to 12, for a claimed token."""
     call, info = plan.call, request.state.info
     log = log_fields(agent, token)
@@ -189,8 +210,9 @@ async def verified_send(gate: PaymentGate, request: Request, plan: SendPlan, age
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})
 
 
-def claim_digest(gate: PaymentGate, agent: AgentConfig, plan: SendPlan, token: tokens.Token,
-                 pending: in_band.Pending | None) -> str:
+def claim_digest(
+    gate: PaymentGate, agent: AgentConfig, plan: SendPlan, token: tokens.Token, pending: in_band.Pending | None
+) -> str:
     """The request a token pays for. In-band it is the task's original request, also when
     a retry comes after the task was adopted (the claim then names the same task)."""
     task_id = plan.message.get("taskId")
@@ -208,7 +230,9 @@ def log_fields(agent: AgentConfig, token: tokens.Token) -> dict[str, str]:
     """What every payment log row of this request names: the agent, the price, the token's digest."""
     assert agent.price is not None
     price = agent.price
-    return dict(agent=agent.name, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset)
+    return dict(
+        agent=agent.name, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset
+    )
 
 
 def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:
@@ -222,8 +246,9 @@ def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:
     return "ok", f"task {task['status']['state']}: not charged"
 
 
-async def replay(gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payment,
-                 headers: dict[str, str]) -> Response:
+async def replay(
+    gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payment, headers: dict[str, str]
+) -> Response:
     """The same token with the same request: the stored answer, re-driving an owed settlement."""
     owner, call = f"payer:{claim.payer}", plan.call
     if claim.state == ClaimState.SETTLE_FAILED:
@@ -297,7 +322,9 @@ def payment_response_header(task: dict[str, Any]) -> dict[str, str]:
 
 
 def too_many_requests(wait: float) -> JSONResponse:
-    return JSONResponse({"detail": "Too many requests"}, status_code=429, headers={"Retry-After": str(max(1, math.ceil(wait)))})
+    return JSONResponse(
+        {"detail": "Too many requests"}, status_code=429, headers={"Retry-After": str(max(1, math.ceil(wait)))}
+    )
 
 
 def payment_rejected(reason: str) -> JSONResponse:

@@ -52,7 +52,9 @@ def b64_json(document: dict[str, Any]) -> str:
     return base64.b64encode(json.dumps(document, separators=(",", ":")).encode()).decode("ascii")
 
 
-def payment_required(price: Price, resource_url: str, description: str = "", error: str = PAYMENT_REQUIRED_ERROR) -> dict[str, Any]:
+def payment_required(
+    price: Price, resource_url: str, description: str = "", error: str = PAYMENT_REQUIRED_ERROR
+) -> dict[str, Any]:
     """The x402 v2 PaymentRequired document; `resource.url` names this door."""
     resource: dict[str, Any] = {"url": resource_url, "mimeType": "application/json"}
     if description:
@@ -76,7 +78,9 @@ def requirement_v1(price: Price, resource_url: str, description: str = "") -> di
     }
 
 
-def payment_required_v1(price: Price, resource_url: str, description: str = "", error: str = PAYMENT_REQUIRED_ERROR) -> dict[str, Any]:
+def payment_required_v1(
+    price: Price, resource_url: str, description: str = "", error: str = PAYMENT_REQUIRED_ERROR
+) -> dict[str, Any]:
     return {"x402Version": 1, "accepts": [requirement_v1(price, resource_url, description)], "error": error}
 
 
@@ -97,5 +101,6 @@ class PaymentRequiredAnswers:
             v1 = payment_required_v1(price, resource_url, description)
             body = bytes(JSONResponse({**v1, "detail": "Payment required", "payment_required": document}).body)
             rendered = self.rendered[(agent, resource_url)] = (body, b64_json(document))
-        return Response(rendered[0], status_code=402, headers={"PAYMENT-REQUIRED": rendered[1]},
-                        media_type="application/json")
+        return Response(
+            rendered[0], status_code=402, headers={"PAYMENT-REQUIRED": rendered[1]}, media_type="application/json"
+        )

@@ -40,13 +40,23 @@ ERROR = "x402.payment.error"
 
 # Settle refusals that say the payment itself cannot be collected: retrying cannot help.
 # (x402's exact-EVM codes, and the plain names other facilitators use.)
-DEFINITIVE_REASONS = frozenset({
-    "invalid_exact_evm_payload_signature", "invalid_signature",
-    "invalid_exact_evm_insufficient_balance", "insufficient_funds", "insufficient_balance",
-    "invalid_exact_evm_payload_authorization_valid_before", "expired", "authorization_expired",
-    "invalid_exact_evm_payload_recipient_mismatch", "invalid_exact_evm_payload_authorization_value_mismatch",
-    "invalid_permit2_signature", "permit2_deadline_expired", "permit2_insufficient_balance",
-})
+DEFINITIVE_REASONS = frozenset(
+    {
+        "invalid_exact_evm_payload_signature",
+        "invalid_signature",
+        "invalid_exact_evm_insufficient_balance",
+        "insufficient_funds",
+        "insufficient_balance",
+        "invalid_exact_evm_payload_authorization_valid_before",
+        "expired",
+        "authorization_expired",
+        "invalid_exact_evm_payload_recipient_mismatch",
+        "invalid_exact_evm_payload_authorization_value_mismatch",
+        "invalid_permit2_signature",
+        "permit2_deadline_expired",
+        "permit2_insufficient_balance",
+    }
+)
 NONCE_USED_REASONS = frozenset({"invalid_exact_evm_nonce_already_used", "nonce_already_used"})
 
 
@@ -66,8 +76,15 @@ class Payment:
 
     def log_fields(self, task_id: str = "") -> dict[str, str]:
         """What a payment log row says about this payment (never the payload itself)."""
-        return {"agent": self.agent, "token_digest": self.token_digest, "payer": self.payer, "amount": self.amount,
-                    "network": self.network, "asset": self.asset, "task_id": task_id}
+        return {
+            "agent": self.agent,
+            "token_digest": self.token_digest,
+            "payer": self.payer,
+            "amount": self.amount,
+            "network": self.network,
+            "asset": self.asset,
+            "task_id": task_id,
+        }
 
     def sealable(self) -> dict[str, Any]:
         return {"version": self.version, "payload": self.payload, "requirements": self.requirements}
@@ -139,8 +156,16 @@ def classify(reason: str) -> str:
 
 
 class Settler:
-    def __init__(self, facilitator: FacilitatorClient, claims: Claims, log: PaymentLog, config: FacilitatorConfig,
-                 metrics: GateMetrics | None = None, chain: Chain | None = None, pass_interval: float = 30.0) -> None:
+    def __init__(
+        self,
+        facilitator: FacilitatorClient,
+        claims: Claims,
+        log: PaymentLog,
+        config: FacilitatorConfig,
+        metrics: GateMetrics | None = None,
+        chain: Chain | None = None,
+        pass_interval: float = 30.0,
+    ) -> None:
         self.metrics = metrics
         self.facilitator = facilitator
         self.claims = claims
@@ -192,15 +217,21 @@ class Settler:
         except ChainUnavailable as exc:
             return await self._needs_attention(payment, task_id, f"{heard}; chain unavailable: {exc.reason}")
         if facts.used:
-            receipt = {"success": True, "transaction": facts.transaction, "network": payment.network,
-                       "payer": payment.payer, "amount": payment.amount}
+            receipt = {
+                "success": True,
+                "transaction": facts.transaction,
+                "network": payment.network,
+                "payer": payment.payer,
+                "amount": payment.amount,
+            }
             return await self._settled(payment, task_id, receipt, facts.transaction, note="confirmed on chain")
         if authorization.valid_before <= time.time():
             return await self._unsettled(payment, task_id, f"{heard}; chain: authorization unused and expired")
         return await self._needs_attention(payment, task_id, f"{heard}; chain: authorization unused, still valid")
 
-    async def _settled(self, payment: Payment, task_id: str, receipt: dict[str, Any], tx: str,
-                       note: str = "") -> Collection:
+    async def _settled(
+        self, payment: Payment, task_id: str, receipt: dict[str, Any], tx: str, note: str = ""
+    ) -> Collection:
         def write() -> None:
             self.claims.settled(payment.token_digest, receipt)
             self.log.append("settle", **payment.log_fields(task_id), transaction=tx, error=note)
@@ -209,8 +240,9 @@ class Settler:
         self._count("settled")
         return Collection(ClaimState.SETTLED, completed_metadata(receipt))
 
-    async def _owed(self, payment: Payment, task_id: str, error: str, unknown: bool, passes: int,
-                    next_at: float) -> Collection:
+    async def _owed(
+        self, payment: Payment, task_id: str, error: str, unknown: bool, passes: int, next_at: float
+    ) -> Collection:
         def write() -> None:
             self.claims.owed(payment.token_digest, error=error, unknown=unknown, passes=passes, next_settle_at=next_at)
             self.log.append("settle_failed", **payment.log_fields(task_id), error=error)

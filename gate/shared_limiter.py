@@ -63,13 +63,19 @@ LAST_PROBE_SECONDS = 10.0
 class SharedBuckets:
     """The Redis connection the limiters share, and whether Redis is answering."""
 
-    def __init__(self, url: str, prefix: str, timeout: float, metrics: GateMetrics,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, url: str, prefix: str, timeout: float, metrics: GateMetrics, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         # a bounded pool (a flood waits for a connection, within the check's timeout, instead of
         # opening one per request); a failed check falls back at once, it is never retried
-        pool = BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS, timeout=timeout,
-                                               socket_timeout=timeout, socket_connect_timeout=timeout,
-                                               retry=Retry(NoBackoff(), 0))
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=timeout,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
         self.client = Redis.from_pool(pool)
         self.script = self.client.register_script(TAKE_SCRIPT)
         self.where = where(self.client)
@@ -104,8 +110,11 @@ class SharedBuckets:
         self.next_probe = self.clock() + self.backoff
         self.metrics.limiter_shared.set(0)
         self.metrics.limiter_fallbacks.inc()
-        logger.warning("Redis at %s is not answering (%s): limiters fall back to this replica's own buckets",
-                       self.where, type(exc).__name__)
+        logger.warning(
+            "Redis at %s is not answering (%s): limiters fall back to this replica's own buckets",
+            self.where,
+            type(exc).__name__,
+        )
 
     def probe_when_due(self) -> None:
         if self.clock() >= self.next_probe and (self.probe is None or self.probe.done()):
@@ -150,8 +159,14 @@ def where(client: Redis) -> str:
 class SharedLimiter:
     """One limiter (per-IP or per-agent) over the shared buckets, its in-memory twin behind it."""
 
-    def __init__(self, buckets: SharedBuckets, local: CallerLimiter | AgentLimiters, kind: str,
-                 key_of: Callable[[str], str], per_minute_of: Callable[[str], int]) -> None:
+    def __init__(
+        self,
+        buckets: SharedBuckets,
+        local: CallerLimiter | AgentLimiters,
+        kind: str,
+        key_of: Callable[[str], str],
+        per_minute_of: Callable[[str], int],
+    ) -> None:
         self.buckets = buckets
         self.local = local
         self.kind = kind
@@ -168,12 +183,16 @@ def bounded_name(name: str) -> str:
     return name if len(name) <= MAX_KEY_CHARS else hashlib.sha256(name.encode()).hexdigest()
 
 
-def shared_limiters(settings: Settings, ip: CallerLimiter, agents: AgentLimiters,
-                    metrics: GateMetrics) -> tuple[SharedBuckets, SharedLimiter, SharedLimiter]:
+def shared_limiters(
+    settings: Settings, ip: CallerLimiter, agents: AgentLimiters, metrics: GateMetrics
+) -> tuple[SharedBuckets, SharedLimiter, SharedLimiter]:
     """The per-IP and per-agent limiters over Redis (`[limits] redis_url`)."""
-    buckets = SharedBuckets(settings.limiter_redis_url, settings.limiter_redis_prefix,
-                            settings.limiter_redis_timeout_seconds, metrics)
+    buckets = SharedBuckets(
+        settings.limiter_redis_url, settings.limiter_redis_prefix, settings.limiter_redis_timeout_seconds, metrics
+    )
     per_ip = settings.per_ip_per_minute
-    return (buckets,
-            SharedLimiter(buckets, ip, "ip", lambda a: caller_key(a, settings.ipv6_prefix), lambda _: per_ip),
-            SharedLimiter(buckets, agents, "agent", bounded_name, agents.per_minute))
+    return (
+        buckets,
+        SharedLimiter(buckets, ip, "ip", lambda a: caller_key(a, settings.ipv6_prefix), lambda _: per_ip),
+        SharedLimiter(buckets, agents, "agent", bounded_name, agents.per_minute),
+    )

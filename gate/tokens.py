@@ -133,7 +133,9 @@ def from_object(document: Any, source: str) -> Token | None:
         return None
     if version == 2:
         accepted = normal.get("accepted")
-        if not isinstance(accepted, dict) or not all(isinstance(accepted.get(k), str) for k in ("scheme", "network", "asset", "amount", "payTo")):
+        if not isinstance(accepted, dict) or not all(
+            isinstance(accepted.get(k), str) for k in ("scheme", "network", "asset", "amount", "payTo")
+        ):
             return None
     elif not all(isinstance(normal.get(k), str) for k in ("scheme", "network")):
         return None
@@ -197,7 +199,9 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return document
 
 
-def check(token: Token, price: Price, resource_url: str, now: float | None = None, min_window: float = 0.0) -> dict[str, Any]:
+def check(
+    token: Token, price: Price, resource_url: str, now: float | None = None, min_window: float = 0.0
+) -> dict[str, Any]:
     """Every local check (DESIGN 4.7); returns the requirements to send the facilitator."""
     required = check_payload(token, price, resource_url)
     check_window(token, now, min_window)
@@ -247,7 +251,9 @@ def _check_eip3009(inner: dict[str, Any], price: Price) -> None:
         raise Rejection("invalid_payload")
     if not all(isinstance(v, str) for v in auth.values()) or not isinstance(inner["signature"], str):
         raise Rejection("invalid_payload")
-    if not (ADDRESS.fullmatch(auth["from"]) and ADDRESS.fullmatch(auth["to"]) and SIGNATURE.fullmatch(inner["signature"])):
+    if not (
+        ADDRESS.fullmatch(auth["from"]) and ADDRESS.fullmatch(auth["to"]) and SIGNATURE.fullmatch(inner["signature"])
+    ):
         raise Rejection("invalid_payload")
     if not all(UINT.fullmatch(auth[k]) for k in ("value", "validAfter", "validBefore")):
         raise Rejection("invalid_payload")
@@ -278,4 +284,6 @@ def check_window(token: Token, now: float | None = None, min_window: float = 0.0
 def nonce_key(token: Token, asset: str) -> str:
     """Chain, asset and authorization nonce: one EVM authorization pays once, whatever wraps it."""
     auth = token.authorization
-    return "|".join((token.network, asset.lower(), str(auth.get("from", "")).lower(), str(auth.get("nonce", "")).lower()))
+    return "|".join(
+        (token.network, asset.lower(), str(auth.get("from", "")).lower(), str(auth.get("nonce", "")).lower())
+    )

@@ -65,8 +65,9 @@ class Services:
         self.runner = Runner(self.store, self.agents)
         self.methods = Methods(self.store, self.runner)
         self.metrics = Metrics()
-        self.anonymous = anonymous(Parts(settings, self.db, self.store, self.agents, self.runner, self.methods,
-                                         self.metrics))
+        self.anonymous = anonymous(
+            Parts(settings, self.db, self.store, self.agents, self.runner, self.methods, self.metrics)
+        )
         self.methods.scrub = self.anonymous.scrub_message  # what the anonymous path says may not stay in a message
         self.started_at = time.time()  # cards come from the configuration read now
 
@@ -108,8 +109,9 @@ def forbidden() -> JSONResponse:
 async def a2a_endpoint(request: Request) -> Response:
     services: Services = request.app.state.services
     name = request.path_params["agent"]
-    info = request.state.info = RequestInfo(agent=agent_label(name, services.agents.get(name)),
-                                            client=request.client.host if request.client else "-")
+    info = request.state.info = RequestInfo(
+        agent=agent_label(name, services.agents.get(name)), client=request.client.host if request.client else "-"
+    )
     response = await branch(services, request, name, info)
     if not info.outcome:
         info.set(outcome_of(response))
@@ -141,8 +143,15 @@ def outcome_of(response: Response) -> str:
     code = getattr(response, "rpc_error", None)
     if code is not None:
         return "internal_error" if code == INTERNAL_ERROR else "rpc_error"
-    return {200: "ok", 401: "unauthenticated", 402: "payment_required", 403: "forbidden", 404: "not_found",
-            429: "limited", 501: "unavailable"}.get(response.status_code, "rpc_error")
+    return {
+        200: "ok",
+        401: "unauthenticated",
+        402: "payment_required",
+        403: "forbidden",
+        404: "not_found",
+        429: "limited",
+        501: "unavailable",
+    }.get(response.status_code, "rpc_error")
 
 
 async def dispatch_free(services: Services, call: Call, agent: str, owner: str) -> Response:
@@ -192,8 +201,11 @@ def cached(request: Request, response: Response, modified: float) -> Response:
     """Caching headers for a card: a strong ETag from the body's bytes, `Last-Modified` (when
     the configuration it comes from was read), `Cache-Control`; 304 when the client has it."""
     tag = f'"{hashlib.sha256(response.body).hexdigest()[:32]}"'
-    headers = {"ETag": tag, "Last-Modified": formatdate(modified, usegmt=True),
-               "Cache-Control": f"public, max-age={CARD_MAX_AGE_SECONDS}"}
+    headers = {
+        "ETag": tag,
+        "Last-Modified": formatdate(modified, usegmt=True),
+        "Cache-Control": f"public, max-age={CARD_MAX_AGE_SECONDS}",
+    }
     if not_modified(request.headers, tag, modified):
         return Response(status_code=304, headers=headers)
     response.headers.update(headers)
@@ -242,6 +254,7 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
     """The A2A server for `settings`; callers without a key are handed to `anonymous`."""
     if sys.getrecursionlimit() > SAFE_RECURSION_LIMIT:
         sys.setrecursionlimit(SAFE_RECURSION_LIMIT)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         services = Services(settings, anonymous)
@@ -266,7 +279,9 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
         Route("/metrics", metrics, methods=["GET"]),
     ]
     # a request reaches the routes only whole: its body read within the deadline
-    middleware = [Middleware(BodyDeadline, seconds=settings.http.body_timeout_seconds, max_bytes=settings.max_body_bytes)]
+    middleware = [
+        Middleware(BodyDeadline, seconds=settings.http.body_timeout_seconds, max_bytes=settings.max_body_bytes)
+    ]
     if settings.trusted_proxies:
         # uvicorn's proxy-header handling: forwarded headers count only from these peers
         middleware.append(Middleware(TrustedProxyMiddleware, trusted_hosts=list(settings.trusted_proxies)))

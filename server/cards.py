@@ -28,7 +28,9 @@ def agent_url(public_url: str, agent: str) -> str:
 def security(anonymous_allowed: bool) -> dict[str, Any]:
     """The bearer key in both card shapes; an anonymous caller (one who pays) is an empty alternative."""
     scheme = {
-        "type": "http", "scheme": "bearer", "description": BEARER_DESCRIPTION,  # v0.3 (OpenAPI)
+        "type": "http",
+        "scheme": "bearer",
+        "description": BEARER_DESCRIPTION,  # v0.3 (OpenAPI)
         "httpAuthSecurityScheme": {"scheme": "Bearer", "description": BEARER_DESCRIPTION},  # v1.0
     }
     v03: list[dict[str, Any]] = [{SECURITY_SCHEME: []}]

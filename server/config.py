@@ -94,7 +94,9 @@ class FacilitatorConfig:
     @property
     def settle_budget_seconds(self) -> float:
         """The longest the in-request settle can take: every attempt, its wait for a slot and the backoffs."""
-        backoffs = 1.5 * sum(self.settle_backoff_seconds * 2**i for i in range(self.settle_attempts - 1))  # jittered up to +50%
+        backoffs = 1.5 * sum(
+            self.settle_backoff_seconds * 2**i for i in range(self.settle_attempts - 1)
+        )  # jittered up to +50%
         return self.settle_attempts * (self.timeout_seconds + self.max_wait_seconds) + backoffs
 
 
@@ -177,8 +179,12 @@ def default_settings(database: str = "a2a-gate.db") -> Settings:
     """
     skill = Skill(id="echo", name="Echo", description="Repeats the input text.")
     echo = AgentConfig(name="echo", description="Echoes the text it is sent.", skills=(skill,))
-    paid = AgentConfig(name="paid-echo", description="Echoes the text it is sent, for 0.001 test USDC.",
-                       skills=(skill,), price=DEMO_PRICE)
+    paid = AgentConfig(
+        name="paid-echo",
+        description="Echoes the text it is sent, for 0.001 test USDC.",
+        skills=(skill,),
+        price=DEMO_PRICE,
+    )
     return Settings(database=database, agents={"echo": echo, "paid-echo": paid})
 
 
@@ -262,9 +268,22 @@ class _Reader:
 
     def settings(self, raw: dict[str, Any], base_dir: Path, source: str) -> Settings:
         known = {
-            "public_url", "database", "default_agent", "max_body_bytes", "task_retention_days",
-            "task_deadline_seconds", "limits", "proxy", "facilitator", "agents", "keys",
-            "reconcile_interval_seconds", "http", "claim_lease_seconds", "networks", "in_band",
+            "public_url",
+            "database",
+            "default_agent",
+            "max_body_bytes",
+            "task_retention_days",
+            "task_deadline_seconds",
+            "limits",
+            "proxy",
+            "facilitator",
+            "agents",
+            "keys",
+            "reconcile_interval_seconds",
+            "http",
+            "claim_lease_seconds",
+            "networks",
+            "in_band",
         }
         self.unknown(raw, known, "")
         defaults = Settings()
@@ -276,8 +295,19 @@ class _Reader:
             database = str(base_dir / database)
 
         limits = self.table(raw, "limits", "limits")
-        self.unknown(limits, {"per_ip_per_minute", "per_agent_per_minute", "max_entries", "ipv6_prefix",
-                              "redis_url", "redis_prefix", "redis_timeout_seconds"}, "limits")
+        self.unknown(
+            limits,
+            {
+                "per_ip_per_minute",
+                "per_agent_per_minute",
+                "max_entries",
+                "ipv6_prefix",
+                "redis_url",
+                "redis_prefix",
+                "redis_timeout_seconds",
+            },
+            "limits",
+        )
         ipv6_prefix = self.get(limits, "ipv6_prefix", int, defaults.ipv6_prefix, "limits.ipv6_prefix")
         if not 16 <= ipv6_prefix <= 128:
             self.problem("limits.ipv6_prefix", f"must be a prefix length from 16 to 128, got {ipv6_prefix}")
@@ -304,31 +334,63 @@ class _Reader:
         if facilitator.url == "" and any(a.price for a in agents.values()):
             self.warn("facilitator.url", "missing: priced agents answer 501 until a facilitator is set")
 
-        agents = {name: self.fit_payment_window(agent, agents_raw.get(name), facilitator) for name, agent in agents.items()}
+        agents = {
+            name: self.fit_payment_window(agent, agents_raw.get(name), facilitator) for name, agent in agents.items()
+        }
         return Settings(
             public_url=public_url,
             database=database,
             default_agent=default_agent,
             max_body_bytes=self.positive(raw, "max_body_bytes", defaults.max_body_bytes, "max_body_bytes"),
-            task_retention_days=self.positive(raw, "task_retention_days", defaults.task_retention_days, "task_retention_days", float),
-            task_deadline_seconds=self.positive(raw, "task_deadline_seconds", defaults.task_deadline_seconds, "task_deadline_seconds", float),
-            per_ip_per_minute=self.positive(limits, "per_ip_per_minute", defaults.per_ip_per_minute, "limits.per_ip_per_minute"),
-            per_agent_per_minute=self.positive(limits, "per_agent_per_minute", defaults.per_agent_per_minute, "limits.per_agent_per_minute"),
-            limiter_max_entries=self.positive(limits, "max_entries", defaults.limiter_max_entries, "limits.max_entries"),
+            task_retention_days=self.positive(
+                raw, "task_retention_days", defaults.task_retention_days, "task_retention_days", float
+            ),
+            task_deadline_seconds=self.positive(
+                raw, "task_deadline_seconds", defaults.task_deadline_seconds, "task_deadline_seconds", float
+            ),
+            per_ip_per_minute=self.positive(
+                limits, "per_ip_per_minute", defaults.per_ip_per_minute, "limits.per_ip_per_minute"
+            ),
+            per_agent_per_minute=self.positive(
+                limits, "per_agent_per_minute", defaults.per_agent_per_minute, "limits.per_agent_per_minute"
+            ),
+            limiter_max_entries=self.positive(
+                limits, "max_entries", defaults.limiter_max_entries, "limits.max_entries"
+            ),
             ipv6_prefix=ipv6_prefix,
             limiter_redis_url=self.redis_url(limits),
-            limiter_redis_prefix=self.get(limits, "redis_prefix", str, defaults.limiter_redis_prefix, "limits.redis_prefix"),
-            limiter_redis_timeout_seconds=self.positive(limits, "redis_timeout_seconds", defaults.limiter_redis_timeout_seconds, "limits.redis_timeout_seconds", float),
+            limiter_redis_prefix=self.get(
+                limits, "redis_prefix", str, defaults.limiter_redis_prefix, "limits.redis_prefix"
+            ),
+            limiter_redis_timeout_seconds=self.positive(
+                limits,
+                "redis_timeout_seconds",
+                defaults.limiter_redis_timeout_seconds,
+                "limits.redis_timeout_seconds",
+                float,
+            ),
             trusted_proxies=tuple(t for t in trusted if isinstance(t, str)),
             facilitator=facilitator,
             http=self.http(self.table(raw, "http", "http")),
             agents=agents,
             keys=keys,
-            reconcile_interval_seconds=self.positive(raw, "reconcile_interval_seconds", defaults.reconcile_interval_seconds, "reconcile_interval_seconds", float),
-            claim_lease_seconds=self.positive(raw, "claim_lease_seconds", defaults.claim_lease_seconds, "claim_lease_seconds", float),
+            reconcile_interval_seconds=self.positive(
+                raw,
+                "reconcile_interval_seconds",
+                defaults.reconcile_interval_seconds,
+                "reconcile_interval_seconds",
+                float,
+            ),
+            claim_lease_seconds=self.positive(
+                raw, "claim_lease_seconds", defaults.claim_lease_seconds, "claim_lease_seconds", float
+            ),
             networks=self.networks(self.table(raw, "networks", "networks")),
-            in_band_max_message_bytes=self.positive(in_band, "max_message_bytes", defaults.in_band_max_message_bytes, "in_band.max_message_bytes"),
-            in_band_pending_per_ip=self.positive(in_band, "pending_per_ip", defaults.in_band_pending_per_ip, "in_band.pending_per_ip"),
+            in_band_max_message_bytes=self.positive(
+                in_band, "max_message_bytes", defaults.in_band_max_message_bytes, "in_band.max_message_bytes"
+            ),
+            in_band_pending_per_ip=self.positive(
+                in_band, "pending_per_ip", defaults.in_band_pending_per_ip, "in_band.pending_per_ip"
+            ),
             source=source,
             warnings=tuple(f"{source}: {w}" for w in self.warnings),
         )
@@ -341,20 +403,45 @@ class _Reader:
         return value
 
     def http(self, raw: dict[str, Any]) -> HttpConfig:
-        self.unknown(raw, {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes"}, "http")
+        self.unknown(
+            raw, {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes"}, "http"
+        )
         d = HttpConfig()
         return HttpConfig(
-            head_timeout_seconds=self.positive(raw, "head_timeout_seconds", d.head_timeout_seconds, "http.head_timeout_seconds", float),
-            body_timeout_seconds=self.positive(raw, "body_timeout_seconds", d.body_timeout_seconds, "http.body_timeout_seconds", float),
-            keep_alive_seconds=self.positive(raw, "keep_alive_seconds", d.keep_alive_seconds, "http.keep_alive_seconds", float),
+            head_timeout_seconds=self.positive(
+                raw, "head_timeout_seconds", d.head_timeout_seconds, "http.head_timeout_seconds", float
+            ),
+            body_timeout_seconds=self.positive(
+                raw, "body_timeout_seconds", d.body_timeout_seconds, "http.body_timeout_seconds", float
+            ),
+            keep_alive_seconds=self.positive(
+                raw, "keep_alive_seconds", d.keep_alive_seconds, "http.keep_alive_seconds", float
+            ),
             max_head_bytes=self.positive(raw, "max_head_bytes", d.max_head_bytes, "http.max_head_bytes"),
         )
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
         path = "facilitator"
-        self.unknown(raw, {"url", "timeout_seconds", "max_in_flight", "max_wait_seconds", "connections", "auth_header_env",
-                           "settle_attempts", "settle_backoff_seconds", "settle_margin_seconds", "auth",
-                           "breaker_failures", "breaker_cooldown_seconds", "settle_passes", "settle_max_delay_seconds"}, path)
+        self.unknown(
+            raw,
+            {
+                "url",
+                "timeout_seconds",
+                "max_in_flight",
+                "max_wait_seconds",
+                "connections",
+                "auth_header_env",
+                "settle_attempts",
+                "settle_backoff_seconds",
+                "settle_margin_seconds",
+                "auth",
+                "breaker_failures",
+                "breaker_cooldown_seconds",
+                "settle_passes",
+                "settle_max_delay_seconds",
+            },
+            path,
+        )
         d = FacilitatorConfig()
         url = self.get(raw, "url", str, "", f"{path}.url")
         if url:
@@ -363,18 +450,27 @@ class _Reader:
             url=url,
             timeout_seconds=self.positive(raw, "timeout_seconds", d.timeout_seconds, f"{path}.timeout_seconds", float),
             max_in_flight=self.positive(raw, "max_in_flight", d.max_in_flight, f"{path}.max_in_flight"),
-            max_wait_seconds=self.positive(raw, "max_wait_seconds", d.max_wait_seconds, f"{path}.max_wait_seconds", float),
+            max_wait_seconds=self.positive(
+                raw, "max_wait_seconds", d.max_wait_seconds, f"{path}.max_wait_seconds", float
+            ),
             connections=self.positive(raw, "connections", d.connections, f"{path}.connections"),
             auth_header_env=self.get(raw, "auth_header_env", str, "", f"{path}.auth_header_env"),
             auth=self.callable_name(raw, "auth", f"{path}.auth"),
             breaker_failures=self.positive(raw, "breaker_failures", d.breaker_failures, f"{path}.breaker_failures"),
-            breaker_cooldown_seconds=self.positive(raw, "breaker_cooldown_seconds", d.breaker_cooldown_seconds,
-                                                   f"{path}.breaker_cooldown_seconds", float),
+            breaker_cooldown_seconds=self.positive(
+                raw, "breaker_cooldown_seconds", d.breaker_cooldown_seconds, f"{path}.breaker_cooldown_seconds", float
+            ),
             settle_attempts=self.positive(raw, "settle_attempts", d.settle_attempts, f"{path}.settle_attempts"),
-            settle_backoff_seconds=self.positive(raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float),
-            settle_margin_seconds=self.positive(raw, "settle_margin_seconds", d.settle_margin_seconds, f"{path}.settle_margin_seconds", float),
+            settle_backoff_seconds=self.positive(
+                raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float
+            ),
+            settle_margin_seconds=self.positive(
+                raw, "settle_margin_seconds", d.settle_margin_seconds, f"{path}.settle_margin_seconds", float
+            ),
             settle_passes=self.positive(raw, "settle_passes", d.settle_passes, f"{path}.settle_passes"),
-            settle_max_delay_seconds=self.positive(raw, "settle_max_delay_seconds", d.settle_max_delay_seconds, f"{path}.settle_max_delay_seconds", float),
+            settle_max_delay_seconds=self.positive(
+                raw, "settle_max_delay_seconds", d.settle_max_delay_seconds, f"{path}.settle_max_delay_seconds", float
+            ),
         )
 
     def fit_payment_window(self, agent: AgentConfig, raw: Any, facilitator: FacilitatorConfig) -> AgentConfig:
@@ -390,11 +486,13 @@ class _Reader:
         if agent.price.max_timeout_seconds >= needed:
             return agent
         if isinstance(raw, dict) and isinstance(raw.get("price"), dict) and "max_timeout_seconds" in raw["price"]:
-            self.problem(f"agents.{agent.name}.price.max_timeout_seconds",
-                         f"{agent.price.max_timeout_seconds} s cannot collect a payment: this agent needs {window:g} s"
-                         f" (deadline_seconds {agent.deadline_seconds:g} + facilitator settle retries"
-                         f" {facilitator.settle_budget_seconds:g} + settle_margin_seconds {facilitator.settle_margin_seconds:g})"
-                         f" plus {SIGNING_ALLOWANCE_SECONDS} s for the client; use at least {needed} or shorten those")
+            self.problem(
+                f"agents.{agent.name}.price.max_timeout_seconds",
+                f"{agent.price.max_timeout_seconds} s cannot collect a payment: this agent needs {window:g} s"
+                f" (deadline_seconds {agent.deadline_seconds:g} + facilitator settle retries"
+                f" {facilitator.settle_budget_seconds:g} + settle_margin_seconds {facilitator.settle_margin_seconds:g})"
+                f" plus {SIGNING_ALLOWANCE_SECONDS} s for the client; use at least {needed} or shorten those",
+            )
             return agent
         return replace(agent, price=replace(agent.price, max_timeout_seconds=needed))
 
@@ -431,9 +529,21 @@ class _Reader:
             self.problem(path, "must be a table")
             return AgentConfig(name=name)
         known = {
-            "description", "backend", "exposed", "price", "skills", "url", "upstream_auth_env",
-            "timeout_seconds", "poll_interval_seconds", "deadline_seconds", "callable",
-            "allowed_payers", "per_agent_per_minute", "streaming", "on_settle_failure",
+            "description",
+            "backend",
+            "exposed",
+            "price",
+            "skills",
+            "url",
+            "upstream_auth_env",
+            "timeout_seconds",
+            "poll_interval_seconds",
+            "deadline_seconds",
+            "callable",
+            "allowed_payers",
+            "per_agent_per_minute",
+            "streaming",
+            "on_settle_failure",
         }
         self.unknown(raw, known, path)
         backend = self.get(raw, "backend", str, "echo", f"{path}.backend")
@@ -472,11 +582,15 @@ class _Reader:
             url=url,
             upstream_auth_env=self.get(raw, "upstream_auth_env", str, "", f"{path}.upstream_auth_env"),
             timeout_seconds=self.positive(raw, "timeout_seconds", 30.0, f"{path}.timeout_seconds", float),
-            poll_interval_seconds=self.positive(raw, "poll_interval_seconds", 0.5, f"{path}.poll_interval_seconds", float),
+            poll_interval_seconds=self.positive(
+                raw, "poll_interval_seconds", 0.5, f"{path}.poll_interval_seconds", float
+            ),
             deadline_seconds=self.positive(raw, "deadline_seconds", 120.0, f"{path}.deadline_seconds", float),
             callable=target,
             allowed_payers=allowed,
-            per_agent_per_minute=None if per_agent is None else self.positive(raw, "per_agent_per_minute", None, f"{path}.per_agent_per_minute"),
+            per_agent_per_minute=None
+            if per_agent is None
+            else self.positive(raw, "per_agent_per_minute", None, f"{path}.per_agent_per_minute"),
             streaming=self.get(raw, "streaming", bool, True, f"{path}.streaming"),
             on_settle_failure=self.settle_failure_policy(raw, path),
         )
@@ -484,7 +598,9 @@ class _Reader:
     def settle_failure_policy(self, raw: dict[str, Any], path: str) -> str:
         policy = self.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
         if policy not in SETTLE_FAILURE_POLICIES:
-            self.problem(f"{path}.on_settle_failure", f"must be one of {', '.join(SETTLE_FAILURE_POLICIES)}, got {policy!r}")
+            self.problem(
+                f"{path}.on_settle_failure", f"must be one of {', '.join(SETTLE_FAILURE_POLICIES)}, got {policy!r}"
+            )
             return "deliver"
         return policy
 
@@ -508,7 +624,9 @@ class _Reader:
         if not isinstance(raw, dict):
             self.problem(path, "must be a table")
             return None
-        self.unknown(raw, {"scheme", "network", "asset", "amount", "pay_to", "max_timeout_seconds", "extra", "description"}, path)
+        self.unknown(
+            raw, {"scheme", "network", "asset", "amount", "pay_to", "max_timeout_seconds", "extra", "description"}, path
+        )
         scheme = self.get(raw, "scheme", str, "exact", f"{path}.scheme")
         if scheme != "exact":
             self.problem(f"{path}.scheme", f"only 'exact' is supported, got {scheme!r}")
@@ -524,7 +642,12 @@ class _Reader:
         amount = raw.get("amount")
         if isinstance(amount, int) and not isinstance(amount, bool):
             amount = str(amount)
-        if not isinstance(amount, str) or not (amount.isascii() and amount.isdigit()) or int(amount) <= 0 or len(amount) > 78:
+        if (
+            not isinstance(amount, str)
+            or not (amount.isascii() and amount.isdigit())
+            or int(amount) <= 0
+            or len(amount) > 78
+        ):
             self.problem(f"{path}.amount", f"must be a positive whole number of atomic units, got {amount!r}")
             amount = "0"
         extra = self.get(raw, "extra", dict, None, f"{path}.extra")
@@ -549,7 +672,9 @@ class _Reader:
         self.unknown(raw, {"name", "sha256", "agents", "revoked"}, path)
         digest = self.get(raw, "sha256", str, "", f"{path}.sha256")
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
-            self.problem(f"{path}.sha256", "must be 64 lowercase hex digits (the stored form from `a2a-gate keys create`)")
+            self.problem(
+                f"{path}.sha256", "must be 64 lowercase hex digits (the stored form from `a2a-gate keys create`)"
+            )
             return None
         names = self.get(raw, "agents", list, [], f"{path}.agents")
         for name in names:

@@ -44,8 +44,9 @@ def transaction(db: sqlite_utils.Database) -> Iterator[sqlite3.Connection]:
 logger = logging.getLogger("a2a_gate.database")
 
 
-async def commit_until_stored(db: sqlite_utils.Database, write: Callable[[], None], what: str,
-                              patience: float = 300.0) -> None:
+async def commit_until_stored(
+    db: sqlite_utils.Database, write: Callable[[], None], what: str, patience: float = 300.0
+) -> None:
     """Run `write` in one transaction, again until it sticks (a locked or full database).
 
     For records that must not be lost once money has moved: a settle outcome, and the

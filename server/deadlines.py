@@ -35,8 +35,10 @@ from server.config import HttpConfig
 def raw_408(detail: str) -> bytes:
     """A complete 408 answer, written straight to the transport (no request was parsed to answer)."""
     body = json.dumps({"detail": detail}).encode()
-    head = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body))
+    head = (
+        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+    )
     return head + body
 
 
@@ -119,8 +121,9 @@ class BodyDeadline:
             async with asyncio.timeout(self.seconds):
                 received = await self.read(receive)
         except TimeoutError:
-            late = JSONResponse({"detail": "Request body not received in time"}, status_code=408,
-                                headers={"connection": "close"})
+            late = JSONResponse(
+                {"detail": "Request body not received in time"}, status_code=408, headers={"connection": "close"}
+            )
             await late(scope, receive, send)
             return
 
@@ -147,7 +150,13 @@ class BodyDeadline:
 def server_config(app: Any, http: HttpConfig, **options: Any) -> uvicorn.Config:
     """A uvicorn configuration with the deadlines and the head size limit of `http`."""
     # ws="none": the gate serves no WebSocket, so an upgrade request is an ordinary request
-    config = uvicorn.Config(app, http=HeadDeadlineProtocol, ws="none", timeout_keep_alive=http.keep_alive_seconds,  # type: ignore[arg-type]
-                            h11_max_incomplete_event_size=http.max_head_bytes, **options)
+    config = uvicorn.Config(
+        app,
+        http=HeadDeadlineProtocol,
+        ws="none",
+        timeout_keep_alive=http.keep_alive_seconds,  # type: ignore[arg-type]
+        h11_max_incomplete_event_size=http.max_head_bytes,
+        **options,
+    )
     config.head_timeout = http.head_timeout_seconds  # type: ignore[attr-defined]  # read by HeadDeadline
     return config

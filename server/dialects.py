@@ -77,7 +77,6 @@ def _camel(name: str) -> str:
     return head + "".join(word[:1].upper() + word[1:] for word in rest)
 
 
-
 def message_in(raw: Any, dialect: str) -> dict[str, Any]:
     """Read a request's message into the canonical shape, keeping only usable parts."""
     if not isinstance(raw, dict):
@@ -122,7 +121,9 @@ def part_in_v03(raw: Any) -> dict[str, Any] | None:
     elif kind == "data" and "data" in raw and raw["data"] is not None:
         part = {"kind": "data", "data": raw["data"]}
     elif kind == "file" and isinstance(raw.get("file"), dict):
-        file = _file_in(raw["file"].get("uri"), raw["file"].get("bytes"), raw["file"].get("mimeType"), raw["file"].get("name"))
+        file = _file_in(
+            raw["file"].get("uri"), raw["file"].get("bytes"), raw["file"].get("mimeType"), raw["file"].get("name")
+        )
         part = None if file is None else {"kind": "file", "file": file}
     if part is not None and isinstance(raw.get("metadata"), dict):
         part["metadata"] = raw["metadata"]
@@ -214,7 +215,11 @@ def event_out(event: dict[str, Any], dialect: str) -> dict[str, Any]:
             body["metadata"] = event["metadata"]
         return {"statusUpdate": body}
     if kind == "artifact-update":
-        body = {"taskId": event["taskId"], "contextId": event["contextId"], "artifact": artifact_out_v10(event["artifact"])}
+        body = {
+            "taskId": event["taskId"],
+            "contextId": event["contextId"],
+            "artifact": artifact_out_v10(event["artifact"]),
+        }
         for key in ("append", "lastChunk"):
             if key in event:
                 body[key] = event[key]

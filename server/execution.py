@@ -94,8 +94,13 @@ class Execution:
 
 
 def artifact_event(task: dict[str, Any], artifact: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": "artifact-update", "taskId": task["id"], "contextId": task["contextId"],
-            "artifact": artifact, "lastChunk": True}
+    return {
+        "kind": "artifact-update",
+        "taskId": task["id"],
+        "contextId": task["contextId"],
+        "artifact": artifact,
+        "lastChunk": True,
+    }
 
 
 def status_event(task: dict[str, Any], final: bool) -> dict[str, Any]:
@@ -119,7 +124,9 @@ class Runner:
         self.agents = agents
         self.live: dict[str, Execution] = {}
 
-    def start(self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None) -> Execution:
+    def start(
+        self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None
+    ) -> Execution:
         execution = Execution(task=task, agent=agent, settlement=settlement)
         self.live[task["id"]] = execution
         execution.job = asyncio.create_task(self._run(execution, message), name=f"task-{task['id']}")
@@ -133,7 +140,11 @@ class Runner:
         if not await self.backend_agrees_to_cancel(execution.agent, execution.task["id"]):
             return "The upstream agent did not agree to cancel the task"
         if execution.done.is_set():  # it ended while the upstream was asked
-            return None if execution.task["status"]["state"] == "canceled" else f"Task is {execution.task['status']['state']}"
+            return (
+                None
+                if execution.task["status"]["state"] == "canceled"
+                else f"Task is {execution.task['status']['state']}"
+            )
         if execution.delivering:
             return "Task is delivered and being settled"
         execution.job.cancel()
@@ -241,7 +252,9 @@ class Runner:
                 self._show(execution, artifact)
             set_status(task, "completed", agent_message(task, text, collected.metadata))
         else:
-            set_status(task, "failed", agent_message(task, "Payment failed: the answer is withheld.", collected.metadata))
+            set_status(
+                task, "failed", agent_message(task, "Payment failed: the answer is withheld.", collected.metadata)
+            )
         await self._save_final(execution)
         execution.publish(status_event(task, final=True))
 
@@ -267,8 +280,15 @@ class Runner:
             # a delivery (nothing is charged), so it carries no work
             artifact = {"artifactId": new_id(), "name": "partial", "parts": reply.parts}
             task.setdefault("artifacts", []).append(artifact)
-            execution.publish({"kind": "artifact-update", "taskId": task["id"], "contextId": task["contextId"],
-                               "artifact": artifact, "lastChunk": True})
+            execution.publish(
+                {
+                    "kind": "artifact-update",
+                    "taskId": task["id"],
+                    "contextId": task["contextId"],
+                    "artifact": artifact,
+                    "lastChunk": True,
+                }
+            )
         message = agent_message(task, reply.text or reply.state)
         set_status(task, reply.state if reply.state in UNDELIVERED_STATES else "failed", message)
         if reply.state in INTERRUPTED_STATES:

@@ -139,8 +139,9 @@ def error_response(call_id: Any, error: RpcError) -> Response:
     body = error_body(call_id, error)
     if errors_as_event.get():
         data = json.dumps(body, separators=(",", ":"), allow_nan=False)
-        response: Response = Response(f"data: {data}\n\n".encode("ascii"), media_type="text/event-stream",
-                                      headers={"cache-control": "no-store"})
+        response: Response = Response(
+            f"data: {data}\n\n".encode("ascii"), media_type="text/event-stream", headers={"cache-control": "no-store"}
+        )
     else:
         response = JsonResponse(body)
     response.rpc_error = error.code  # type: ignore[attr-defined]  # for the request log
@@ -186,8 +187,11 @@ def _may_need_check(body: bytes) -> bool:
     """Whether `_check_tree` could find anything. In UTF-8 (no NUL byte: UTF-16 and -32, which
     json.loads also reads, always have one) only a \\uD800-\\uDFFF escape makes a lone
     surrogate, and a document with fewer brackets than MAX_DEPTH cannot nest that deep."""
-    return (b"\x00" in body or body.count(b"[") + body.count(b"{") >= MAX_DEPTH
-            or _SURROGATE_ESCAPE.search(body) is not None)
+    return (
+        b"\x00" in body
+        or body.count(b"[") + body.count(b"{") >= MAX_DEPTH
+        or _SURROGATE_ESCAPE.search(body) is not None
+    )
 
 
 def _check_tree(doc: Any) -> None:
@@ -218,13 +222,20 @@ async def read_call(request: Request, limit: int) -> Call:
     answering_dialect.set(V10 if V10 in (version, call.dialect) else V03)
     errors_as_event.set(call.method == "tasks/resubscribe")
     if version not in SUPPORTED_VERSIONS:
-        raise RpcError(VERSION_NOT_SUPPORTED, f"A2A-Version {version[:16]!r} is not supported",
-                       {"supportedVersions": ", ".join(SUPPORTED_VERSIONS)}, call_id=call.id)
+        raise RpcError(
+            VERSION_NOT_SUPPORTED,
+            f"A2A-Version {version[:16]!r} is not supported",
+            {"supportedVersions": ", ".join(SUPPORTED_VERSIONS)},
+            call_id=call.id,
+        )
     if version != call.dialect:
-        raise RpcError(VERSION_NOT_SUPPORTED,
-                       f"{call.method} is an A2A {call.dialect} method; the request is A2A-Version {version}"
-                       + (" (no header means 0.3)" if version == V03 and call.dialect == V10 else ""),
-                       {"supportedVersions": ", ".join(SUPPORTED_VERSIONS)}, call_id=call.id)
+        raise RpcError(
+            VERSION_NOT_SUPPORTED,
+            f"{call.method} is an A2A {call.dialect} method; the request is A2A-Version {version}"
+            + (" (no header means 0.3)" if version == V03 and call.dialect == V10 else ""),
+            {"supportedVersions": ", ".join(SUPPORTED_VERSIONS)},
+            call_id=call.id,
+        )
     return call
 
 
@@ -257,7 +268,7 @@ def parse_call(body: bytes) -> Call:
     if isinstance(call_id, bool) or not isinstance(call_id, (str, int, type(None))):
         raise RpcError(INVALID_REQUEST, "id must be a string, a number or null")
     if raw.get("jsonrpc") != "2.0":
-        raise RpcError(INVALID_REQUEST, "jsonrpc must be \"2.0\"", call_id=call_id)
+        raise RpcError(INVALID_REQUEST, 'jsonrpc must be "2.0"', call_id=call_id)
     method = raw.get("method")
     if not isinstance(method, str):
         raise RpcError(INVALID_REQUEST, "method must be a string", call_id=call_id)

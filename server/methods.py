@@ -83,8 +83,9 @@ def keep_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 class Methods:
-    def __init__(self, store: TaskStore, runner: Runner,
-                 scrub: Callable[[dict[str, Any]], dict[str, Any]] = keep_message) -> None:
+    def __init__(
+        self, store: TaskStore, runner: Runner, scrub: Callable[[dict[str, Any]], dict[str, Any]] = keep_message
+    ) -> None:
         self.store = store
         self.runner = runner
         # What a message may keep once it is accepted: the payment gate removes signed
@@ -103,7 +104,9 @@ class Methods:
             if found is None:
                 raise RpcError(TASK_NOT_FOUND)
             if found["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
-                raise RpcError(INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued")
+                raise RpcError(
+                    INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued"
+                )
             task = found
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
@@ -112,8 +115,9 @@ class Methods:
             self.store.save(task)
         return self.runner.start(task, agent, message, settlement)
 
-    def start_task(self, task: dict[str, Any], agent: str, message: dict[str, Any],
-                   settlement: Settlement | None = None) -> Execution:
+    def start_task(
+        self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None = None
+    ) -> Execution:
         """Run an existing task on one of its messages (a request paid for after it was made)."""
         set_status(task, "submitted")
         self.store.save(task)
@@ -147,8 +151,15 @@ class Methods:
             return sse_response(follow_live(call.id, call.dialect, live, subscriber, first))
         if task["status"]["state"] in TERMINAL_STATES:
             raise RpcError(UNSUPPORTED_OPERATION, f"Task is {task['status']['state']}: a finished task has no stream")
-        return sse_response(follow_stored(call.id, call.dialect, task, lambda: self.store.get(task["id"], owner, agent),
-                                          self.store.deadline_seconds))
+        return sse_response(
+            follow_stored(
+                call.id,
+                call.dialect,
+                task,
+                lambda: self.store.get(task["id"], owner, agent),
+                self.store.deadline_seconds,
+            )
+        )
 
     def list(self, call: Call, agent: str, owner: str | None) -> dict[str, Any]:
         """ListTasks: `owner`'s tasks at this agent, newest first, one page at a time
@@ -213,10 +224,12 @@ def task_answer(plan: SendPlan, task: dict[str, Any], headers: dict[str, str] | 
     """A send's answer that is a Task as it stands: a JSON-RPC result, or one SSE event for a stream."""
     result = dialects.send_result(trim_history(task, plan.history_length), plan.call.dialect)
     if plan.call.operation == "stream":
-        return StreamingResponse(iter([sse(plan.call.id, result)]), media_type="text/event-stream",
-                                 headers={"cache-control": "no-store", **(headers or {})})
+        return StreamingResponse(
+            iter([sse(plan.call.id, result)]),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", **(headers or {})},
+        )
     return result_response(plan.call.id, result, headers)
-
 
 
 def list_query(params: dict[str, Any], dialect: str) -> tuple[TaskQuery, int | None, bool]:

@@ -32,8 +32,12 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("a2a_gate_requests", "A2A requests by agent, caller kind and outcome",
-                                ["agent", "caller", "outcome"], registry=self.registry)
+        self.requests = Counter(
+            "a2a_gate_requests",
+            "A2A requests by agent, caller kind and outcome",
+            ["agent", "caller", "outcome"],
+            registry=self.registry,
+        )
 
     def endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

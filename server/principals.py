@@ -64,7 +64,9 @@ class Principals:
     `cache_seconds` in every worker without a query on every request.
     """
 
-    def __init__(self, db: sqlite_utils.Database, configured: tuple[ApiKey, ...] = (), cache_seconds: float = 2.0) -> None:
+    def __init__(
+        self, db: sqlite_utils.Database, configured: tuple[ApiKey, ...] = (), cache_seconds: float = 2.0
+    ) -> None:
         self.db = db
         self.configured = {k.sha256: Principal(k.name, k.agents, k.revoked) for k in configured}
         self.cache: TTLCache[str, tuple[str, Principal | None]] = TTLCache(maxsize=4096, ttl=cache_seconds)
@@ -112,7 +114,9 @@ def revoke_key(db: sqlite_utils.Database, name: str) -> int:
 
 
 def list_keys(db: sqlite_utils.Database) -> list[dict]:
-    rows = db.conn.execute("SELECT name, sha256, agents, revoked, created_at FROM api_keys ORDER BY created_at").fetchall()
+    rows = db.conn.execute(
+        "SELECT name, sha256, agents, revoked, created_at FROM api_keys ORDER BY created_at"
+    ).fetchall()
     return [
         {"name": r[0], "sha256": r[1], "agents": json.loads(r[2]), "revoked": bool(r[3]), "created_at": r[4]}
         for r in rows

@@ -23,10 +23,24 @@ from typing import Any
 logger = logging.getLogger("a2a_gate.requests")
 
 # Outcomes are a small fixed set (they are metric labels too); `detail` carries the reason.
-OUTCOMES = frozenset({
-    "ok", "paid", "replay", "payment_required", "rejected", "verify_unavailable", "in_flight", "limited",
-    "unauthenticated", "forbidden", "not_found", "unavailable", "rpc_error", "internal_error",
-})
+OUTCOMES = frozenset(
+    {
+        "ok",
+        "paid",
+        "replay",
+        "payment_required",
+        "rejected",
+        "verify_unavailable",
+        "in_flight",
+        "limited",
+        "unauthenticated",
+        "forbidden",
+        "not_found",
+        "unavailable",
+        "rpc_error",
+        "internal_error",
+    }
+)
 
 
 @dataclass
@@ -46,8 +60,14 @@ class RequestInfo:
 
     def fields(self, status: int) -> dict[str, Any]:
         return {
-            "agent": self.agent, "caller": self.caller, "method": self.method or "-", "outcome": self.outcome,
-            "detail": self.detail, "payer": self.payer, "status": status, "client": self.client,
+            "agent": self.agent,
+            "caller": self.caller,
+            "method": self.method or "-",
+            "outcome": self.outcome,
+            "detail": self.detail,
+            "payer": self.payer,
+            "status": status,
+            "client": self.client,
             "latency_ms": round((time.perf_counter() - self.started) * 1000, 2),
         }
 
@@ -67,7 +87,8 @@ class TextFormatter(logging.Formatter):
             text = f"{stamp} {record.levelname} {record.name} {_printable(record.getMessage())}"
         else:
             text = f"{stamp} {record.levelname} {record.name} " + " ".join(
-                f"{k}={_quote(v)}" for k, v in fields.items() if v != "")
+                f"{k}={_quote(v)}" for k, v in fields.items() if v != ""
+            )
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text

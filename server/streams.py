@@ -32,11 +32,14 @@ def sse(call_id: Any, result: Any) -> bytes:
 
 
 def sse_response(events: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream", headers={"cache-control": "no-store", **(headers or {})})
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"cache-control": "no-store", **(headers or {})}
+    )
 
 
-async def follow_live(call_id: Any, dialect: str, execution: Execution, subscriber: Subscriber,
-                      first: dict[str, Any]) -> AsyncIterator[bytes]:
+async def follow_live(
+    call_id: Any, dialect: str, execution: Execution, subscriber: Subscriber, first: dict[str, Any]
+) -> AsyncIterator[bytes]:
     """`first` (the Task when `subscriber` subscribed), then the execution's events to the
     final one. The caller subscribes and takes `first` together, with no await between."""
     try:
@@ -58,8 +61,13 @@ async def follow_live(call_id: Any, dialect: str, execution: Execution, subscrib
         execution.unsubscribe(subscriber)
 
 
-async def follow_stored(call_id: Any, dialect: str, task: dict[str, Any],
-                        reload: Callable[[], dict[str, Any] | None], deadline_seconds: float) -> AsyncIterator[bytes]:
+async def follow_stored(
+    call_id: Any,
+    dialect: str,
+    task: dict[str, Any],
+    reload: Callable[[], dict[str, Any] | None],
+    deadline_seconds: float,
+) -> AsyncIterator[bytes]:
     """The Task, then its changes as they are stored (by another worker, or by the next
     turn of an interrupted task), until the turn under way ends: a terminal state, or a
     new interruption. An interrupted task waits for its caller's next message.
@@ -79,8 +87,13 @@ async def follow_stored(call_id: Any, dialect: str, task: dict[str, Any],
         for artifact in current.get("artifacts") or []:
             if artifact.get("artifactId") not in seen:
                 seen.add(artifact.get("artifactId"))
-                event = {"kind": "artifact-update", "taskId": current["id"], "contextId": current["contextId"],
-                         "artifact": artifact, "lastChunk": True}
+                event = {
+                    "kind": "artifact-update",
+                    "taskId": current["id"],
+                    "contextId": current["contextId"],
+                    "artifact": artifact,
+                    "lastChunk": True,
+                }
                 yield sse(call_id, dialects.event_out(event, dialect))
         if current["status"] != status:
             status = current["status"]

@@ -95,14 +95,28 @@ class TaskStore:
         self.db = db
         self.deadline_seconds = deadline_seconds
 
-    _INSERT = ("INSERT INTO tasks (id, agent, context_id, state, owner, document, backend_ref, created_at, updated_at,"
-               " deadline_at) VALUES (?, ?, ?, ?, ?, ?, '{}', ?, ?, ?)")
+    _INSERT = (
+        "INSERT INTO tasks (id, agent, context_id, state, owner, document, backend_ref, created_at, updated_at,"
+        " deadline_at) VALUES (?, ?, ?, ?, ?, ?, '{}', ?, ?, ?)"
+    )
 
     def create(self, task: dict[str, Any], *, agent: str, owner: str, deadline_seconds: float | None = None) -> None:
         now = time.time()
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
-        self.db.conn.execute(self._INSERT, (task["id"], agent, task["contextId"], task["status"]["state"], owner,
-                                            json.dumps(task, separators=(",", ":")), now, now, now + deadline))
+        self.db.conn.execute(
+            self._INSERT,
+            (
+                task["id"],
+                agent,
+                task["contextId"],
+                task["status"]["state"],
+                owner,
+                json.dumps(task, separators=(",", ":")),
+                now,
+                now,
+                now + deadline,
+            ),
+        )
 
     def save(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> None:
         document = json.dumps(task, separators=(",", ":"))
@@ -127,7 +141,9 @@ class TaskStore:
         ).fetchone()
         return None if row is None else json.loads(row[0])
 
-    def page(self, owner: str, agent: str, query: TaskQuery) -> tuple[list[dict[str, Any]], int, tuple[float, str] | None]:
+    def page(
+        self, owner: str, agent: str, query: TaskQuery
+    ) -> tuple[list[dict[str, Any]], int, tuple[float, str] | None]:
         """One page of `owner`'s tasks at `agent`, most recently updated first: the tasks,
         how many match in all, and the cursor after the last one (None on the last page)."""
         where = ["owner = ?", "agent = ?"]

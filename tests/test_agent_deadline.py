@@ -39,8 +39,12 @@ def test_a_paid_agent_past_its_deadline_fails_uncharged(tmp_path, facilitator, s
     gate = start_gate(write_config(paid_config(f"http://127.0.0.1:{port}", facilitator) + DEADLINE_AGENTS), port=port)
     payer = Payer()
     started = time.monotonic()
-    answer = httpx.post(f"{gate.url}/a2a/paid-tight", json=send_body("sleep 8"),
-                        headers=payer.header_for(gate.url, "paid-tight"), timeout=30)
+    answer = httpx.post(
+        f"{gate.url}/a2a/paid-tight",
+        json=send_body("sleep 8"),
+        headers=payer.header_for(gate.url, "paid-tight"),
+        timeout=30,
+    )
     elapsed = time.monotonic() - started
     task = answer.json()["result"]
     assert task["status"]["state"] == "failed", task
@@ -50,8 +54,12 @@ def test_a_paid_agent_past_its_deadline_fails_uncharged(tmp_path, facilitator, s
     ledger = httpx.get(f"{facilitator}/dev/ledger").json()
     assert ledger["settle_calls"] == 0, ledger
     # within its deadline the same agent delivers and is charged once
-    quick = httpx.post(f"{gate.url}/a2a/paid-tight", json=send_body("sleep 0.1"),
-                       headers=payer.header_for(gate.url, "paid-tight"), timeout=30)
+    quick = httpx.post(
+        f"{gate.url}/a2a/paid-tight",
+        json=send_body("sleep 0.1"),
+        headers=payer.header_for(gate.url, "paid-tight"),
+        timeout=30,
+    )
     assert quick.json()["result"]["metadata"]["x402.payment.status"] == "payment-completed"
 
 

@@ -20,11 +20,18 @@ pytest.importorskip("a2a.server.routes", reason="the benchmark needs its extras:
 REPO = Path(__file__).parents[1]
 # Every row of the table, by the case that measures it (case b measures its own floor too).
 ROWS = {
-    "a": {"bare": "bare Starlette echo", "sdk": "a2a-sdk server", "gate": "a2a-gate (API key)",
-          "gate-w2": "--workers 2"},
+    "a": {
+        "bare": "bare Starlette echo",
+        "sdk": "a2a-sdk server",
+        "gate": "a2a-gate (API key)",
+        "gate-w2": "--workers 2",
+    },
     "b": {"bare": "bare Starlette echo", "gate-402": "a2a-gate 402", "gate-429": "a2a-gate 429"},
-    "c": {"x402": "x402 ASGI payment middleware", "gate-paid": "a2a-gate paid",
-          "gate-paid-real": "real-crypto facilitator"},
+    "c": {
+        "x402": "x402 ASGI payment middleware",
+        "gate-paid": "a2a-gate paid",
+        "gate-paid-real": "real-crypto facilitator",
+    },
     "d": {},
 }
 ADDRESSES = 1000
@@ -37,9 +44,30 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     """One case per test, so a parallel run spreads the servers they start over its workers."""
     out = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--cases", case, "--duration", DURATION[case], "--warmup", "0.2", "--concurrency", "4",
-         "--addresses", str(ADDRESSES), "--paid-tokens", "40", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--cases",
+            case,
+            "--duration",
+            DURATION[case],
+            "--warmup",
+            "0.2",
+            "--concurrency",
+            "4",
+            "--addresses",
+            str(ADDRESSES),
+            "--paid-tokens",
+            "40",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = done.stdout

@@ -31,16 +31,21 @@ def test_a_claims_table_from_an_older_version_gains_the_new_columns(tmp_path: Pa
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
     conn.execute(OLD_CLAIMS)
-    conn.execute("INSERT INTO claims VALUES ('d1', 'n1', 'r1', 'paid', 'settle_failed', 't1', '0xabc', '', 4242, 1, 1,"
-                 " 'sealed')")
+    conn.execute(
+        "INSERT INTO claims VALUES ('d1', 'n1', 'r1', 'paid', 'settle_failed', 't1', '0xabc', '', 4242, 1, 1, 'sealed')"
+    )
     conn.commit()
     conn.close()
     claims = Claims(open_database(str(path)))
     columns = {row[1] for row in claims.db.conn.execute("PRAGMA table_info(claims)")}
     assert set(MIGRATED_COLUMNS) <= columns
     [owed] = claims.due()
-    assert (owed.token_digest, owed.state, owed.settle_unknown, owed.owner_instance) == \
-        ("d1", ClaimState.SETTLE_FAILED, False, "")
+    assert (owed.token_digest, owed.state, owed.settle_unknown, owed.owner_instance) == (
+        "d1",
+        ClaimState.SETTLE_FAILED,
+        False,
+        "",
+    )
     Claims(claims.db)  # a second worker starting on the same file migrates nothing twice
 
 
@@ -69,13 +74,29 @@ def test_unused_and_expired_authorization_is_written_off_by_the_chain(tmp_path: 
     claims = Claims(db)
     claims.claim("d1", "", "r", "paid", "")
     claims.mark_delivered("d1")
-    authorization = {"from": "0x" + "11" * 20, "to": "0x" + "22" * 20, "value": "1000", "validAfter": "0",
-                     "validBefore": str(int(time.time()) - 60), "nonce": "0x" + "ab" * 32}
-    requirements = {"scheme": "exact", "network": "eip155:84532", "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
-                    "amount": "1000", "payTo": "0x" + "22" * 20}
-    payload = {"x402Version": 2, "accepted": requirements, "payload": {"signature": "0x00", "authorization": authorization}}
-    payment = Payment("d1", 2, payload, requirements, "paid", "0x" + "11" * 20, "1000", "eip155:84532",
-                      requirements["asset"])
+    authorization = {
+        "from": "0x" + "11" * 20,
+        "to": "0x" + "22" * 20,
+        "value": "1000",
+        "validAfter": "0",
+        "validBefore": str(int(time.time()) - 60),
+        "nonce": "0x" + "ab" * 32,
+    }
+    requirements = {
+        "scheme": "exact",
+        "network": "eip155:84532",
+        "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+        "amount": "1000",
+        "payTo": "0x" + "22" * 20,
+    }
+    payload = {
+        "x402Version": 2,
+        "accepted": requirements,
+        "payload": {"signature": "0x00", "authorization": authorization},
+    }
+    payment = Payment(
+        "d1", 2, payload, requirements, "paid", "0x" + "11" * 20, "1000", "eip155:84532", requirements["asset"]
+    )
     config = FacilitatorConfig(url=facilitator, timeout_seconds=2, settle_attempts=1, settle_passes=1)
     chain = Chain({"eip155:84532": NetworkConfig(rpc_url=f"{facilitator}/rpc")})
     assert Authorization.of(payload, requirements, "eip155:84532") is not None

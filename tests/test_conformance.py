@@ -42,8 +42,10 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 
 
 def keys_table(*keys: tuple[str, str]) -> str:
-    return "".join(f'\n[[keys]]\nname = "{name}"\nsha256 = "{hashlib.sha256(key.encode()).hexdigest()}"\nagents = ["*"]\n'
-                   for name, key in keys)
+    return "".join(
+        f'\n[[keys]]\nname = "{name}"\nsha256 = "{hashlib.sha256(key.encode()).hexdigest()}"\nagents = ["*"]\n'
+        for name, key in keys
+    )
 
 
 @dataclass
@@ -83,7 +85,9 @@ async def subscribe(url: str, task_id: str, headers: dict[str, str]) -> list[dic
 
 async def list_tasks(url: str, headers: dict[str, str], **fields: Any) -> dict[str, Any]:
     async with sdk.sdk_client(url, headers=headers) as client:
-        return MessageToDict(await client.list_tasks(ListTasksRequest(**fields)), always_print_fields_with_no_presence=True)
+        return MessageToDict(
+            await client.list_tasks(ListTasksRequest(**fields)), always_print_fields_with_no_presence=True
+        )
 
 
 # --- resubscription -------------------------------------------------------------------
@@ -135,7 +139,9 @@ def test_v03_resubscribe_errors_arrive_as_an_event(gate: Gate) -> None:
     response = post(gate.agent("echo"), rpc_body("tasks/resubscribe", {"id": "nope"}, call_id="r"), gate.headers)
 
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
-    assert sse_events(response.text) == [{"jsonrpc": "2.0", "id": "r", "error": {"code": -32001, "message": "Task not found"}}]
+    assert sse_events(response.text) == [
+        {"jsonrpc": "2.0", "id": "r", "error": {"code": -32001, "message": "Task not found"}}
+    ]
 
 
 def test_v03_resubscribe_streams_the_task_then_events_with_final(gate: Gate) -> None:
@@ -168,7 +174,9 @@ def test_subscribe_to_an_interrupted_task_follows_its_next_turn_to_the_end(gate:
     events = run(subscribe_then_answer())
 
     assert state(events[0]["task"]) == "TASK_STATE_INPUT_REQUIRED"
-    assert [e["artifactUpdate"]["artifact"]["parts"] for e in events if "artifactUpdate" in e] == [[{"text": "weather in Oslo: sunny"}]]
+    assert [e["artifactUpdate"]["artifact"]["parts"] for e in events if "artifactUpdate" in e] == [
+        [{"text": "weather in Oslo: sunny"}]
+    ]
     assert events[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
 
 
@@ -180,8 +188,12 @@ def test_subscribe_follows_a_task_another_worker_runs(gate: Gate, start_gate: Ca
     url = gate.agent("slow")
     task = run(sdk.send_text(url, "sleep 1.5", headers=gate.headers, blocking=False))["task"]
 
-    response = post(f"{second.url}/a2a/slow", rpc_body("SubscribeToTask", {"id": task["id"]}, call_id="w"),
-                    {**gate.headers, **V1}, timeout=20)
+    response = post(
+        f"{second.url}/a2a/slow",
+        rpc_body("SubscribeToTask", {"id": task["id"]}, call_id="w"),
+        {**gate.headers, **V1},
+        timeout=20,
+    )
 
     events = [e["result"] for e in sse_events(response.text)]
     assert events[0]["task"]["id"] == task["id"]
@@ -241,9 +253,17 @@ def test_list_tasks_filters(gate: Gate) -> None:
     assert all("history" not in t for t in no_history["tasks"]) and len(no_history["tasks"]) == 2
 
 
-@pytest.mark.parametrize("params", [{"pageSize": 0}, {"pageSize": 101}, {"pageToken": "not-ours"},
-                                    {"status": "TASK_STATE_RUNNING"}, {"historyLength": -1},
-                                    {"statusTimestampAfter": "yesterday"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"pageSize": 0},
+        {"pageSize": 101},
+        {"pageToken": "not-ours"},
+        {"status": "TASK_STATE_RUNNING"},
+        {"historyLength": -1},
+        {"statusTimestampAfter": "yesterday"},
+    ],
+)
 def test_list_tasks_refuses_bad_parameters(gate: Gate, params: dict[str, Any]) -> None:
     doc = rpc(gate.agent("echo"), "ListTasks", params, {**gate.headers, **V1})
 
@@ -268,7 +288,9 @@ def test_tasks_list_is_not_a_v03_method(gate: Gate) -> None:
 # --- version negotiation ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("headers", [{"A2A-Version": "99.0"}, {"A2A-Version": "2"}, {"A2A-Version": "0.2"}, {}, {"A2A-Version": ""}])
+@pytest.mark.parametrize(
+    "headers", [{"A2A-Version": "99.0"}, {"A2A-Version": "2"}, {"A2A-Version": "0.2"}, {}, {"A2A-Version": ""}]
+)
 def test_a_v10_method_under_another_version_is_version_not_supported(gate: Gate, headers: dict[str, str]) -> None:
     message = {"role": "ROLE_USER", "messageId": "m1", "parts": [{"text": "hi"}]}
 
@@ -291,8 +313,12 @@ def test_v10_params_are_read_by_either_protobuf_json_name(gate: Gate) -> None:
     """A ProtoJSON parser accepts `history_length` as well as `historyLength` (the TCK sends the
     first); the JSON name wins when both are sent; Struct contents keep their keys."""
     url, headers = gate.agent("interrupting"), {**gate.headers, **V1}
-    message = {"role": "ROLE_USER", "message_id": "m-snake", "parts": [{"data": {"a_b": 1}}],
-               "metadata": {"some_key": True}}
+    message = {
+        "role": "ROLE_USER",
+        "message_id": "m-snake",
+        "parts": [{"data": {"a_b": 1}}],
+        "metadata": {"some_key": True},
+    }
     task = rpc(url, "SendMessage", {"message": message}, headers)["result"]["task"]
 
     snake = rpc(url, "GetTask", {"id": task["id"], "history_length": 1}, headers)["result"]
@@ -319,9 +345,18 @@ def test_v10_errors_carry_error_info_and_v03_errors_a_plain_object(gate: Gate) -
     v1 = rpc(url, "GetTask", {"id": "nope"}, {**gate.headers, **V1}, call_id=3)
     v03 = rpc(url, "tasks/get", {"id": "nope"}, gate.headers, call_id=3)
 
-    assert v1["error"] == {"code": -32001, "message": "Task not found", "data": [
-        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "TASK_NOT_FOUND",
-         "domain": "a2a-protocol.org", "metadata": {}}]}
+    assert v1["error"] == {
+        "code": -32001,
+        "message": "Task not found",
+        "data": [
+            {
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": "TASK_NOT_FOUND",
+                "domain": "a2a-protocol.org",
+                "metadata": {},
+            }
+        ],
+    }
     assert v03["error"] == {"code": -32001, "message": "Task not found"}
 
 
@@ -390,11 +425,14 @@ def test_cards_of_different_agents_have_different_etags(gate: Gate) -> None:
 # --- required fields, paths, push -------------------------------------------------------
 
 
-@pytest.mark.parametrize("method,message,headers", [
-    ("message/send", {"kind": "message", "role": "user", "parts": [{"kind": "text", "text": "hi"}]}, {}),
-    ("message/stream", {"kind": "message", "role": "user", "parts": [{"kind": "text", "text": "hi"}]}, {}),
-    ("SendMessage", {"role": "ROLE_USER", "parts": [{"text": "hi"}]}, V1),
-])
+@pytest.mark.parametrize(
+    "method,message,headers",
+    [
+        ("message/send", {"kind": "message", "role": "user", "parts": [{"kind": "text", "text": "hi"}]}, {}),
+        ("message/stream", {"kind": "message", "role": "user", "parts": [{"kind": "text", "text": "hi"}]}, {}),
+        ("SendMessage", {"role": "ROLE_USER", "parts": [{"text": "hi"}]}, V1),
+    ],
+)
 def test_a_message_without_message_id_is_invalid_params(gate: Gate, method: str, message: dict, headers: dict) -> None:
     doc = rpc(gate.agent("echo"), method, {"message": message}, {**gate.headers, **headers})
 
@@ -402,19 +440,30 @@ def test_a_message_without_message_id_is_invalid_params(gate: Gate, method: str,
 
 
 def test_the_agent_url_with_a_trailing_slash_is_served_not_redirected(gate: Gate) -> None:
-    response = httpx.post(gate.agent("echo") + "/", json=rpc_body("message/send", {"message": v03_message("slash")}),
-                          headers=gate.headers, follow_redirects=False)
+    response = httpx.post(
+        gate.agent("echo") + "/",
+        json=rpc_body("message/send", {"message": v03_message("slash")}),
+        headers=gate.headers,
+        follow_redirects=False,
+    )
 
     assert response.status_code == 200
     assert artifact_texts(response.json()["result"]) == ["slash"]
 
 
-@pytest.mark.parametrize("method,headers", [
-    ("tasks/pushNotificationConfig/set", {}), ("tasks/pushNotificationConfig/get", {}),
-    ("tasks/pushNotificationConfig/list", {}), ("tasks/pushNotificationConfig/delete", {}),
-    ("CreateTaskPushNotificationConfig", V1), ("GetTaskPushNotificationConfig", V1),
-    ("ListTaskPushNotificationConfigs", V1), ("DeleteTaskPushNotificationConfig", V1),
-])
+@pytest.mark.parametrize(
+    "method,headers",
+    [
+        ("tasks/pushNotificationConfig/set", {}),
+        ("tasks/pushNotificationConfig/get", {}),
+        ("tasks/pushNotificationConfig/list", {}),
+        ("tasks/pushNotificationConfig/delete", {}),
+        ("CreateTaskPushNotificationConfig", V1),
+        ("GetTaskPushNotificationConfig", V1),
+        ("ListTaskPushNotificationConfigs", V1),
+        ("DeleteTaskPushNotificationConfig", V1),
+    ],
+)
 def test_every_push_method_is_push_not_supported(gate: Gate, method: str, headers: dict) -> None:
     card = httpx.get(f"{gate.agent('echo')}/.well-known/agent-card.json").json()
     assert card["capabilities"]["pushNotifications"] is False
@@ -459,8 +508,12 @@ def test_anonymous_subscribe_is_bound_to_the_payer(paid) -> None:
 def test_anonymous_list_shows_a_payer_only_their_own_tasks(paid) -> None:
     payer, stranger = Payer(), Payer()
     first = payer.header_for(paid.gate.url)
-    mine = [paid.post("paid", send_body(f"mine {i}"), first if i == 0 else payer.header_for(paid.gate.url))
-            .json()["result"]["id"] for i in range(2)]
+    mine = [
+        paid.post("paid", send_body(f"mine {i}"), first if i == 0 else payer.header_for(paid.gate.url)).json()[
+            "result"
+        ]["id"]
+        for i in range(2)
+    ]
     theirs = paid.post("paid", send_body("theirs"), stranger.header_for(paid.gate.url)).json()["result"]["id"]
     body = rpc_body("ListTasks", {}, call_id=4)
 
@@ -499,8 +552,13 @@ class FakeUpstream:
     def answer(self, mode: str, method: str) -> dict[str, Any]:
         refused = any(m == mode and c == "tasks/cancel" for m, c, _ in self.calls)
         if mode == "paused" and method == "message/send":
-            return {"result": task("input-required", artifacts=[{"artifactId": "p", "parts": [
-                {"kind": "text", "text": "draft so far"}]}], message="Shall I go on?")}
+            return {
+                "result": task(
+                    "input-required",
+                    artifacts=[{"artifactId": "p", "parts": [{"kind": "text", "text": "draft so far"}]}],
+                    message="Shall I go on?",
+                )
+            }
         if method == "tasks/cancel":
             if mode == "gone":
                 return {"error": {"code": -32001, "message": "Task not found"}}
@@ -508,27 +566,38 @@ class FakeUpstream:
                 return {"error": {"code": -32002, "message": "Task cannot be canceled"}}
             return {"result": task("canceled")}
         if mode == "refuse" and refused and method == "tasks/get":
-            return {"result": task("completed", artifacts=[{"artifactId": "a", "parts": [
-                {"kind": "text", "text": "finished anyway"}]}])}
+            return {
+                "result": task(
+                    "completed", artifacts=[{"artifactId": "a", "parts": [{"kind": "text", "text": "finished anyway"}]}]
+                )
+            }
         return {"result": task("working")}
 
 
 def task(state: str, artifacts: list | None = None, message: str | None = None) -> dict[str, Any]:
     doc: dict[str, Any] = {"kind": "task", "id": "up-task", "contextId": "up-ctx", "status": {"state": state}}
     if message:
-        doc["status"]["message"] = {"kind": "message", "role": "agent", "messageId": "s", "parts": [
-            {"kind": "text", "text": message}]}
+        doc["status"]["message"] = {
+            "kind": "message",
+            "role": "agent",
+            "messageId": "s",
+            "parts": [{"kind": "text", "text": message}],
+        }
     if artifacts:
         doc["artifacts"] = artifacts
     return doc
 
 
 @pytest.fixture
-def fronted(write_config: Callable[..., Path], start_gate: Callable[..., GateProcess]) -> Iterator[tuple[Gate, FakeUpstream]]:
+def fronted(
+    write_config: Callable[..., Path], start_gate: Callable[..., GateProcess]
+) -> Iterator[tuple[Gate, FakeUpstream]]:
     upstream = FakeUpstream()
     with serve_app(upstream.app()) as base:
-        tables = "".join(f'\n[agents.up-{mode}]\nbackend = "upstream"\nurl = "{base}/{mode}"\npoll_interval_seconds = 0.1\n'
-                         for mode in ("agree", "refuse", "gone", "paused"))
+        tables = "".join(
+            f'\n[agents.up-{mode}]\nbackend = "upstream"\nurl = "{base}/{mode}"\npoll_interval_seconds = 0.1\n'
+            for mode in ("agree", "refuse", "gone", "paused")
+        )
         gate = start_gate(write_config(tables + keys_table(("conformance", KEY))))
         yield Gate(gate, bearer(KEY)), upstream
 
@@ -536,7 +605,10 @@ def fronted(write_config: Callable[..., Path], start_gate: Callable[..., GatePro
 def start_upstream_task(gate: Gate, agent: str, upstream: FakeUpstream) -> dict[str, Any]:
     params = {"message": v03_message("work"), "configuration": {"blocking": False}}
     task = rpc(gate.agent(agent), "message/send", params, gate.headers)["result"]
-    poll(lambda: {"polled": any(m == agent[3:] and c == "tasks/get" for m, c, _ in upstream.calls)}, lambda d: d["polled"])
+    poll(
+        lambda: {"polled": any(m == agent[3:] and c == "tasks/get" for m, c, _ in upstream.calls)},
+        lambda d: d["polled"],
+    )
     return task
 
 
@@ -557,14 +629,18 @@ def test_a_cancel_the_upstream_refuses_leaves_our_task_running(fronted: tuple[Ga
     task = start_upstream_task(gate, "up-refuse", upstream)
 
     doc = rpc(gate.agent("up-refuse"), "tasks/cancel", {"id": task["id"]}, gate.headers)
-    final = poll(lambda: rpc(gate.agent("up-refuse"), "tasks/get", {"id": task["id"]}, gate.headers)["result"],
-                 lambda t: t["status"]["state"] == "completed")
+    final = poll(
+        lambda: rpc(gate.agent("up-refuse"), "tasks/get", {"id": task["id"]}, gate.headers)["result"],
+        lambda t: t["status"]["state"] == "completed",
+    )
 
     assert doc["error"]["code"] == -32002
     assert artifact_texts(final) == ["finished anyway"]
 
 
-def test_an_interrupted_upstream_keeps_its_partial_work_and_cancel_reaches_it(fronted: tuple[Gate, FakeUpstream]) -> None:
+def test_an_interrupted_upstream_keeps_its_partial_work_and_cancel_reaches_it(
+    fronted: tuple[Gate, FakeUpstream],
+) -> None:
     gate, upstream = fronted
 
     paused = rpc(gate.agent("up-paused"), "message/send", {"message": v03_message("draft")}, gate.headers)["result"]

@@ -35,8 +35,9 @@ def wait_for(condition, timeout: float = 20.0) -> None:
 LEASE = "claim_lease_seconds = 1.5\n"  # short leases, so an orphan is found within seconds
 
 
-def setup(tmp_path: Path, facilitator: str, write_config, *, prefix: list[str] | None = None,
-          extra: str = LEASE) -> PaidSetup:
+def setup(
+    tmp_path: Path, facilitator: str, write_config, *, prefix: list[str] | None = None, extra: str = LEASE
+) -> PaidSetup:
     port = free_port()
     config = write_config(extra + paid_config(f"http://127.0.0.1:{port}", facilitator, reconcile=0.5))
     gate = GateProcess(config, tmp_path / "gate.log", port=port, prefix=prefix).start()
@@ -58,7 +59,9 @@ def test_kill_between_delivery_and_settlement_settles_once_after_restart(tmp_pat
     try:
         headers = Payer().header_for(paid.gate.url)
         paid.faults(settle="slow:15", count=1)  # the first settle hangs past our kill
-        sender = threading.Thread(target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10)))
+        sender = threading.Thread(
+            target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
+        )
         sender.start()
         wait_for(lambda: claim_states(paid.db_path) == ["settling"])
         paid.gate.kill()
@@ -111,7 +114,9 @@ def test_restart_with_the_same_pid_settles_a_settling_claim(tmp_path, facilitato
     try:
         headers = Payer().header_for(paid.gate.url)
         paid.faults(settle="slow:15", count=1)
-        sender = threading.Thread(target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10)))
+        sender = threading.Thread(
+            target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
+        )
         sender.start()
         wait_for(lambda: claim_states(paid.db_path) == ["settling"])
         paid.gate.kill()
@@ -150,8 +155,13 @@ UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-p
 def _pid_namespaces_work() -> bool:
     if shutil.which("unshare") is None:
         return False
-    done = subprocess.run([*UNSHARE, sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, timeout=20, check=False)
+    done = subprocess.run(
+        [*UNSHARE, sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
     return done.returncode == 0 and done.stdout.strip() == "1"
 
 
@@ -162,7 +172,9 @@ def test_gate_as_pid_1_in_its_own_namespace_recovers_after_restart(tmp_path, fac
     try:
         headers = Payer().header_for(paid.gate.url)
         paid.faults(settle="slow:15", count=1)
-        sender = threading.Thread(target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10)))
+        sender = threading.Thread(
+            target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
+        )
         sender.start()
         wait_for(lambda: claim_states(paid.db_path) == ["settling"])
         paid.gate.kill()
@@ -206,12 +218,20 @@ def test_a_worker_killed_mid_settle_is_recovered_by_the_workers_that_follow(tmp_
     try:
         headers = Payer().header_for(paid.gate.url)
         paid.faults(settle="slow:15", count=1)
-        sender = threading.Thread(target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10)))
+        sender = threading.Thread(
+            target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
+        )
         sender.start()
         wait_for(lambda: claim_states(paid.db_path) == ["settling"])
         workers = psutil.Process(gate.process.pid).children(recursive=True)
-        owner = [w for w in workers if any(c.status == "ESTABLISHED" and c.raddr and c.raddr.port == int(
-            facilitator.rsplit(":", 1)[1]) for c in w.net_connections())]
+        owner = [
+            w
+            for w in workers
+            if any(
+                c.status == "ESTABLISHED" and c.raddr and c.raddr.port == int(facilitator.rsplit(":", 1)[1])
+                for c in w.net_connections()
+            )
+        ]
         assert len(owner) == 1, "the worker that is settling"
         owner[0].kill()
         sender.join()

@@ -411,9 +411,7 @@ def test_auth_token_is_required_except_for_healthz(start, payload):
         response = guarded.http.request(method, path, json=request_body(payload))
         assert response.status_code == 401, path
         assert response.json() == {"error": "unauthorized"}
-    wrong = guarded.http.post(
-        "/verify", json=request_body(payload), headers={"Authorization": "Bearer nope"}
-    )
+    wrong = guarded.http.post("/verify", json=request_body(payload), headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401
 
     good = {"Authorization": "Bearer s3cret"}

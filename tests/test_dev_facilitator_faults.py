@@ -196,9 +196,7 @@ def _malformed_bodies(payload: dict[str, Any]) -> list[Any]:
 def test_malformed_bodies_get_400(facilitator, payload, path):
     for body in _malformed_bodies(payload):
         if isinstance(body, bytes):
-            response = facilitator.http.post(
-                path, content=body, headers={"content-type": "application/json"}
-            )
+            response = facilitator.http.post(path, content=body, headers={"content-type": "application/json"})
         else:
             response = facilitator.http.post(path, json=body)
         assert response.status_code == 400, (body, response.text)

@@ -25,9 +25,7 @@ key, payer = helpers.key, helpers.payer
 
 
 def test_signer_verify_typed_data_recovers_with_eth_account(tmp_path, key, payer):
-    domain = TypedDataDomain(
-        name="USDC", version="2", chain_id=84532, verifying_contract=USDC_BASE_SEPOLIA
-    )
+    domain = TypedDataDomain(name="USDC", version="2", chain_id=84532, verifying_contract=USDC_BASE_SEPOLIA)
     fields = [("from", "address"), ("to", "address"), ("value", "uint256")]
     types = {"Transfer": [TypedDataField(name=n, type=t) for n, t in fields]}
     message = {"from": payer, "to": PAY_TO, "value": 1000}
@@ -49,9 +47,7 @@ def test_signer_verify_typed_data_recovers_with_eth_account(tmp_path, key, payer
     strict = LedgerEvmSigner(ledger)
     assert strict.verify_typed_data(payer, domain, types, "Transfer", message, signature)
     assert not strict.verify_typed_data(PAY_TO, domain, types, "Transfer", message, signature)
-    assert not strict.verify_typed_data(
-        payer, domain, types, "Transfer", {**message, "value": 1001}, signature
-    )
+    assert not strict.verify_typed_data(payer, domain, types, "Transfer", {**message, "value": 1001}, signature)
     assert not strict.verify_typed_data(payer, domain, types, "Transfer", message, b"\x00" * 65)
     trusting = LedgerEvmSigner(ledger, trust_signatures=True)
     assert trusting.verify_typed_data(PAY_TO, domain, types, "Transfer", message, b"")
@@ -94,9 +90,9 @@ def test_ledger_transfer_is_all_or_nothing(tmp_path):
     ]:
         with pytest.raises(LedgerRevert, match=reason):
             ledger.transfer_with_authorization(transfer)
-        assert ledger.authorization_state(
-            DEV_NETWORK, USDC_BASE_SEPOLIA, OTHER_ADDRESS, transfer.nonce
-        ) == (transfer.nonce == _transfer(1).nonce)
+        assert ledger.authorization_state(DEV_NETWORK, USDC_BASE_SEPOLIA, OTHER_ADDRESS, transfer.nonce) == (
+            transfer.nonce == _transfer(1).nonce
+        )
 
     assert ledger.balance_of(DEV_NETWORK, USDC_BASE_SEPOLIA, OTHER_ADDRESS) == 500
     assert ledger.balance_of(DEV_NETWORK, USDC_BASE_SEPOLIA, PAY_TO) == 2500

@@ -34,13 +34,32 @@ def test_serve_with_dev_facilitator_then_devnet_pay_runs_the_paid_flow(tmp_path:
     port, facilitator_port = free_port(), free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        serve = subprocess.Popen([sys.executable, "-m", "gate.cli", "serve", "--port", str(port),
-                                  "--dev-facilitator", str(facilitator_port), "--log-level", "warning"],
-                                 cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+        serve = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gate.cli",
+                "serve",
+                "--port",
+                str(port),
+                "--dev-facilitator",
+                str(facilitator_port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_healthy(f"http://127.0.0.1:{port}", serve, log)
-        paid = subprocess.run([sys.executable, "-m", "devnet", "pay", f"http://127.0.0.1:{port}/a2a/paid-echo",
-                               "hello, paid world"], cwd=tmp_path, capture_output=True, timeout=60, check=True)
+        paid = subprocess.run(
+            [sys.executable, "-m", "devnet", "pay", f"http://127.0.0.1:{port}/a2a/paid-echo", "hello, paid world"],
+            cwd=tmp_path,
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
         outcome = json.loads(paid.stdout)
         assert outcome["http_status"] == 200
         assert outcome["payment_response"]["success"] is True
@@ -77,11 +96,17 @@ def test_production_server_runs_without_the_extra_and_dev_facilitator_says_what_
         "        if name.split('.')[0] in ('x402', 'eth_account'):\n"
         "            raise ModuleNotFoundError(name)\n"
         "        return None\n"
-        "sys.meta_path.insert(0, Hide())\n")
+        "sys.meta_path.insert(0, Hide())\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-m", "gate.cli", "serve", "--port", str(free_port()),
-                             "--dev-facilitator", str(free_port())],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "gate.cli", "serve", "--port", str(free_port()), "--dev-facilitator", str(free_port())],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode != 0
     assert 'pip install "a2a-gate[dev]"' in result.stderr
     assert "the development facilitator exited" in result.stderr
@@ -90,12 +115,28 @@ def test_production_server_runs_without_the_extra_and_dev_facilitator_says_what_
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        serve = subprocess.Popen([sys.executable, "-m", "gate.cli", "serve", "--port", str(port)],
-                                 cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "gate.cli", "serve", "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_healthy(f"http://127.0.0.1:{port}", serve, log)
-        body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
-            "kind": "message", "role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": "hi"}]}}}
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {
+                "message": {
+                    "kind": "message",
+                    "role": "user",
+                    "messageId": "m1",
+                    "parts": [{"kind": "text", "text": "hi"}],
+                }
+            },
+        }
         assert httpx.post(f"http://127.0.0.1:{port}/a2a/paid-echo", json=body).status_code == 501
     finally:
         serve.send_signal(signal.SIGTERM)

@@ -26,8 +26,9 @@ def breaker_state(gate_url: str) -> float:
 @pytest.fixture
 def breaker_gate(tmp_path, facilitator, start_gate, write_config):
     port = free_port()
-    config = with_facilitator_settings(paid_config(f"http://127.0.0.1:{port}", facilitator),
-                                       breaker_failures=3, breaker_cooldown_seconds=4.0)
+    config = with_facilitator_settings(
+        paid_config(f"http://127.0.0.1:{port}", facilitator), breaker_failures=3, breaker_cooldown_seconds=4.0
+    )
     gate = start_gate(write_config(config), port=port)
     return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
 
@@ -109,8 +110,9 @@ def start_guarded_gate(tmp_path, start_gate, write_config, facilitator: str, **s
     return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
 
 
-@pytest.mark.parametrize("target", ["tests.support.facilitator_auth:create_headers",
-                                    "tests.support.facilitator_auth:create_headers_async"])
+@pytest.mark.parametrize(
+    "target", ["tests.support.facilitator_auth:create_headers", "tests.support.facilitator_auth:create_headers_async"]
+)
 def test_auth_callable_mints_headers_for_every_call(tmp_path, start_gate, write_config, guarded_facilitator, target):
     facilitator, guard = guarded_facilitator
     paid = start_guarded_gate(tmp_path, start_gate, write_config, facilitator, auth=target)
@@ -121,7 +123,9 @@ def test_auth_callable_mints_headers_for_every_call(tmp_path, start_gate, write_
     assert httpx.get(f"{paid.gate.url}/readyz").status_code == 200  # /supported carries one too
 
 
-def test_without_credentials_or_with_a_broken_callable_it_is_our_outage(tmp_path, start_gate, write_config, guarded_facilitator):
+def test_without_credentials_or_with_a_broken_callable_it_is_our_outage(
+    tmp_path, start_gate, write_config, guarded_facilitator
+):
     facilitator, guard = guarded_facilitator
     for settings in ({}, {"auth": "tests.support.facilitator_auth:broken"}):
         paid = start_guarded_gate(tmp_path, start_gate, write_config, facilitator, **settings)

@@ -53,9 +53,14 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
     refused_port = free_port()
     rows: list[tuple[str, str, int, str]] = []
 
-    def row(fault: str, expected: str, agent: str = "paid", setup: Callable[[], None] = lambda: None,
-            after: Callable[[dict[str, str]], str] | None = None,
-            payer_setup: Callable[[Payer], None] | None = None) -> None:
+    def row(
+        fault: str,
+        expected: str,
+        agent: str = "paid",
+        setup: Callable[[], None] = lambda: None,
+        after: Callable[[dict[str, str]], str] | None = None,
+        payer_setup: Callable[[Payer], None] | None = None,
+    ) -> None:
         before = len(paid.ledger()["settlements"])
         payer = Payer()
         headers = payer.header_for(gate.url, agent)
@@ -74,15 +79,22 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
     row("verify HTTP 500", "-32603 verify_unavailable", setup=lambda: paid.faults(verify="http500"))
     row("verify malformed JSON", "-32603 verify_unavailable", setup=lambda: paid.faults(verify="malformed"))
     row("verify says invalid", "HTTP 403 dev_fault", setup=lambda: paid.faults(verify="invalid"))
-    row("settle pending (first attempt times out)", "task completed, payment-completed",
-        setup=lambda: paid.faults(settle="slow:2.5", count=1))
+    row(
+        "settle pending (first attempt times out)",
+        "task completed, payment-completed",
+        setup=lambda: paid.faults(settle="slow:2.5", count=1),
+    )
 
     def recover(headers: dict[str, str]) -> str:
         replay = paid.post("paid", send_body("settle failing then recovering"), headers).json()["result"]
         return f"retry -> {replay['metadata']['x402.payment.status']}"
 
-    row("settle failing then recovering", "task completed, payment-verified",
-        setup=lambda: paid.faults(settle="http500"), after=recover)
+    row(
+        "settle failing then recovering",
+        "task completed, payment-verified",
+        setup=lambda: paid.faults(settle="http500"),
+        after=recover,
+    )
     row("upstream agent down", "task failed, -", agent="paid-upstream-down")
 
     def hold_lock_after_settle() -> None:
@@ -98,10 +110,18 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
         return f"log: {last['action']} {last['error']}".strip()
 
     settled_before = [len(paid.ledger()["settlements"])]
-    row("database locked when settle returns", "task completed, payment-completed",
-        setup=lambda: (paid.faults(settle="late:1", count=1), in_background(hold_lock_after_settle)()), after=logged)
-    row("settle unknown, then landed", "task completed, payment-completed",
-        setup=lambda: paid.faults(settle="late:3", count=1), after=logged)
+    row(
+        "database locked when settle returns",
+        "task completed, payment-completed",
+        setup=lambda: (paid.faults(settle="late:1", count=1), in_background(hold_lock_after_settle)()),
+        after=logged,
+    )
+    row(
+        "settle unknown, then landed",
+        "task completed, payment-completed",
+        setup=lambda: paid.faults(settle="late:3", count=1),
+        after=logged,
+    )
 
     def poor_after_verify(payer: Payer) -> None:
         def drain() -> None:
@@ -113,42 +133,70 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
         in_background(drain)()
 
     verified_before = len(paid.payment_rows("verify"))
-    row("settle definitively refused (no funds)", "task completed, payment-failed", agent="paid-slow",
-        payer_setup=poor_after_verify, after=logged)
+    row(
+        "settle definitively refused (no funds)",
+        "task completed, payment-failed",
+        agent="paid-slow",
+        payer_setup=poor_after_verify,
+        after=logged,
+    )
 
     # a restart whose process has the pid the dead one had (pid 1 in a container)
     before = len(paid.ledger()["settlements"])
     headers = Payer().header_for(gate.url)
     paid.faults(settle="slow:15", count=1)
-    threading.Thread(target=lambda: _swallow(lambda: paid.post("paid", send_body("restart"), headers, timeout=10)),
-                     daemon=True).start()
+    threading.Thread(
+        target=lambda: _swallow(lambda: paid.post("paid", send_body("restart"), headers, timeout=10)), daemon=True
+    ).start()
     wait_until(lambda: _claim_states(paid) == ["settling"])
     gate.kill()
     _pretend_owner_is_pid_1(paid)
     gate.start()
     wait_until(lambda: "settling" not in _claim_states(paid) and "settle_failed" not in _claim_states(paid), 20)
     answer = answer_of(paid.post("paid", send_body("restart"), headers))
-    rows.append(("restart with the same pid, mid-settle", answer, len(paid.ledger()["settlements"]) - before,
-                 "replay after restart"))
+    rows.append(
+        (
+            "restart with the same pid, mid-settle",
+            answer,
+            len(paid.ledger()["settlements"]) - before,
+            "replay after restart",
+        )
+    )
     assert answer == "task completed, payment-completed"
 
     # a token whose window closes before the work could be settled: refused before any work
     short = decode_header(httpx.post(f"{gate.url}/a2a/paid", json=send_body("x")).headers["PAYMENT-REQUIRED"])
     short["accepts"][0]["maxTimeoutSeconds"] = 7
     verified = paid.ledger()["verify_calls"]
-    answer = answer_of(paid.post("paid", send_body("short window"),
-                                 {"PAYMENT-SIGNATURE": encode_header(sign_payment(short, Payer().key))}))
-    rows.append(("token window too short to collect", answer, 0,
-                 f"verify calls: {paid.ledger()['verify_calls'] - verified}, no work"))
+    answer = answer_of(
+        paid.post(
+            "paid", send_body("short window"), {"PAYMENT-SIGNATURE": encode_header(sign_payment(short, Payer().key))}
+        )
+    )
+    rows.append(
+        (
+            "token window too short to collect",
+            answer,
+            0,
+            f"verify calls: {paid.ledger()['verify_calls'] - verified}, no work",
+        )
+    )
     assert answer == "HTTP 403 payment_window_too_short" and paid.ledger()["verify_calls"] == verified
 
     # the facilitator refusing connections: a gate pointed at a port nobody listens on
     port2 = free_port()
-    down = start_gate(write_config(paid_config(f"http://127.0.0.1:{port2}", f"http://127.0.0.1:{refused_port}"),
-                                   name="down.toml"), port=port2)
+    down = start_gate(
+        write_config(paid_config(f"http://127.0.0.1:{port2}", f"http://127.0.0.1:{refused_port}"), name="down.toml"),
+        port=port2,
+    )
     required = decode_header(httpx.post(f"{down.url}/a2a/paid", json=send_body("x")).headers["PAYMENT-REQUIRED"])
-    answer = answer_of(httpx.post(f"{down.url}/a2a/paid", json=send_body("x"),
-                                  headers={"PAYMENT-SIGNATURE": encode_header(sign_payment(required, Payer().key))}))
+    answer = answer_of(
+        httpx.post(
+            f"{down.url}/a2a/paid",
+            json=send_body("x"),
+            headers={"PAYMENT-SIGNATURE": encode_header(sign_payment(required, Payer().key))},
+        )
+    )
     rows.append(("facilitator refuses connections", answer, 0, ""))
     assert answer == "-32603 verify_unavailable"
     # after breaker_failures (5) such failures in a row the breaker opens and answers at once
@@ -159,15 +207,22 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
     response = httpx.post(f"{down.url}/a2a/paid", json=send_body("x"), headers=token)
     elapsed = time.monotonic() - started
     retry_after = response.json()["error"]["data"].get("retry_after")
-    rows.append(("facilitator breaker open", answer_of(response), 0, f"retry_after {retry_after} s, {elapsed * 1000:.0f} ms"))
+    rows.append(
+        ("facilitator breaker open", answer_of(response), 0, f"retry_after {retry_after} s, {elapsed * 1000:.0f} ms")
+    )
     assert answer_of(response) == "-32603 verify_unavailable" and retry_after and retry_after > 0
 
     # settle pending: the slow first call wakes up later and must not charge twice
     time.sleep(2.0)
     assert len(paid.ledger()["settlements"]) == 6  # each charged row above, once
-    expected_charges = {"none": 1, "settle pending (first attempt times out)": 1, "settle failing then recovering": 1,
-                        "database locked when settle returns": 1, "settle unknown, then landed": 1,
-                        "restart with the same pid, mid-settle": 1}
+    expected_charges = {
+        "none": 1,
+        "settle pending (first attempt times out)": 1,
+        "settle failing then recovering": 1,
+        "database locked when settle returns": 1,
+        "settle unknown, then landed": 1,
+        "restart with the same pid, mid-settle": 1,
+    }
     for fault, _, charged, _ in rows:
         assert charged == expected_charges.get(fault, 0), fault
 

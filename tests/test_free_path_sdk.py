@@ -68,8 +68,11 @@ def test_non_blocking_send_then_poll_until_completed(gate: Gate) -> None:
     task = run(sdk.send_text(url, "sleep 0.5", headers=gate.headers, blocking=False))["task"]
     assert state(task) in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING")
 
-    final = poll(lambda: run(sdk.get_task(url, task["id"], headers=gate.headers)),
-                 lambda t: state(t) == "TASK_STATE_COMPLETED", timeout=10)
+    final = poll(
+        lambda: run(sdk.get_task(url, task["id"], headers=gate.headers)),
+        lambda t: state(t) == "TASK_STATE_COMPLETED",
+        timeout=10,
+    )
 
     assert state(final) == "TASK_STATE_COMPLETED"
     assert final["id"] == task["id"]
@@ -106,8 +109,11 @@ def test_stream_events_arrive_in_order(gate: Gate) -> None:
     assert events[1]["statusUpdate"]["status"]["state"] == "TASK_STATE_WORKING"
     assert events[2]["artifactUpdate"]["artifact"]["parts"] == [{"text": "streamed"}]
     assert events[3]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
-    assert {events[1]["statusUpdate"]["taskId"], events[2]["artifactUpdate"]["taskId"],
-            events[3]["statusUpdate"]["taskId"]} == {task_id}
+    assert {
+        events[1]["statusUpdate"]["taskId"],
+        events[2]["artifactUpdate"]["taskId"],
+        events[3]["statusUpdate"]["taskId"],
+    } == {task_id}
 
 
 def test_get_honours_history_length(gate: Gate) -> None:

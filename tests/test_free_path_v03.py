@@ -39,7 +39,8 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateProcess]:
     folder = tmp_path_factory.mktemp("v03")
     config = folder / "gate.toml"
     config.write_text(
-        f"max_body_bytes = {MAX_BODY}\n" + FREE_CONFIG
+        f"max_body_bytes = {MAX_BODY}\n"
+        + FREE_CONFIG
         + f'\n[[keys]]\nname = "v03"\nsha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"\nagents = ["*"]\n'
     )
     with GateProcess(config, folder / "gate.log") as process:
@@ -147,8 +148,10 @@ def test_cancel_an_input_required_task(gate: GateProcess) -> None:
     canceled = result(url(gate, "interrupting"), "tasks/cancel", {"id": task["id"]}, AUTH)
 
     assert canceled["status"]["state"] == "canceled"
-    assert code_of(gate, "message/send", {"message": v03_message("Rome", taskId=task["id"])},
-                   agent="interrupting") == -32602
+    assert (
+        code_of(gate, "message/send", {"message": v03_message("Rome", taskId=task["id"])}, agent="interrupting")
+        == -32602
+    )
 
 
 def test_message_stream_sends_ordered_events_ending_final(gate: GateProcess) -> None:
@@ -229,10 +232,15 @@ def test_unknown_method_is_method_not_found(gate: GateProcess) -> None:
     assert doc["error"]["code"] == -32601
 
 
-@pytest.mark.parametrize("method", [
-    "tasks/pushNotificationConfig/set", "tasks/pushNotificationConfig/get",
-    "tasks/pushNotificationConfig/list", "tasks/pushNotificationConfig/delete",
-])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "tasks/pushNotificationConfig/set",
+        "tasks/pushNotificationConfig/get",
+        "tasks/pushNotificationConfig/list",
+        "tasks/pushNotificationConfig/delete",
+    ],
+)
 def test_push_notification_methods_are_not_supported(gate: GateProcess, method: str) -> None:
     assert code_of(gate, method, {"id": "x"}) == -32003
 
@@ -244,8 +252,9 @@ def test_the_extended_card_is_not_supported(gate: GateProcess) -> None:
 def test_unknown_fields_are_ignored(gate: GateProcess) -> None:
     message = v03_message("extras", futureField={"x": 1})
     message["parts"][0]["shiny"] = True
-    body = rpc_body("message/send", {"message": message, "configuration": {"blocking": True, "newKnob": 3},
-                                     "somethingElse": [1, 2]})
+    body = rpc_body(
+        "message/send", {"message": message, "configuration": {"blocking": True, "newKnob": 3}, "somethingElse": [1, 2]}
+    )
     body["extension"] = "ignored"
 
     response = post(url(gate), body, AUTH)
@@ -268,8 +277,9 @@ def envelope(gate: GateProcess, body: bytes | str | Any) -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.parametrize("body", [b"{", b"not json", b"", b'{"jsonrpc": "2.0", "id": 1, "method": NaN}',
-                                  b"\xff\xfe\x00", b'{"a": Infinity}'])
+@pytest.mark.parametrize(
+    "body", [b"{", b"not json", b"", b'{"jsonrpc": "2.0", "id": 1, "method": NaN}', b"\xff\xfe\x00", b'{"a": Infinity}']
+)
 def test_unparseable_body_is_parse_error(gate: GateProcess, body: bytes) -> None:
     doc = envelope(gate, body)
 
@@ -277,17 +287,20 @@ def test_unparseable_body_is_parse_error(gate: GateProcess, body: bytes) -> None
     assert doc["id"] is None
 
 
-@pytest.mark.parametrize("body,expected_id", [
-    ({"jsonrpc": "1.0", "id": 5, "method": "message/send"}, 5),
-    ({"id": 6, "method": "message/send"}, 6),
-    ({"jsonrpc": "2.0", "id": 7}, 7),
-    ({"jsonrpc": "2.0", "id": 8, "method": 12}, 8),
-    ({"jsonrpc": "2.0", "id": {"no": 1}, "method": "tasks/get"}, None),
-    ({"jsonrpc": "2.0", "id": True, "method": "tasks/get"}, None),
-    ("a string", None),
-    (17, None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "body,expected_id",
+    [
+        ({"jsonrpc": "1.0", "id": 5, "method": "message/send"}, 5),
+        ({"id": 6, "method": "message/send"}, 6),
+        ({"jsonrpc": "2.0", "id": 7}, 7),
+        ({"jsonrpc": "2.0", "id": 8, "method": 12}, 8),
+        ({"jsonrpc": "2.0", "id": {"no": 1}, "method": "tasks/get"}, None),
+        ({"jsonrpc": "2.0", "id": True, "method": "tasks/get"}, None),
+        ("a string", None),
+        (17, None),
+        (None, None),
+    ],
+)
 def test_invalid_request(gate: GateProcess, body: Any, expected_id: Any) -> None:
     doc = envelope(gate, json.dumps(body))
 
@@ -311,7 +324,7 @@ def test_body_over_the_limit_is_invalid_request_with_http_200(gate: GateProcess)
 
     def chunks() -> Iterator[bytes]:  # no content-length: the limit holds while reading
         for start in range(0, len(body), 1000):
-            yield body[start:start + 1000].encode()
+            yield body[start : start + 1000].encode()
 
     response = httpx.post(url(gate), content=chunks(), headers=AUTH, timeout=10)
     assert response.status_code == 200
@@ -322,20 +335,23 @@ def test_params_not_an_object_is_invalid_params(gate: GateProcess) -> None:
     assert code_of(gate, "message/send", [1, 2]) == -32602  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("params", [
-    {},
-    {"message": "hi"},
-    {"message": {"role": "user"}},
-    {"message": {"role": "user", "parts": "hi"}},
-    {"message": {"role": "user", "parts": []}},
-    {"message": {"role": "user", "parts": [{"kind": "text", "text": ""}]}},
-    {"message": {"role": "user", "parts": [{"kind": "image", "image": "x"}, 3, None]}},
-    {"message": {"role": "user", "parts": [{"kind": "file", "file": {"name": "no-content"}}]}},
-    {"message": {"role": "user", "parts": [{"kind": "data", "data": None}]}},
-    {"message": v03_message(), "configuration": "fast"},
-    {"message": v03_message(taskId="")},
-    {"message": v03_message(metadata="not an object")},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"message": "hi"},
+        {"message": {"role": "user"}},
+        {"message": {"role": "user", "parts": "hi"}},
+        {"message": {"role": "user", "parts": []}},
+        {"message": {"role": "user", "parts": [{"kind": "text", "text": ""}]}},
+        {"message": {"role": "user", "parts": [{"kind": "image", "image": "x"}, 3, None]}},
+        {"message": {"role": "user", "parts": [{"kind": "file", "file": {"name": "no-content"}}]}},
+        {"message": {"role": "user", "parts": [{"kind": "data", "data": None}]}},
+        {"message": v03_message(), "configuration": "fast"},
+        {"message": v03_message(taskId="")},
+        {"message": v03_message(metadata="not an object")},
+    ],
+)
 def test_a_message_without_usable_parts_or_of_a_bad_shape_is_invalid_params(
     gate: GateProcess, params: dict[str, Any]
 ) -> None:

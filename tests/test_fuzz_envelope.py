@@ -79,8 +79,9 @@ def approving_facilitator(calls: list[str]) -> Starlette:
 
     async def settle(request: Request) -> JSONResponse:
         calls.append("settle")
-        return JSONResponse({"success": True, "transaction": "0x" + "cd" * 32, "network": "eip155:84532",
-                             "payer": PAYER})
+        return JSONResponse(
+            {"success": True, "transaction": "0x" + "cd" * 32, "network": "eip155:84532", "payer": PAYER}
+        )
 
     return Starlette(routes=[Route("/verify", verify, methods=["POST"]), Route("/settle", settle, methods=["POST"])])
 
@@ -98,7 +99,7 @@ class Target:
 
     def new_log(self) -> str:
         data = self.gate.log.read_bytes()
-        fresh, self.log_offset = data[self.log_offset:], len(data)
+        fresh, self.log_offset = data[self.log_offset :], len(data)
         return fresh.decode("utf-8", "replace")
 
 
@@ -109,8 +110,11 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     calls: list[str] = []
     with serve_app(approving_facilitator(calls)) as facilitator:
         config.write_text(
-            "max_body_bytes = 65536\n" + FREE_CONFIG + PRICED.format(facilitator=facilitator)
-            + key_entry("fuzz", KEY, ["echo", "interrupting", "paid"]) + key_entry("limited", LIMITED_KEY, ["slow"])
+            "max_body_bytes = 65536\n"
+            + FREE_CONFIG
+            + PRICED.format(facilitator=facilitator)
+            + key_entry("fuzz", KEY, ["echo", "interrupting", "paid"])
+            + key_entry("limited", LIMITED_KEY, ["slow"])
         )
         with GateProcess(config, folder / "gate.log") as gate, httpx.Client(timeout=15) as client:
             yield Target(gate, client, calls)
@@ -171,8 +175,12 @@ def expected(body: bytes) -> Expected:
     except (ValueError, RecursionError):
         return Expected(parse_error_ok=True, echo=False)
     call_id = doc.get("id") if isinstance(doc, dict) else None
-    echo = (isinstance(doc, dict) and doc.get("jsonrpc") == "2.0" and not isinstance(call_id, bool)
-            and isinstance(call_id, (str, int, type(None))))
+    echo = (
+        isinstance(doc, dict)
+        and doc.get("jsonrpc") == "2.0"
+        and not isinstance(call_id, bool)
+        and isinstance(call_id, (str, int, type(None)))
+    )
     return Expected(parse_error_ok=not answerable(doc), echo=echo, call_id=call_id)
 
 
@@ -235,11 +243,33 @@ def check(target: Target, agent: str, body: bytes, headers: dict[str, str]) -> h
 # --- strategies -------------------------------------------------------------------
 
 SURROGATES = st.sampled_from(["\ud800", "a\udfffb", "\udbff", "\ud83d\ude00"])  # the last is a valid pair
-WORDS = st.sampled_from([
-    "", " ", "2.0", "1.0", "user", "agent", "ROLE_USER", "ROLE_AGENT", "text", "data", "file", "message", "task",
-    "completed", "input-required", "TASK_STATE_COMPLETED", "x402.payment.payload", "sleep 0", "\x00", "é", "中文",
-    "\u202e", "🙂",
-])
+WORDS = st.sampled_from(
+    [
+        "",
+        " ",
+        "2.0",
+        "1.0",
+        "user",
+        "agent",
+        "ROLE_USER",
+        "ROLE_AGENT",
+        "text",
+        "data",
+        "file",
+        "message",
+        "task",
+        "completed",
+        "input-required",
+        "TASK_STATE_COMPLETED",
+        "x402.payment.payload",
+        "sleep 0",
+        "\x00",
+        "é",
+        "中文",
+        "\u202e",
+        "🙂",
+    ]
+)
 TEXT = st.text(max_size=24) | WORDS
 ODD_TEXT = TEXT | SURROGATES  # only in a few places, so most requests stay answerable
 NUMBERS = (
@@ -248,106 +278,196 @@ NUMBERS = (
     | st.floats(allow_nan=False, allow_infinity=False)
 )
 SCALARS = st.none() | st.booleans() | NUMBERS | TEXT
-KEYS = st.sampled_from(["kind", "text", "data", "file", "parts", "role", "id", "taskId", "messageId", "metadata",
-                        "x402.payment.payload", "x402Version", "accepted", "payload"]) | st.text(max_size=8)
+KEYS = st.sampled_from(
+    [
+        "kind",
+        "text",
+        "data",
+        "file",
+        "parts",
+        "role",
+        "id",
+        "taskId",
+        "messageId",
+        "metadata",
+        "x402.payment.payload",
+        "x402Version",
+        "accepted",
+        "payload",
+    ]
+) | st.text(max_size=8)
 JSON = st.recursive(SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(KEYS, c, max_size=4), max_leaves=20)
 RARELY = st.none() | st.none() | st.none()  # absent (None is "not given") more often than not
 
-PART = st.fixed_dictionaries({}, optional={
-    "kind": st.sampled_from(["text", "data", "file", "image"]) | JSON,
-    "text": ODD_TEXT | JSON,
-    "data": JSON,
-    "file": st.fixed_dictionaries({}, optional={"uri": TEXT | JSON, "bytes": TEXT | JSON, "mimeType": TEXT | JSON,
-                                                "name": TEXT | JSON}) | JSON,
-    "url": TEXT | JSON,
-    "raw": TEXT | JSON,
-    "mediaType": TEXT | JSON,
-    "metadata": JSON,
-})
+PART = st.fixed_dictionaries(
+    {},
+    optional={
+        "kind": st.sampled_from(["text", "data", "file", "image"]) | JSON,
+        "text": ODD_TEXT | JSON,
+        "data": JSON,
+        "file": st.fixed_dictionaries(
+            {}, optional={"uri": TEXT | JSON, "bytes": TEXT | JSON, "mimeType": TEXT | JSON, "name": TEXT | JSON}
+        )
+        | JSON,
+        "url": TEXT | JSON,
+        "raw": TEXT | JSON,
+        "mediaType": TEXT | JSON,
+        "metadata": JSON,
+    },
+)
 USABLE_PART = (
-    st.fixed_dictionaries({"kind": st.just("text"), "text": st.text(min_size=1, max_size=40)}, optional={"metadata": JSON})
+    st.fixed_dictionaries(
+        {"kind": st.just("text"), "text": st.text(min_size=1, max_size=40)}, optional={"metadata": JSON}
+    )
     | st.fixed_dictionaries({"text": st.text(min_size=1, max_size=40)})
     | st.fixed_dictionaries({"kind": st.just("data"), "data": JSON.map(lambda v: 0 if v is None else v)})
     | st.fixed_dictionaries({"data": JSON.map(lambda v: 0 if v is None else v)})
 )
-TOKEN_LIKE = st.fixed_dictionaries({"x402Version": st.sampled_from([1, 2]) | JSON}, optional={
-    "accepted": JSON, "payload": JSON, "scheme": JSON, "network": JSON, "resource": JSON,
-})
-MESSAGE = st.fixed_dictionaries({"parts": st.lists(USABLE_PART | USABLE_PART | PART | JSON, max_size=3) | JSON}, optional={
-    "role": st.sampled_from(["user", "agent", "ROLE_USER"]) | JSON,
-    "kind": st.just("message") | JSON,
-    "messageId": st.uuids().map(str) | TEXT | JSON,
-    "taskId": RARELY | TEXT | JSON,
-    "contextId": RARELY | TEXT | JSON,
-    "metadata": st.dictionaries(st.just("x402.payment.payload") | KEYS, TOKEN_LIKE | JSON, max_size=2) | JSON,
-    "referenceTaskIds": JSON,
-    "extensions": JSON,
-})
-CONFIGURATION = st.fixed_dictionaries({}, optional={
-    "blocking": st.booleans() | JSON,
-    "returnImmediately": st.booleans() | JSON,
-    "historyLength": NUMBERS | JSON,
-    "acceptedOutputModes": JSON,
-})
-PARAMS = st.fixed_dictionaries({}, optional={
-    "message": MESSAGE | MESSAGE | JSON,
-    "configuration": CONFIGURATION | JSON,
-    "id": TEXT | JSON,
-    "historyLength": NUMBERS | JSON,
-    "metadata": st.dictionaries(st.just("x402.payment.payload") | KEYS, TOKEN_LIKE | JSON, max_size=2),
-}) | JSON
-IDS = st.none() | st.integers() | st.integers(min_value=10**30, max_value=10**300) | ODD_TEXT | st.booleans() \
-    | st.floats(allow_nan=False) | st.lists(st.integers(), max_size=2)
-OPERATIONS = st.sampled_from(["message/send", "message/stream", "tasks/get", "tasks/cancel", "SendMessage",
-                              "SendStreamingMessage", "GetTask", "CancelTask"])
+TOKEN_LIKE = st.fixed_dictionaries(
+    {"x402Version": st.sampled_from([1, 2]) | JSON},
+    optional={
+        "accepted": JSON,
+        "payload": JSON,
+        "scheme": JSON,
+        "network": JSON,
+        "resource": JSON,
+    },
+)
+MESSAGE = st.fixed_dictionaries(
+    {"parts": st.lists(USABLE_PART | USABLE_PART | PART | JSON, max_size=3) | JSON},
+    optional={
+        "role": st.sampled_from(["user", "agent", "ROLE_USER"]) | JSON,
+        "kind": st.just("message") | JSON,
+        "messageId": st.uuids().map(str) | TEXT | JSON,
+        "taskId": RARELY | TEXT | JSON,
+        "contextId": RARELY | TEXT | JSON,
+        "metadata": st.dictionaries(st.just("x402.payment.payload") | KEYS, TOKEN_LIKE | JSON, max_size=2) | JSON,
+        "referenceTaskIds": JSON,
+        "extensions": JSON,
+    },
+)
+CONFIGURATION = st.fixed_dictionaries(
+    {},
+    optional={
+        "blocking": st.booleans() | JSON,
+        "returnImmediately": st.booleans() | JSON,
+        "historyLength": NUMBERS | JSON,
+        "acceptedOutputModes": JSON,
+    },
+)
+PARAMS = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "message": MESSAGE | MESSAGE | JSON,
+            "configuration": CONFIGURATION | JSON,
+            "id": TEXT | JSON,
+            "historyLength": NUMBERS | JSON,
+            "metadata": st.dictionaries(st.just("x402.payment.payload") | KEYS, TOKEN_LIKE | JSON, max_size=2),
+        },
+    )
+    | JSON
+)
+IDS = (
+    st.none()
+    | st.integers()
+    | st.integers(min_value=10**30, max_value=10**300)
+    | ODD_TEXT
+    | st.booleans()
+    | st.floats(allow_nan=False)
+    | st.lists(st.integers(), max_size=2)
+)
+OPERATIONS = st.sampled_from(
+    [
+        "message/send",
+        "message/stream",
+        "tasks/get",
+        "tasks/cancel",
+        "SendMessage",
+        "SendStreamingMessage",
+        "GetTask",
+        "CancelTask",
+    ]
+)
 METHOD = OPERATIONS | OPERATIONS | OPERATIONS | st.sampled_from(sorted(METHODS)) | ODD_TEXT | JSON
 ANY_REQUEST = st.fixed_dictionaries(
     {"jsonrpc": st.just("2.0") | JSON, "method": METHOD},
     optional={"id": IDS, "params": PARAMS, "extra": JSON},
 )
 GOOD_IDS = st.none() | st.integers() | st.text(max_size=12)
-SEND_REQUEST = st.fixed_dictionaries({  # a well-formed send, odd only in its details
-    "jsonrpc": st.just("2.0"),
-    "id": GOOD_IDS,
-    "method": st.sampled_from(["message/send", "message/stream", "SendMessage", "SendStreamingMessage"]),
-    "params": st.fixed_dictionaries(
-        {"message": st.fixed_dictionaries(
-            {"role": st.sampled_from(["user", "ROLE_USER"]),
-             "parts": st.tuples(st.lists(USABLE_PART, min_size=1, max_size=2), st.lists(PART | JSON, max_size=2))
-             .map(lambda both: both[0] + both[1])},
-            optional={"messageId": st.uuids().map(str) | TEXT, "kind": st.just("message"),
-                      "metadata": st.dictionaries(KEYS, JSON, max_size=2), "extensions": JSON,
-                      "referenceTaskIds": JSON, "contextId": st.uuids().map(str)},
-        )},
-        optional={"configuration": CONFIGURATION, "metadata": st.dictionaries(KEYS, JSON, max_size=2), "x": JSON},
-    ),
-}, optional={"extra": JSON})
-TASK_REQUEST = st.fixed_dictionaries({
-    "jsonrpc": st.just("2.0"),
-    "id": GOOD_IDS,
-    "method": st.sampled_from(["tasks/get", "tasks/cancel", "GetTask", "CancelTask"]),
-    "params": st.fixed_dictionaries({"id": st.uuids().map(str) | TEXT | JSON},
-                                    optional={"historyLength": NUMBERS | JSON, "metadata": JSON}),
-})
+SEND_REQUEST = st.fixed_dictionaries(
+    {  # a well-formed send, odd only in its details
+        "jsonrpc": st.just("2.0"),
+        "id": GOOD_IDS,
+        "method": st.sampled_from(["message/send", "message/stream", "SendMessage", "SendStreamingMessage"]),
+        "params": st.fixed_dictionaries(
+            {
+                "message": st.fixed_dictionaries(
+                    {
+                        "role": st.sampled_from(["user", "ROLE_USER"]),
+                        "parts": st.tuples(
+                            st.lists(USABLE_PART, min_size=1, max_size=2), st.lists(PART | JSON, max_size=2)
+                        ).map(lambda both: both[0] + both[1]),
+                    },
+                    optional={
+                        "messageId": st.uuids().map(str) | TEXT,
+                        "kind": st.just("message"),
+                        "metadata": st.dictionaries(KEYS, JSON, max_size=2),
+                        "extensions": JSON,
+                        "referenceTaskIds": JSON,
+                        "contextId": st.uuids().map(str),
+                    },
+                )
+            },
+            optional={"configuration": CONFIGURATION, "metadata": st.dictionaries(KEYS, JSON, max_size=2), "x": JSON},
+        ),
+    },
+    optional={"extra": JSON},
+)
+TASK_REQUEST = st.fixed_dictionaries(
+    {
+        "jsonrpc": st.just("2.0"),
+        "id": GOOD_IDS,
+        "method": st.sampled_from(["tasks/get", "tasks/cancel", "GetTask", "CancelTask"]),
+        "params": st.fixed_dictionaries(
+            {"id": st.uuids().map(str) | TEXT | JSON}, optional={"historyLength": NUMBERS | JSON, "metadata": JSON}
+        ),
+    }
+)
 REQUEST = SEND_REQUEST | TASK_REQUEST | ANY_REQUEST
 MOSTLY_PRINCIPAL = st.sampled_from([False, False, False, True])  # anonymous one time in four
 
-HEADER_TEXT = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=40) \
-    | st.binary(max_size=30).map(lambda b: bytes(c for c in b if c >= 0x21 and c != 0x7F).decode("latin-1"))
-AUTHORIZATION = st.sampled_from([f"Bearer {KEY}", f"Bearer {LIMITED_KEY}", f"bearer {KEY}", f"Bearer {KEY}x",
-                                 "Bearer", "Basic Zm9vOmJhcg=="]) | HEADER_TEXT.map(lambda s: f"Bearer {s}".strip())
-PAYMENT_HEADER = HEADER_TEXT | JSON.map(lambda v: base64.b64encode(json.dumps(v).encode()).decode()) \
+HEADER_TEXT = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=40) | st.binary(max_size=30).map(
+    lambda b: bytes(c for c in b if c >= 0x21 and c != 0x7F).decode("latin-1")
+)
+AUTHORIZATION = st.sampled_from(
+    [f"Bearer {KEY}", f"Bearer {LIMITED_KEY}", f"bearer {KEY}", f"Bearer {KEY}x", "Bearer", "Basic Zm9vOmJhcg=="]
+) | HEADER_TEXT.map(lambda s: f"Bearer {s}".strip())
+PAYMENT_HEADER = (
+    HEADER_TEXT
+    | JSON.map(lambda v: base64.b64encode(json.dumps(v).encode()).decode())
     | TOKEN_LIKE.map(lambda v: base64.b64encode(json.dumps(v).encode()).decode())
-HEADERS = st.fixed_dictionaries({}, optional={
-    "Authorization": AUTHORIZATION,
-    "A2A-Version": st.sampled_from(["1.0", "0.3", "0.3.0", "2"]) | HEADER_TEXT,
-    "Content-Type": st.sampled_from(["application/json", "text/plain", "application/json; charset=latin-1",
-                                     "multipart/form-data; boundary=x"]) | HEADER_TEXT,
-    "PAYMENT-SIGNATURE": PAYMENT_HEADER,
-    "X-PAYMENT": PAYMENT_HEADER,
-    "X-A2A-Extensions": st.sampled_from(["https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2",
-                                         "https://github.com/google-a2a/a2a-x402/v0.1"]) | HEADER_TEXT,
-})
+)
+HEADERS = st.fixed_dictionaries(
+    {},
+    optional={
+        "Authorization": AUTHORIZATION,
+        "A2A-Version": st.sampled_from(["1.0", "0.3", "0.3.0", "2"]) | HEADER_TEXT,
+        "Content-Type": st.sampled_from(
+            ["application/json", "text/plain", "application/json; charset=latin-1", "multipart/form-data; boundary=x"]
+        )
+        | HEADER_TEXT,
+        "PAYMENT-SIGNATURE": PAYMENT_HEADER,
+        "X-PAYMENT": PAYMENT_HEADER,
+        "X-A2A-Extensions": st.sampled_from(
+            [
+                "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2",
+                "https://github.com/google-a2a/a2a-x402/v0.1",
+            ]
+        )
+        | HEADER_TEXT,
+    },
+)
 PRINCIPAL = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -365,8 +485,12 @@ def versioned(method: Any, headers: dict[str, str]) -> dict[str, str]:
 
 
 def nested_request(method: str, nested: str) -> bytes:
-    return fill('{"jsonrpc":"2.0","id":1,"method":"METHOD","params":{"message":{"role":"user","messageId":"m",'
-                '"parts":[{"kind":"data","data":NESTED},{"text":"x"}]}}}', METHOD=method, NESTED=nested)
+    return fill(
+        '{"jsonrpc":"2.0","id":1,"method":"METHOD","params":{"message":{"role":"user","messageId":"m",'
+        '"parts":[{"kind":"data","data":NESTED},{"text":"x"}]}}}',
+        METHOD=method,
+        NESTED=nested,
+    )
 
 
 def encode(value: Any) -> bytes:
@@ -394,37 +518,87 @@ def test_arbitrary_json_values(target: Target, value: Any, agent: str, anonymous
 
 @settings(FUZZ, max_examples=1500)
 @given(request=REQUEST, agent=st.sampled_from(["echo", "echo", "interrupting", "paid"]), anonymous=MOSTLY_PRINCIPAL)
-@example(request={"jsonrpc": "2.0", "method": "message/send", "id": 1,
-                  "params": {"message": {"role": "user", "parts": [{"kind": "text", "text": "hi"}]}}},
-         agent="echo", anonymous=False)
-@example(request={"jsonrpc": "2.0", "method": "SendStreamingMessage", "id": "s",
-                  "params": {"message": {"role": "ROLE_USER", "parts": [{"text": "hi"}]}}},
-         agent="echo", anonymous=False)
+@example(
+    request={
+        "jsonrpc": "2.0",
+        "method": "message/send",
+        "id": 1,
+        "params": {"message": {"role": "user", "parts": [{"kind": "text", "text": "hi"}]}},
+    },
+    agent="echo",
+    anonymous=False,
+)
+@example(
+    request={
+        "jsonrpc": "2.0",
+        "method": "SendStreamingMessage",
+        "id": "s",
+        "params": {"message": {"role": "ROLE_USER", "parts": [{"text": "hi"}]}},
+    },
+    agent="echo",
+    anonymous=False,
+)
 def test_json_rpc_shaped_requests(target: Target, request: dict[str, Any], agent: str, anonymous: bool) -> None:
     check(target, agent, encode(request), versioned(request.get("method"), {} if anonymous else PRINCIPAL))
 
 
-LITERALS = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e-400", "123456789" * 20,
-                            "9" * 5000, "-0", "0.0e99999", '"\\ud800"', '"\\udfff\\ud800"', "null", "[]", "{}"])
+LITERALS = st.sampled_from(
+    [
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        "1e400",
+        "-1e400",
+        "1e-400",
+        "123456789" * 20,
+        "9" * 5000,
+        "-0",
+        "0.0e99999",
+        '"\\ud800"',
+        '"\\udfff\\ud800"',
+        "null",
+        "[]",
+        "{}",
+    ]
+)
 
 
 @settings(FUZZ, max_examples=200)
-@given(data=LITERALS, history=LITERALS, call_id=LITERALS,
-       method=st.sampled_from(["message/send", "message/stream", "SendMessage", "SendStreamingMessage", "tasks/get",
-                               "GetTask", "tasks/cancel"]))
+@given(
+    data=LITERALS,
+    history=LITERALS,
+    call_id=LITERALS,
+    method=st.sampled_from(
+        [
+            "message/send",
+            "message/stream",
+            "SendMessage",
+            "SendStreamingMessage",
+            "tasks/get",
+            "GetTask",
+            "tasks/cancel",
+        ]
+    ),
+)
 def test_odd_number_and_string_literals(target: Target, data: str, history: str, call_id: str, method: str) -> None:
     body = fill(
         '{"jsonrpc":"2.0","id":ID,"method":"METHOD","params":{"id":DATA,"historyLength":HISTORY,"message":'
         '{"role":"user","messageId":"m","parts":[{"kind":"data","data":DATA},{"text":DATA}]},'
         '"configuration":{"historyLength":HISTORY}}}',
-        ID=call_id, METHOD=method, DATA=data, HISTORY=history,
+        ID=call_id,
+        METHOD=method,
+        DATA=data,
+        HISTORY=history,
     )
     check(target, "echo", body, versioned(method, PRINCIPAL))
 
 
 @settings(FUZZ, max_examples=80)
-@given(depth=st.integers(min_value=1, max_value=3000), brackets=st.sampled_from(["[]", "{}"]),
-       method=st.sampled_from(["message/send", "message/stream", "SendMessage", "SendStreamingMessage"]))
+@given(
+    depth=st.integers(min_value=1, max_value=3000),
+    brackets=st.sampled_from(["[]", "{}"]),
+    method=st.sampled_from(["message/send", "message/stream", "SendMessage", "SendStreamingMessage"]),
+)
 @example(depth=600, brackets="[]", method="message/stream")
 @example(depth=2500, brackets="[]", method="SendStreamingMessage")
 def test_deep_nesting(target: Target, depth: int, brackets: str, method: str) -> None:
@@ -434,11 +608,20 @@ def test_deep_nesting(target: Target, depth: int, brackets: str, method: str) ->
 
 
 @settings(FUZZ, max_examples=400)
-@given(headers=HEADERS, agent=st.sampled_from(AGENTS),
-       method=st.sampled_from(["message/send", "SendMessage", "tasks/get", "GetTask", "message/stream"]))
+@given(
+    headers=HEADERS,
+    agent=st.sampled_from(AGENTS),
+    method=st.sampled_from(["message/send", "SendMessage", "tasks/get", "GetTask", "message/stream"]),
+)
 def test_random_headers(target: Target, headers: dict[str, str], agent: str, method: str) -> None:
-    body = encode({"jsonrpc": "2.0", "id": 7, "method": method,
-                   "params": {"id": "t", "message": {"role": "user", "parts": [{"kind": "text", "text": "hi"}]}}})
+    body = encode(
+        {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": method,
+            "params": {"id": "t", "message": {"role": "user", "parts": [{"kind": "text", "text": "hi"}]}},
+        }
+    )
     check(target, agent, body, headers)
 
 
@@ -455,22 +638,30 @@ def test_a_lone_surrogate_in_the_id_is_not_a_500(target: Target) -> None:
 def test_a_lone_surrogate_in_a_message_is_answered(target: Target) -> None:
     """Sends and streams of text with a lone surrogate: an answer, not -32603 or a cut stream."""
     for method in ("message/send", "message/stream"):
-        body = (b'{"jsonrpc":"2.0","id":1,"method":"%s","params":{"message":{"role":"user","messageId":"m",'
-                b'"parts":[{"kind":"text","text":"a\\ud800"}]}}}' % method.encode())
+        body = (
+            b'{"jsonrpc":"2.0","id":1,"method":"%s","params":{"message":{"role":"user","messageId":"m",'
+            b'"parts":[{"kind":"text","text":"a\\ud800"}]}}}' % method.encode()
+        )
         check(target, "echo", body, PRINCIPAL)
 
 
 def test_a_lone_surrogate_in_a_task_id_is_answered(target: Target) -> None:
     """tasks/get and tasks/cancel hand the id to SQLite, which cannot encode it: -32603 and a traceback."""
     for method in ("tasks/get", "tasks/cancel", "GetTask"):
-        check(target, "echo", fill('{"jsonrpc":"2.0","id":1,"method":"METHOD","params":{"id":"\\ud800"}}', METHOD=method),
-              versioned(method, PRINCIPAL))
+        check(
+            target,
+            "echo",
+            fill('{"jsonrpc":"2.0","id":1,"method":"METHOD","params":{"id":"\\ud800"}}', METHOD=method),
+            versioned(method, PRINCIPAL),
+        )
 
 
 def test_an_out_of_range_number_is_not_an_internal_error(target: Target) -> None:
     """1e400 parses to float('inf'): the task ran, but its answer could never be rendered."""
-    body = (b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"role":"user","messageId":"m",'
-            b'"parts":[{"kind":"data","data":1e400}]}}}')
+    body = (
+        b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"role":"user","messageId":"m",'
+        b'"parts":[{"kind":"data","data":1e400}]}}}'
+    )
     check(target, "echo", body, PRINCIPAL)
 
 

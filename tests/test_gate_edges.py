@@ -26,8 +26,9 @@ def test_in_band_payment_required_then_paid_with_the_same_task(paid):
     assert offer["resource"] == f"{paid.gate.url}/a2a/paid"
 
     payload = Payer().sign_v1(offer)
-    paid_answer = paid.post("paid", send_body("in band", task_id=task["id"],
-                                              metadata={"x402.payment.payload": payload}), headers)
+    paid_answer = paid.post(
+        "paid", send_body("in band", task_id=task["id"], metadata={"x402.payment.payload": payload}), headers
+    )
     done = paid_answer.json()["result"]
     assert done["id"] == task["id"]
     assert done["status"]["state"] == "completed"
@@ -38,8 +39,11 @@ def test_in_band_payment_required_then_paid_with_the_same_task(paid):
 def test_card_declares_the_x402_extension_and_price(paid):
     card = httpx.get(f"{paid.gate.url}/a2a/paid/.well-known/agent-card.json").json()
     extensions = card["capabilities"]["extensions"]
-    assert [e["uri"] for e in extensions] == [EXTENSION, "https://google-a2a.github.io/A2A/extensions/payments/x402/v0.1",
-                                              "https://github.com/google-a2a/a2a-x402/v0.1"]
+    assert [e["uri"] for e in extensions] == [
+        EXTENSION,
+        "https://google-a2a.github.io/A2A/extensions/payments/x402/v0.1",
+        "https://github.com/google-a2a/a2a-x402/v0.1",
+    ]
     for extension in extensions:
         assert extension["required"] is False
         [offer] = extension["params"]["accepts"]
@@ -47,7 +51,11 @@ def test_card_declares_the_x402_extension_and_price(paid):
     assert card["url"] == f"{paid.gate.url}/a2a/paid"
     # the bearer key in both card shapes; on a priced agent paying anonymously is the other way in
     [scheme] = card["securitySchemes"].values()
-    assert (scheme["type"], scheme["scheme"], scheme["httpAuthSecurityScheme"]["scheme"]) == ("http", "bearer", "Bearer")
+    assert (scheme["type"], scheme["scheme"], scheme["httpAuthSecurityScheme"]["scheme"]) == (
+        "http",
+        "bearer",
+        "Bearer",
+    )
     assert card["security"] == [{"apiKey": []}, {}]
     assert card["securityRequirements"] == [{"schemes": {"apiKey": {"list": []}}}, {}]
     free = httpx.get(f"{paid.gate.url}/a2a/echo/.well-known/agent-card.json").json()
@@ -80,11 +88,15 @@ def test_per_ip_limiter_answers_429_before_anything_else(tmp_path, facilitator, 
 def test_trusted_proxy_forwarded_address_is_the_limiter_key(tmp_path, facilitator, start_gate, write_config):
     port = free_port()
     text = paid_config(f"http://127.0.0.1:{port}", facilitator, per_ip=2) + '\n[proxy]\ntrusted = ["127.0.0.1"]\n'
-    text = text.replace('[agents.echo]', '[proxy]\ntrusted = ["127.0.0.1"]\n\n[agents.echo]', 1).rsplit("\n[proxy]", 1)[0]
+    text = text.replace("[agents.echo]", '[proxy]\ntrusted = ["127.0.0.1"]\n\n[agents.echo]', 1).rsplit("\n[proxy]", 1)[
+        0
+    ]
     gate = start_gate(write_config(text), port=port)
 
     def post(client_ip: str) -> int:
-        return httpx.post(f"{gate.url}/a2a/paid", json=send_body("x"), headers={"X-Forwarded-For": client_ip}).status_code
+        return httpx.post(
+            f"{gate.url}/a2a/paid", json=send_body("x"), headers={"X-Forwarded-For": client_ip}
+        ).status_code
 
     assert [post("198.51.100.1") for _ in range(3)] == [402, 402, 429]
     assert post("198.51.100.2") == 402  # another client behind the same proxy has its own bucket
@@ -94,8 +106,23 @@ def test_principal_on_a_priced_agent_never_touches_the_payment_path(paid, tmp_pa
     import subprocess
     import sys
 
-    made = subprocess.run([sys.executable, "-m", "gate.cli", "keys", "--config", str(paid.gate.config), "create",
-                           "ops", "--agent", "paid"], capture_output=True, text=True, check=True)
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gate.cli",
+            "keys",
+            "--config",
+            str(paid.gate.config),
+            "create",
+            "ops",
+            "--agent",
+            "paid",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     key = made.stdout.split("keep it secret): ")[1].split()[0]
     headers = {"Authorization": f"Bearer {key}", **Payer().header_for(paid.gate.url)}
     task = paid.post("paid", send_body("free"), headers).json()["result"]

@@ -16,8 +16,9 @@ def message(text: str) -> dict:
 
 
 def test_stuck_tasks_fail_and_old_finished_tasks_expire(tmp_path):
-    settings = replace(default_settings(str(tmp_path / "gate.db")), task_deadline_seconds=0.01,
-                       task_retention_days=0.1 / 86400)
+    settings = replace(
+        default_settings(str(tmp_path / "gate.db")), task_deadline_seconds=0.01, task_retention_days=0.1 / 86400
+    )
     services = Services(settings, PaymentGate.from_parts)
     try:
         store = services.store

@@ -77,7 +77,9 @@ def test_streaming_in_band_answers_every_step_as_sse(paid, method):
     state = task["status"]["state"]
     assert state in ("input-required", "TASK_STATE_INPUT_REQUIRED")
     offer = offer_v1(task)
-    response = paid.post("paid", paying_body(PAYMENT_MESSAGE, task["id"], Payer().sign_v1(offer), method=method), ACTIVATE)
+    response = paid.post(
+        "paid", paying_body(PAYMENT_MESSAGE, task["id"], Payer().sign_v1(offer), method=method), ACTIVATE
+    )
     events = [e["result"] for e in sse_results(response)]
     assert len(events) >= 3
     last = events[-1]
@@ -138,7 +140,10 @@ def test_a_retry_replays_and_the_same_token_cannot_pay_another_task(paid):
 def test_unpaid_requests_cost_little(tmp_path, facilitator, start_gate, write_config):
     """30 unpaid in-band requests of ~1 MiB each once grew the database by 34.5 MiB."""
     port = free_port()
-    text = paid_config(f"http://127.0.0.1:{port}", facilitator) + "\n[in_band]\nmax_message_bytes = 4096\npending_per_ip = 3\n"
+    text = (
+        paid_config(f"http://127.0.0.1:{port}", facilitator)
+        + "\n[in_band]\nmax_message_bytes = 4096\npending_per_ip = 3\n"
+    )
     gate = start_gate(write_config(text), port=port)
 
     def post(body_text: str) -> httpx.Response:
@@ -161,18 +166,21 @@ def test_unpaid_requests_cost_little(tmp_path, facilitator, start_gate, write_co
         conn.close()
 
 
-@pytest.mark.parametrize(("reason", "code"), [
-    ("invalid_exact_evm_insufficient_balance", "INSUFFICIENT_FUNDS"),
-    ("invalid_exact_evm_payload_signature", "INVALID_SIGNATURE"),
-    ("payment_expired", "EXPIRED_PAYMENT"),
-    ("invalid_exact_evm_payload_authorization_valid_before", "EXPIRED_PAYMENT"),
-    ("authorization_nonce_already_used", "DUPLICATE_NONCE"),
-    ("invalid_exact_evm_nonce_already_used", "DUPLICATE_NONCE"),
-    ("invalid_network", "NETWORK_MISMATCH"),
-    ("amount_mismatch", "INVALID_AMOUNT"),
-    ("accepted_requirements_mismatch", "INVALID_AMOUNT"),
-    ("settle_failed", "SETTLEMENT_FAILED"),
-])
+@pytest.mark.parametrize(
+    ("reason", "code"),
+    [
+        ("invalid_exact_evm_insufficient_balance", "INSUFFICIENT_FUNDS"),
+        ("invalid_exact_evm_payload_signature", "INVALID_SIGNATURE"),
+        ("payment_expired", "EXPIRED_PAYMENT"),
+        ("invalid_exact_evm_payload_authorization_valid_before", "EXPIRED_PAYMENT"),
+        ("authorization_nonce_already_used", "DUPLICATE_NONCE"),
+        ("invalid_exact_evm_nonce_already_used", "DUPLICATE_NONCE"),
+        ("invalid_network", "NETWORK_MISMATCH"),
+        ("amount_mismatch", "INVALID_AMOUNT"),
+        ("accepted_requirements_mismatch", "INVALID_AMOUNT"),
+        ("settle_failed", "SETTLEMENT_FAILED"),
+    ],
+)
 def test_refusal_reasons_become_a2a_x402_codes(reason, code):
     assert error_code(reason) == code
 
@@ -217,7 +225,9 @@ def test_storms_on_one_pending_task_execute_and_charge_once(paid):
 
     async def storm(bodies: list[dict]) -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
-            return await asyncio.gather(*(client.post(f"{paid.gate.url}/a2a/paid", json=b, headers=ACTIVATE) for b in bodies))
+            return await asyncio.gather(
+                *(client.post(f"{paid.gate.url}/a2a/paid", json=b, headers=ACTIVATE) for b in bodies)
+            )
 
     task = ask(paid, "storm one")
     token = Payer().sign_v1(offer_v1(task))
@@ -236,7 +246,9 @@ def test_storms_on_one_pending_task_execute_and_charge_once(paid):
 
     other = ask(paid, "storm two")
     offer = offer_v1(other)
-    many = asyncio.run(storm([paying_body(PAYMENT_MESSAGE, other["id"], Payer().sign_v1(offer), call_id=i) for i in range(6)]))
+    many = asyncio.run(
+        storm([paying_body(PAYMENT_MESSAGE, other["id"], Payer().sign_v1(offer), call_id=i) for i in range(6)])
+    )
     done = [r for r in many if "result" in r.json() and task_of(r.json()["result"])["status"]["state"] == "completed"]
     assert len(done) == 1
     assert artifact_text(task_of(done[0].json()["result"])) == "storm two"

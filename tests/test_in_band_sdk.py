@@ -38,8 +38,9 @@ from tests.support.paid import Payer
 ORIGINAL = "what is the weather in Lisbon?"
 
 
-async def client_for(http: httpx.AsyncClient, url: str, *, streaming: bool, dialect: str,
-                     interceptors: list[Any] | None = None) -> Client:
+async def client_for(
+    http: httpx.AsyncClient, url: str, *, streaming: bool, dialect: str, interceptors: list[Any] | None = None
+) -> Client:
     """A client from the agent's card; for "0.3" the card's 0.3 interface is the one kept."""
     card = await A2ACardResolver(http, url).get_agent_card()
     if dialect == "0.3":
@@ -63,7 +64,9 @@ def message(text: str, *, task_id: str = "", metadata: dict[str, Any] | None = N
 
 
 async def send(client: Client, msg: Message, context: ClientCallContext | None) -> list[dict[str, Any]]:
-    return [MessageToDict(event) async for event in client.send_message(SendMessageRequest(message=msg), context=context)]
+    return [
+        MessageToDict(event) async for event in client.send_message(SendMessageRequest(message=msg), context=context)
+    ]
 
 
 def final_task(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -94,8 +97,11 @@ async def pay_in_band(url: str, *, streaming: bool, dialect: str, payer: Payer, 
             token = payer.sign_v1(offer)
             if forged:
                 token["payload"]["signature"] = forge(token["payload"]["signature"])
-            paying = message("Payment authorization provided", task_id=asked["id"],
-                             metadata={"x402.payment.status": "payment-submitted", "x402.payment.payload": token})
+            paying = message(
+                "Payment authorization provided",
+                task_id=asked["id"],
+                metadata={"x402.payment.status": "payment-submitted", "x402.payment.payload": token},
+            )
             return final_task(await send(client, paying, activated()))
         finally:
             await client.close()
@@ -114,7 +120,9 @@ def test_sdk_client_pays_in_band_and_gets_the_original_answered(paid, dialect, s
 
 
 def test_sdk_client_refused_in_band_payment_is_payment_failed_on_the_task(paid):
-    done = asyncio.run(pay_in_band(f"{paid.gate.url}/a2a/paid", streaming=False, dialect="1.0", payer=Payer(), forged=True))
+    done = asyncio.run(
+        pay_in_band(f"{paid.gate.url}/a2a/paid", streaming=False, dialect="1.0", payer=Payer(), forged=True)
+    )
     assert done["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
     metadata = x402(done)
     assert (metadata["x402.payment.status"], metadata["x402.payment.error"]) == ("payment-failed", "INVALID_SIGNATURE")
@@ -141,8 +149,23 @@ def test_sdk_client_pays_by_metadata_on_the_http_flow(paid, dialect):
 
 
 def test_sdk_auth_interceptor_attaches_the_key_from_the_card(paid):
-    made = subprocess.run([sys.executable, "-m", "gate.cli", "keys", "--config", str(paid.gate.config), "create",
-                           "ops", "--agent", "echo"], capture_output=True, text=True, check=True)
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gate.cli",
+            "keys",
+            "--config",
+            str(paid.gate.config),
+            "create",
+            "ops",
+            "--agent",
+            "echo",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     api_key = made.stdout.split("keep it secret): ")[1].split()[0]
 
     async def run() -> tuple[dict[str, Any], BaseException | None]:
@@ -153,7 +176,9 @@ def test_sdk_auth_interceptor_attaches_the_key_from_the_card(paid):
             keyed = await client_for(http, url, streaming=False, dialect="1.0", interceptors=[AuthInterceptor(store)])
             bare = await client_for(http, url, streaming=False, dialect="1.0")
             try:
-                done = final_task(await send(keyed, message("hello"), ClientCallContext(state={"sessionId": "session-1"})))
+                done = final_task(
+                    await send(keyed, message("hello"), ClientCallContext(state={"sessionId": "session-1"}))
+                )
                 try:
                     await send(bare, message("hello"), None)
                     refused = None

@@ -36,8 +36,9 @@ def forwarded_for(gate_url: str, address: str) -> int:
 def behind_proxy(facilitator, start_gate, write_config):
     """A gate that believes X-Forwarded-For from 127.0.0.1 (the test plays the proxy)."""
     port = free_port()
-    return start_gate(write_config(limited_config(f"http://127.0.0.1:{port}", facilitator, trusted="127.0.0.1")),
-                      port=port)
+    return start_gate(
+        write_config(limited_config(f"http://127.0.0.1:{port}", facilitator, trusted="127.0.0.1")), port=port
+    )
 
 
 def test_rotated_ipv6_addresses_of_one_network_are_one_caller(behind_proxy):
@@ -58,8 +59,9 @@ def test_ipv4_mapped_ipv6_is_the_ipv4_caller(behind_proxy):
 
 def test_ipv6_prefix_is_configurable(facilitator, start_gate, write_config):
     port = free_port()
-    text = limited_config(f"http://127.0.0.1:{port}", facilitator, trusted="127.0.0.1",
-                          extra_limits="\nipv6_prefix = 48")
+    text = limited_config(
+        f"http://127.0.0.1:{port}", facilitator, trusted="127.0.0.1", extra_limits="\nipv6_prefix = 48"
+    )
     gate = start_gate(write_config(text), port=port)
     # with /48, two /64s of the same site share a bucket
     codes = [forwarded_for(gate.url, f"2001:db8:7:{i:x}::1") for i in range(PER_IP + 2)]
@@ -98,15 +100,18 @@ def test_direct_ipv6_peer_on_loopback(facilitator, start_gate, write_config):
     assert "client=::1" in gate.log.read_text()
 
 
-@pytest.mark.parametrize(("address", "prefix", "key"), [
-    ("198.51.100.7", 64, "198.51.100.7"),
-    ("2001:db8:1:2:aaaa:bbbb:cccc:dddd", 64, "2001:db8:1:2::/64"),
-    ("2001:DB8:1:2::1", 56, "2001:db8:1::/56"),
-    ("2001:db8::1", 128, "2001:db8::1/128"),
-    ("::ffff:198.51.100.7", 64, "198.51.100.7"),
-    ("fe80::1%eth0", 64, "fe80::/64"),
-    ("not an address" * 20, 64, ("not an address" * 20)[:64]),
-])
+@pytest.mark.parametrize(
+    ("address", "prefix", "key"),
+    [
+        ("198.51.100.7", 64, "198.51.100.7"),
+        ("2001:db8:1:2:aaaa:bbbb:cccc:dddd", 64, "2001:db8:1:2::/64"),
+        ("2001:DB8:1:2::1", 56, "2001:db8:1::/56"),
+        ("2001:db8::1", 128, "2001:db8::1/128"),
+        ("::ffff:198.51.100.7", 64, "198.51.100.7"),
+        ("fe80::1%eth0", 64, "fe80::/64"),
+        ("not an address" * 20, 64, ("not an address" * 20)[:64]),
+    ],
+)
 def test_caller_key(address, prefix, key):
     from gate.limiter import caller_key
 

@@ -44,7 +44,9 @@ def test_health_and_readiness(paid):
 
 def test_readiness_fails_when_the_facilitator_is_unreachable(tmp_path, start_gate, write_config):
     port = free_port()
-    gate = start_gate(write_config(paid_config(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}")), port=port)
+    gate = start_gate(
+        write_config(paid_config(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}")), port=port
+    )
     ready = httpx.get(f"{gate.url}/readyz")
     assert ready.status_code == 503
     assert ready.json()["facilitator"].startswith("unavailable")
@@ -52,8 +54,9 @@ def test_readiness_fails_when_the_facilitator_is_unreachable(tmp_path, start_gat
 
 def test_json_log_lines_name_the_request_and_never_the_token(tmp_path, facilitator, start_gate, write_config):
     port = free_port()
-    gate = start_gate(write_config(paid_config(f"http://127.0.0.1:{port}", facilitator)), port=port,
-                      extra_args=["--log-json"])
+    gate = start_gate(
+        write_config(paid_config(f"http://127.0.0.1:{port}", facilitator)), port=port, extra_args=["--log-json"]
+    )
     payer = Payer()
     header = payer.header_for(gate.url)
     httpx.post(f"{gate.url}/a2a/paid", json=send_body("x"), headers=header, timeout=30)
@@ -68,6 +71,10 @@ def test_json_log_lines_name_the_request_and_never_the_token(tmp_path, facilitat
 
 def test_payments_command_lists_the_log(paid):
     paid.post("paid", send_body("x"), Payer().header_for(paid.gate.url))
-    out = subprocess.run([sys.executable, "-m", "gate.cli", "payments", "--config", str(paid.gate.config),
-                          "--action", "settle"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "gate.cli", "payments", "--config", str(paid.gate.config), "--action", "settle"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "\tsettle\tpaid\t0x" in out and "\t1000\t0x" in out

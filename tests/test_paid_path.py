@@ -20,11 +20,18 @@ def test_no_token_is_a_402_naming_this_door(paid):
     assert response.status_code == 402
     document = decode_header(response.headers["PAYMENT-REQUIRED"])
     body = response.json()
-    assert {k: body[k] for k in ("detail", "payment_required")} == {"detail": "Payment required", "payment_required": document}
+    assert {k: body[k] for k in ("detail", "payment_required")} == {
+        "detail": "Payment required",
+        "payment_required": document,
+    }
     # x402 v1 clients read the top level: the same price with v1 network names
     [v1] = body["accepts"]
     assert (body["x402Version"], body["error"]) == (1, "Payment required to use this agent")
-    assert (v1["network"], v1["maxAmountRequired"], v1["resource"]) == ("base-sepolia", "1000", document["resource"]["url"])
+    assert (v1["network"], v1["maxAmountRequired"], v1["resource"]) == (
+        "base-sepolia",
+        "1000",
+        document["resource"]["url"],
+    )
     assert document["x402Version"] == 2
     assert document["resource"]["url"] == f"{paid.gate.url}/a2a/paid"
     [offer] = document["accepts"]
@@ -117,7 +124,10 @@ def test_local_checks_refuse_before_the_facilitator(paid):
 def test_invalid_signature_is_a_403_and_costs_nothing(paid):
     token = Payer().token_for(paid.gate.url)
     signature = token["payload"]["signature"]
-    forged = {**token, "payload": {**token["payload"], "signature": signature[:-4] + ("0000" if signature[-4:] != "0000" else "1111")}}
+    forged = {
+        **token,
+        "payload": {**token["payload"], "signature": signature[:-4] + ("0000" if signature[-4:] != "0000" else "1111")},
+    }
     response = paid.post("paid", send_body("x"), {"PAYMENT-SIGNATURE": encode_header(forged)})
     assert response.status_code == 403
     assert response.json()["detail"] == "Payment verification failed"
@@ -126,8 +136,13 @@ def test_invalid_signature_is_a_403_and_costs_nothing(paid):
 
 
 def test_malformed_tokens_mean_no_token(paid):
-    for value in ["%%%", base64.b64encode(b"not json").decode(), base64.b64encode(b"[1,2]").decode(),
-                  encode_header({"x402Version": True, "payload": {}}), "A" * 12_000]:
+    for value in [
+        "%%%",
+        base64.b64encode(b"not json").decode(),
+        base64.b64encode(b"[1,2]").decode(),
+        encode_header({"x402Version": True, "payload": {}}),
+        "A" * 12_000,
+    ]:
         response = paid.post("paid", send_body("x"), {"PAYMENT-SIGNATURE": value, "X-PAYMENT": value})
         assert response.status_code == 402, value[:20]
     bad_metadata = {"x402.payment.payload": {"x402Version": "2", "payload": "nope"}}
@@ -179,13 +194,17 @@ def test_unknown_unexposed_and_unpriced_agents_look_the_same(paid):
     assert first.json() == {"detail": "Not authenticated"}
     for response in answers.values():
         assert (response.status_code, response.content, response.headers["www-authenticate"]) == (
-            401, first.content, "Bearer")
+            401,
+            first.content,
+            "Bearer",
+        )
 
 
 def test_streaming_paid_send_settles_in_the_final_event(paid):
     headers = Payer().header_for(paid.gate.url)
-    with httpx.stream("POST", f"{paid.gate.url}/a2a/paid", json=send_body("s", method="message/stream"),
-                      headers=headers, timeout=30) as response:
+    with httpx.stream(
+        "POST", f"{paid.gate.url}/a2a/paid", json=send_body("s", method="message/stream"), headers=headers, timeout=30
+    ) as response:
         events = [json.loads(line[6:])["result"] for line in response.iter_lines() if line.startswith("data: ")]
     assert events[0]["kind"] == "task"
     final = events[-1]

@@ -28,8 +28,11 @@ def test_not_found_is_byte_identical_for_every_failure(paid):
         "bad token": paid.post("paid", get_body(task["id"]), {"PAYMENT-SIGNATURE": "bm90IGEgdG9rZW4="}),
         "unknown id": paid.post("paid", get_body("00000000-0000-0000-0000-000000000000"), paying),
         "another payer's task": paid.post("paid", get_body(task["id"]), stranger_paying),
-        "forged fresh token": paid.post("paid", get_body(task["id"]), {"PAYMENT-SIGNATURE": encode_header(
-            _forged(stranger.token_for(paid.gate.url)))}),
+        "forged fresh token": paid.post(
+            "paid",
+            get_body(task["id"]),
+            {"PAYMENT-SIGNATURE": encode_header(_forged(stranger.token_for(paid.gate.url)))},
+        ),
     }
     paid.faults(verify="http500")
     answers["facilitator down"] = paid.post("paid", get_body(task["id"]), stranger.header_for(paid.gate.url))
@@ -44,7 +47,10 @@ def test_not_found_is_byte_identical_for_every_failure(paid):
 
 def _forged(token: dict) -> dict:
     signature = token["payload"]["signature"]
-    return {**token, "payload": {**token["payload"], "signature": signature[:-2] + ("00" if signature[-2:] != "00" else "11")}}
+    return {
+        **token,
+        "payload": {**token["payload"], "signature": signature[:-2] + ("00" if signature[-2:] != "00" else "11")},
+    }
 
 
 def test_a_fresh_token_of_the_same_payer_proves_ownership(paid):
@@ -99,13 +105,17 @@ def test_interrupted_paid_task_is_not_charged_and_continues_with_a_new_payment(p
     task = first.json()["result"]
     assert task["status"]["state"] == "input-required"
     assert paid.ledger()["settle_calls"] == 0
-    second = paid.post("paid-interrupting", send_body("Paris", task_id=task["id"]),
-                       payer.header_for(paid.gate.url, "paid-interrupting"))
+    second = paid.post(
+        "paid-interrupting",
+        send_body("Paris", task_id=task["id"]),
+        payer.header_for(paid.gate.url, "paid-interrupting"),
+    )
     done = second.json()["result"]
     assert done["id"] == task["id"] and done["status"]["state"] == "completed"
     assert done["artifacts"][-1]["parts"][0]["text"] == "weather in Paris: sunny"
     assert len(paid.ledger()["settlements"]) == 1
     # another payer cannot continue someone else's task
-    third = paid.post("paid-interrupting", send_body("x", task_id=task["id"]),
-                      Payer().header_for(paid.gate.url, "paid-interrupting"))
+    third = paid.post(
+        "paid-interrupting", send_body("x", task_id=task["id"]), Payer().header_for(paid.gate.url, "paid-interrupting")
+    )
     assert third.json()["error"]["code"] == -32001

@@ -17,8 +17,11 @@ import pytest
 from tests.support.gate_process import free_port
 from tests.support.paid import Payer, paid_config, send_body
 
-VERIFY_UNAVAILABLE = {"code": -32603, "message": "Payment verification unavailable",
-                      "data": {"code": "verify_unavailable", "retryable": True}}
+VERIFY_UNAVAILABLE = {
+    "code": -32603,
+    "message": "Payment verification unavailable",
+    "data": {"code": "verify_unavailable", "retryable": True},
+}
 
 
 @pytest.mark.parametrize("mode", ["slow:3", "http500", "malformed"])
@@ -52,7 +55,9 @@ def test_refused_connection_is_verify_unavailable(tmp_path, facilitator, start_g
     from tests.support.paid import decode_header
 
     token = sign_payment(decode_header(response.headers["PAYMENT-REQUIRED"]), Payer().key)
-    answer = httpx.post(f"{gate.url}/a2a/paid", json=send_body("x"), headers={"PAYMENT-SIGNATURE": encode_header(token)})
+    answer = httpx.post(
+        f"{gate.url}/a2a/paid", json=send_body("x"), headers={"PAYMENT-SIGNATURE": encode_header(token)}
+    )
     assert answer.status_code == 200 and answer.json()["error"] == VERIFY_UNAVAILABLE
 
 
@@ -93,7 +98,9 @@ def test_reconcile_command_settles_owed_work_once(paid):
     second = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert "0 owed settlement(s) attempted" in second.stdout
     assert len(paid.ledger()["settlements"]) == 1
-    fetched = paid.post("paid", {"jsonrpc": "2.0", "id": 9, "method": "tasks/get", "params": {"id": task["id"]}}, headers)
+    fetched = paid.post(
+        "paid", {"jsonrpc": "2.0", "id": 9, "method": "tasks/get", "params": {"id": task["id"]}}, headers
+    )
     assert fetched.json()["result"]["metadata"]["x402.payment.status"] == "payment-completed"
     assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle_failed", "settle"]
 

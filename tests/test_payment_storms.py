@@ -54,8 +54,9 @@ def test_the_claim_holds_across_worker_processes(tmp_path, facilitator, start_ga
     from tests.support.paid import PaidSetup, paid_config
 
     port = free_port()
-    gate = start_gate(write_config(paid_config(f"http://127.0.0.1:{port}", facilitator)), port=port,
-                      extra_args=["--workers", "2"])
+    gate = start_gate(
+        write_config(paid_config(f"http://127.0.0.1:{port}", facilitator)), port=port, extra_args=["--workers", "2"]
+    )
     paid = PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
     headers = Payer().header_for(gate.url)
     bodies = [send_body(f"text {i % 2}", call_id=i) for i in range(30)]  # two different requests, one token

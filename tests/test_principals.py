@@ -68,10 +68,13 @@ class Facilitator:
 
         async def settle(request: Request) -> JSONResponse:
             self.calls.append("settle")
-            return JSONResponse({"success": True, "transaction": "0x" + "ab" * 32, "network": "eip155:84532",
-                                 "payer": PAYER})
+            return JSONResponse(
+                {"success": True, "transaction": "0x" + "ab" * 32, "network": "eip155:84532", "payer": PAYER}
+            )
 
-        return Starlette(routes=[Route("/verify", verify, methods=["POST"]), Route("/settle", settle, methods=["POST"])])
+        return Starlette(
+            routes=[Route("/verify", verify, methods=["POST"]), Route("/settle", settle, methods=["POST"])]
+        )
 
 
 @dataclass
@@ -131,11 +134,22 @@ def call(setup: Setup, agent: str, headers: dict[str, str] | None = None, body: 
 def test_no_bearer_and_unknown_bearer_get_the_same_401_for_every_unpriced_door(setup: Setup) -> None:
     answers = []
     for agent in ("echo", "hidden", "no-such-agent", "slow"):
-        for headers in (None, bearer("a2g_not-a-key"), {"Authorization": "Basic dXNlcjpwdw=="},
-                        {"Authorization": "Bearer"}, bearer(CONFIG_KEY + "x")):
+        for headers in (
+            None,
+            bearer("a2g_not-a-key"),
+            {"Authorization": "Basic dXNlcjpwdw=="},
+            {"Authorization": "Bearer"},
+            bearer(CONFIG_KEY + "x"),
+        ):
             response = call(setup, agent, headers)
-            answers.append((response.status_code, response.headers.get("www-authenticate"),
-                            response.headers.get("content-type"), response.content))
+            answers.append(
+                (
+                    response.status_code,
+                    response.headers.get("www-authenticate"),
+                    response.headers.get("content-type"),
+                    response.content,
+                )
+            )
 
     assert set(answers) == {(401, "Bearer", "application/json", b'{"detail":"Not authenticated"}')}
 
@@ -171,8 +185,11 @@ def test_a_refused_key_stays_refused_when_the_request_also_carries_a_payment(set
     paying = [
         {**carol, "PAYMENT-SIGNATURE": token},
         {**carol, "X-PAYMENT": token},
-        {**carol, "PAYMENT-SIGNATURE": token, "X-A2A-Extensions":
-            "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2"},
+        {
+            **carol,
+            "PAYMENT-SIGNATURE": token,
+            "X-A2A-Extensions": "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2",
+        },
     ]
 
     for headers in paying:
@@ -267,10 +284,16 @@ def test_another_principals_task_answers_exactly_like_an_unknown_id(setup: Setup
             assert answer(agent, method, task["id"], bob) == unknown
             assert b"-32001" in unknown
 
-    continued = post(setup.url("interrupting"),
-                     rpc_body("message/send", {"message": v03_message("Rome", taskId=paused["id"])}, "same-id"), bob)
-    nowhere = post(setup.url("interrupting"),
-                   rpc_body("message/send", {"message": v03_message("Rome", taskId="nope")}, "same-id"), bob)
+    continued = post(
+        setup.url("interrupting"),
+        rpc_body("message/send", {"message": v03_message("Rome", taskId=paused["id"])}, "same-id"),
+        bob,
+    )
+    nowhere = post(
+        setup.url("interrupting"),
+        rpc_body("message/send", {"message": v03_message("Rome", taskId="nope")}, "same-id"),
+        bob,
+    )
     assert continued.content == nowhere.content
     # alice's tasks were left alone
     mine = result(setup.url("interrupting"), "tasks/get", {"id": paused["id"]}, alice)
@@ -287,8 +310,10 @@ def database_bytes(folder: Path) -> bytes:
 def test_keys_are_stored_hashed_and_never_logged(
     write_config: Callable[..., Path], start_gate: Callable[..., GateProcess]
 ) -> None:
-    config = write_config(FREE_CONFIG + f'\n[[keys]]\nname = "configured"\n'
-                          f'sha256 = "{hashlib.sha256(CONFIG_KEY.encode()).hexdigest()}"\nagents = ["echo"]\n')
+    config = write_config(
+        FREE_CONFIG + f'\n[[keys]]\nname = "configured"\n'
+        f'sha256 = "{hashlib.sha256(CONFIG_KEY.encode()).hexdigest()}"\nagents = ["echo"]\n'
+    )
     keys = {"erin": create_key(config, "erin", ["echo"]), "frank": create_key(config, "frank", ["slow"])}
     gate = start_gate(config)
     echo = f"{gate.url}/a2a/echo"

@@ -33,8 +33,9 @@ TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ")
 
 
 def probe(url: str, agent_path: str, headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.post(f"{url}/a2a/{agent_path}", json=rpc_body("message/send", {"message": v03_message("hi")}),
-                      headers=headers or {})
+    return httpx.post(
+        f"{url}/a2a/{agent_path}", json=rpc_body("message/send", {"message": v03_message("hi")}), headers=headers or {}
+    )
 
 
 def agent_labels(metrics_text: str) -> set[str]:

@@ -36,8 +36,10 @@ url = "http://127.0.0.1:9"  # configured, never reached: a request without a tok
 price = {{ network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318f3dCF7e", amount = "1000", pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C" }}
 """
 
-BODY = (b'{"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {"kind": "message", '
-        b'"role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": "hi"}]}}}')
+BODY = (
+    b'{"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {"kind": "message", '
+    b'"role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": "hi"}]}}}'
+)
 
 
 @pytest.fixture
@@ -177,7 +179,7 @@ def test_a_body_declared_too_large_is_refused_without_reading_it(gate):
 def test_deadline_settings_are_checked(write_config):
     from tests.support.gate_helpers import cli
 
-    config = write_config('[http]\nhead_timeout_seconds = 0\nbody_timeout = 5\n\n[agents.echo]\n')
+    config = write_config("[http]\nhead_timeout_seconds = 0\nbody_timeout = 5\n\n[agents.echo]\n")
     done = cli("check-config", str(config), check=False)
     assert done.returncode == 2
     assert "http.head_timeout_seconds: must be greater than 0" in done.stderr

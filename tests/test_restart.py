@@ -33,7 +33,8 @@ AUTH = bearer(KEY)
 
 def config_text(port: int, extra: str = "") -> str:
     return (
-        extra + FREE_CONFIG.replace("http://gate.example", f"http://127.0.0.1:{port}")
+        extra
+        + FREE_CONFIG.replace("http://gate.example", f"http://127.0.0.1:{port}")
         + f'\n[[keys]]\nname = "restart"\nsha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"\nagents = ["*"]\n'
     )
 
@@ -99,7 +100,9 @@ def test_a_canceled_task_stays_canceled_after_a_restart(gate: GateProcess) -> No
 
 def test_a_graceful_stop_lets_running_work_finish(gate: GateProcess) -> None:
     url = f"{gate.url}/a2a/slow"
-    task = result(url, "message/send", {"message": v03_message("sleep 0.5"), "configuration": {"blocking": False}}, AUTH)
+    task = result(
+        url, "message/send", {"message": v03_message("sleep 0.5"), "configuration": {"blocking": False}}, AUTH
+    )
 
     restart(gate)
 

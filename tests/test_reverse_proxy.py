@@ -42,8 +42,12 @@ def test_limiter_keys_on_the_real_client_behind_nginx(proxied):
 def test_direct_untrusted_peer_cannot_spoof_its_address(proxied):
     gate, _ = proxied
     with client_from("127.0.0.9") as direct:
-        codes = [direct.post(f"{gate.url}/a2a/paid", json=send_body("x"),
-                             headers={"X-Forwarded-For": f"203.0.113.{i}"}).status_code for i in range(4)]
+        codes = [
+            direct.post(
+                f"{gate.url}/a2a/paid", json=send_body("x"), headers={"X-Forwarded-For": f"203.0.113.{i}"}
+            ).status_code
+            for i in range(4)
+        ]
     assert codes == [402, 402, 402, 429]  # every spoofed address landed in the one real bucket
 
 

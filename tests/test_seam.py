@@ -16,8 +16,10 @@ from server.app import create_app
 from server.config import parse_config
 
 KEY = "seam-test-key"
-PRICE = ('{ network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318f3dCF7e", amount = "1",'
-         ' pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C" }')
+PRICE = (
+    '{ network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318f3dCF7e", amount = "1",'
+    ' pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C" }'
+)
 CONFIG = f"""
 public_url = "http://gate.example"
 database = "gate.db"
@@ -34,9 +36,14 @@ price = {PRICE}
 
 
 def send(text: str) -> dict:
-    return {"jsonrpc": "2.0", "id": 1, "method": "message/send",
-            "params": {"message": {"kind": "message", "role": "user", "messageId": "m1",
-                                   "parts": [{"kind": "text", "text": text}]}}}
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {
+            "message": {"kind": "message", "role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": text}]}
+        },
+    }
 
 
 def settings(tmp_path):

@@ -46,8 +46,23 @@ def as_struct_numbers(token: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_no_token_signature_or_key_is_kept_or_echoed(paid):
-    made = subprocess.run([sys.executable, "-m", "gate.cli", "keys", "--config", str(paid.gate.config), "create",
-                           "ops", "--agent", "echo"], capture_output=True, text=True, check=True)
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gate.cli",
+            "keys",
+            "--config",
+            str(paid.gate.config),
+            "create",
+            "ops",
+            "--agent",
+            "echo",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     api_key = made.stdout.split("keep it secret): ")[1].split()[0]
     payer = Payer()
     seen = Secrets()
@@ -85,10 +100,19 @@ def test_no_token_signature_or_key_is_kept_or_echoed(paid):
         post("paid", body)
     # as the v1.0 SDK client sends it: x402Version 1.0
     struct_token = seen.token(payer.token_for(paid.gate.url))
-    post("paid", send_body("struct", method="SendMessage", metadata={"x402.payment.payload": as_struct_numbers(struct_token)}))
-    post("paid", send_body("struct in band", method="SendMessage",
-                           metadata={"x402.payment.payload": as_struct_numbers(seen.token(payer.token_for(paid.gate.url)))}),
-         ACTIVATE)
+    post(
+        "paid",
+        send_body("struct", method="SendMessage", metadata={"x402.payment.payload": as_struct_numbers(struct_token)}),
+    )
+    post(
+        "paid",
+        send_body(
+            "struct in band",
+            method="SendMessage",
+            metadata={"x402.payment.payload": as_struct_numbers(seen.token(payer.token_for(paid.gate.url)))},
+        ),
+        ACTIVATE,
+    )
 
     # a token of no usable shape in the first in-band message (stored while payment is pending)
     odd = seen.token(payer.token_for(paid.gate.url))
@@ -98,14 +122,25 @@ def test_no_token_signature_or_key_is_kept_or_echoed(paid):
     # the in-band flow, send and stream: pay, replay, read the task back with the token as proof
     for method in ("message/send", "message/stream", "SendStreamingMessage"):
         first = post("paid", send_body(f"in band {method}", method=method), ACTIVATE)
-        task_id = first.text.split('"id":"', 1)[1].split('"', 1)[0] if "stream" in method.lower() else task_of(first.json()["result"])["id"]
+        task_id = (
+            first.text.split('"id":"', 1)[1].split('"', 1)[0]
+            if "stream" in method.lower()
+            else task_of(first.json()["result"])["id"]
+        )
         token = seen.token(payer.sign_v1(offer))
         paying = paying_body("Payment authorization provided", task_id, token, method=method)
         post("paid", paying, ACTIVATE)
         post("paid", paying, ACTIVATE)
         get = "GetTask" if method == "SendStreamingMessage" else "tasks/get"
-        post("paid", {"jsonrpc": "2.0", "id": 9, "method": get,
-                      "params": {"id": task_id, "metadata": {"x402.payment.payload": token}}})
+        post(
+            "paid",
+            {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "method": get,
+                "params": {"id": task_id, "metadata": {"x402.payment.payload": token}},
+            },
+        )
 
     # a refused in-band payment (forged signature) answers on the task
     refused = task_of(post("paid", send_body("forged in band"), ACTIVATE).json()["result"])
@@ -118,8 +153,11 @@ def test_no_token_signature_or_key_is_kept_or_echoed(paid):
     forged_header["payload"]["signature"] = forge(forged_header["payload"]["signature"])
     post("paid", send_body("x"), {"PAYMENT-SIGNATURE": encode_header(forged_header)})
     post("paid", send_body("x"), {"Authorization": f"Bearer {encode_header(forged_header)}"})
-    post("echo", send_body("x", metadata={"x402.payment.payload": seen.token(payer.token_for(paid.gate.url))}),
-         {"Authorization": f"Bearer {api_key}"})
+    post(
+        "echo",
+        send_body("x", metadata={"x402.payment.payload": seen.token(payer.token_for(paid.gate.url))}),
+        {"Authorization": f"Bearer {api_key}"},
+    )
     paid.gate.stop()
 
     files = sorted(p for p in paid.db_path.parent.glob("gate.db*") if p.is_file())

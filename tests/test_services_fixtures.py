@@ -16,9 +16,26 @@ REPO = Path(__file__).parents[1]
 def run_needing_redis(redis_url: str, ci: str) -> subprocess.CompletedProcess[str]:
     """Run one Redis-backed test in a child pytest, its Redis URL pointed somewhere."""
     env = {**os.environ, "A2A_GATE_TEST_REDIS_URL": redis_url, "CI": ci}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "tests/test_shared_limiter.py::test_per_agent_limit_holds_across_replicas"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "tests/test_shared_limiter.py::test_per_agent_limit_holds_across_replicas",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_a_missing_redis_skips_with_the_reason_outside_ci():
@@ -49,6 +66,7 @@ def test_postgres_schema_is_the_tests_own_and_is_dropped(postgres_schema):
     with psycopg.connect(postgres_schema.url, autocommit=True) as conn:
         conn.execute(f'CREATE TABLE "{postgres_schema.schema}".probe (id int primary key)')
         conn.execute(f'INSERT INTO "{postgres_schema.schema}".probe VALUES (1)')
-        found = conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = %s",
-                             (postgres_schema.schema,)).fetchone()
+        found = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (postgres_schema.schema,)
+        ).fetchone()
     assert found == (1,)

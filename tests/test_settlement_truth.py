@@ -22,8 +22,9 @@ from tests.support.gate_process import free_port
 from tests.support.paid import ASSET, PaidSetup, Payer, paid_config, send_body
 
 
-def gate_with(tmp_path: Path, facilitator: str, start_gate, write_config, *, rpc: bool = True,
-              passes: int = 3) -> PaidSetup:
+def gate_with(
+    tmp_path: Path, facilitator: str, start_gate, write_config, *, rpc: bool = True, passes: int = 3
+) -> PaidSetup:
     port = free_port()
     config = paid_config(f"http://127.0.0.1:{port}", facilitator)
     config = config.replace("settle_backoff_seconds = 0.05", f"settle_backoff_seconds = 0.05\nsettle_passes = {passes}")
@@ -43,8 +44,12 @@ def claim_rows(db: Path) -> list[dict]:
 
 
 def cli(paid: PaidSetup, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "gate.cli", *args, "--config", str(paid.gate.config)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "gate.cli", *args, "--config", str(paid.gate.config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -56,8 +61,9 @@ def metric(paid: PaidSetup, name: str) -> float:
     raise AssertionError(f"no metric {name}")
 
 
-def test_settle_answer_lost_but_transfer_landed_is_settled_from_the_chain(tmp_path, facilitator, start_gate,
-                                                                          write_config):
+def test_settle_answer_lost_but_transfer_landed_is_settled_from_the_chain(
+    tmp_path, facilitator, start_gate, write_config
+):
     """Finding 5: the settle times out, the transfer lands; "nonce used" must not loop forever."""
     paid = gate_with(tmp_path, facilitator, start_gate, write_config)
     headers = Payer().header_for(paid.gate.url)
@@ -79,8 +85,7 @@ def test_settle_answer_lost_but_transfer_landed_is_settled_from_the_chain(tmp_pa
     assert len(paid.ledger()["settlements"]) == 1
 
 
-def test_settle_unknown_without_a_chain_endpoint_needs_attention_once(tmp_path, facilitator, start_gate,
-                                                                       write_config):
+def test_settle_unknown_without_a_chain_endpoint_needs_attention_once(tmp_path, facilitator, start_gate, write_config):
     paid = gate_with(tmp_path, facilitator, start_gate, write_config, rpc=False)
     headers = Payer().header_for(paid.gate.url)
     paid.faults(settle="late:3", count=1)
@@ -104,8 +109,9 @@ def test_settle_definitively_refused_is_written_off(tmp_path, facilitator, start
     payer = Payer()
     headers = payer.header_for(paid.gate.url, "paid-slow")
     answer: dict = {}
-    sender = threading.Thread(target=lambda: answer.update(
-        paid.post("paid-slow", send_body("sleep 1.5"), headers).json()))
+    sender = threading.Thread(
+        target=lambda: answer.update(paid.post("paid-slow", send_body("sleep 1.5"), headers).json())
+    )
     sender.start()
     deadline = time.monotonic() + 10
     while not [r for r in paid.payment_rows() if r["action"] == "verify"] and time.monotonic() < deadline:
@@ -146,15 +152,17 @@ def test_owed_settlement_reaching_the_cap_asks_the_chain(tmp_path, facilitator, 
     assert paid.ledger()["settlements"] == []
 
 
-def test_lock_held_when_settle_returns_never_turns_a_charge_into_not_charged(tmp_path, facilitator, start_gate,
-                                                                            write_config):
+def test_lock_held_when_settle_returns_never_turns_a_charge_into_not_charged(
+    tmp_path, facilitator, start_gate, write_config
+):
     """Finding 4: the database is locked past its busy timeout exactly when the facilitator says "settled"."""
     paid = gate_with(tmp_path, facilitator, start_gate, write_config)
     headers = Payer().header_for(paid.gate.url)
     paid.faults(settle="late:1", count=1)  # the money moves now, the answer comes in a second
     answer: dict = {}
-    sender = threading.Thread(target=lambda: answer.update(
-        paid.post("paid", send_body("locked"), headers, timeout=60).json()))
+    sender = threading.Thread(
+        target=lambda: answer.update(paid.post("paid", send_body("locked"), headers, timeout=60).json())
+    )
     sender.start()
     deadline = time.monotonic() + 10
     while not paid.ledger()["settlements"] and time.monotonic() < deadline:

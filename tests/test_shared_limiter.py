@@ -20,15 +20,21 @@ from tests.support.paid import paid_config, send_body
 CLOSED = "http://127.0.0.1:1"  # a priced door answers 402 with a facilitator URL; nothing is called
 
 
-def replica_config(public_url: str, redis_url: str, prefix: str, *, per_ip: int, per_agent: int = 100000,
-                   timeout: float = 3) -> str:
+def replica_config(
+    public_url: str, redis_url: str, prefix: str, *, per_ip: int, per_agent: int = 100000, timeout: float = 3
+) -> str:
     # a generous timeout by default: on a machine busy with the parallel suite a slow answer is not an outage
     text = paid_config(public_url, CLOSED, per_ip=per_ip)
-    text = text.replace("per_agent_per_minute = 100000",
-                        f'per_agent_per_minute = {per_agent}\nredis_url = "{redis_url}"\nredis_prefix = "{prefix}"\n'
-                        f"redis_timeout_seconds = {timeout}")
-    text = text.replace('callable = "tests.support.agents:slow"\n',
-                        'callable = "tests.support.agents:slow"\nper_agent_per_minute = 2\n', 1)
+    text = text.replace(
+        "per_agent_per_minute = 100000",
+        f'per_agent_per_minute = {per_agent}\nredis_url = "{redis_url}"\nredis_prefix = "{prefix}"\n'
+        f"redis_timeout_seconds = {timeout}",
+    )
+    text = text.replace(
+        'callable = "tests.support.agents:slow"\n',
+        'callable = "tests.support.agents:slow"\nper_agent_per_minute = 2\n',
+        1,
+    )
     return text.replace("[facilitator]", '[proxy]\ntrusted = ["127.0.0.1"]\n\n[facilitator]', 1)
 
 
@@ -50,10 +56,16 @@ def burst(replicas: list[GateProcess], count: int, client_ip: str, agent: str = 
 
     async def run() -> list[int]:
         async with httpx.AsyncClient(timeout=10.0) as client:
-            answers = await asyncio.gather(*(
-                client.post(f"{replicas[i % len(replicas)].url}/a2a/{agent}", json=send_body("x"),
-                            headers={"X-Forwarded-For": client_ip})
-                for i in range(count)))
+            answers = await asyncio.gather(
+                *(
+                    client.post(
+                        f"{replicas[i % len(replicas)].url}/a2a/{agent}",
+                        json=send_body("x"),
+                        headers={"X-Forwarded-For": client_ip},
+                    )
+                    for i in range(count)
+                )
+            )
         for answer in answers:
             if answer.status_code == 429:
                 assert int(answer.headers["Retry-After"]) >= 1
@@ -97,13 +109,13 @@ def test_per_agent_limit_holds_across_replicas(tmp_path, redis_service):
     try:
         codes = Counter()
         for i in range(12):  # twelve different callers, one agent
-            codes.update(burst(replicas[i % 2:i % 2 + 1], 1, f"198.51.100.{i + 1}"))
+            codes.update(burst(replicas[i % 2 : i % 2 + 1], 1, f"198.51.100.{i + 1}"))
         assert codes == {402: 4, 429: 8}
         assert f"{redis_service.prefix}agent:paid" in redis_service.key_names()
         # an agent's own per_agent_per_minute is shared the same way
         own = Counter()
         for i in range(6):
-            own.update(burst(replicas[i % 2:i % 2 + 1], 1, f"198.51.100.{i + 50}", agent="paid-slow"))
+            own.update(burst(replicas[i % 2 : i % 2 + 1], 1, f"198.51.100.{i + 50}", agent="paid-slow"))
         assert own == {402: 2, 429: 4}
     finally:
         stop_all(replicas)

@@ -82,8 +82,12 @@ def test_odd_values_in_metadata_never_raise(paid):
     token = payer.token_for(paid.gate.url)
     task = paid.post("paid", send_body("mine"), payer.header_for(paid.gate.url)).json()["result"]
     odd_values = {
-        "Infinity": "Infinity", "NaN": "NaN", "surrogate": '"\\ud800"', "huge": "9" * 4000,
-        "fraction": "1.5", "deep": "[" * 3000 + "]" * 3000,
+        "Infinity": "Infinity",
+        "NaN": "NaN",
+        "surrogate": '"\\ud800"',
+        "huge": "9" * 4000,
+        "fraction": "1.5",
+        "deep": "[" * 3000 + "]" * 3000,
     }
     for name, raw in odd_values.items():
         for where in ("validBefore", "from"):
@@ -105,8 +109,12 @@ def test_odd_values_in_metadata_never_raise(paid):
 def _post_raw(paid, agent: str, text: str):
     import httpx
 
-    return httpx.post(f"{paid.gate.url}/a2a/{agent}", content=text.encode("utf-8", "surrogatepass"),
-                      headers={"content-type": "application/json"}, timeout=30)
+    return httpx.post(
+        f"{paid.gate.url}/a2a/{agent}",
+        content=text.encode("utf-8", "surrogatepass"),
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
 
 
 def test_a_whole_number_float_is_the_integer_and_one_token(paid):

@@ -19,10 +19,15 @@ from server.config import DEMO_PRICE
 RESOURCE = "http://gate.example/a2a/paid"
 # Strings with lone surrogates (what a JSON `\\ud800` escape decodes to), huge and
 # boundary integers, non-finite and whole-number floats: every odd value a parser can hand us.
-odd_text = st.text(max_size=20) | st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3)
+odd_text = st.text(max_size=20) | st.text(
+    alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3
+)
 odd_numbers = (
-    st.integers() | st.integers(min_value=2**53 - 2, max_value=2**53 + 2) | st.integers(min_value=10**20, max_value=10**400)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([1.0, 2.0, -0.0, 2.5, 1e300, float("inf"), float("nan")])
+    st.integers()
+    | st.integers(min_value=2**53 - 2, max_value=2**53 + 2)
+    | st.integers(min_value=10**20, max_value=10**400)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([1.0, 2.0, -0.0, 2.5, 1e300, float("inf"), float("nan")])
 )
 json_values = st.recursive(
     st.none() | st.booleans() | odd_numbers | odd_text,
@@ -43,8 +48,13 @@ def test_metadata_wins_over_headers():
 
 def test_header_fallback_order_and_authorization_is_never_a_source():
     legacy, current = signed(), signed()
-    headers = Headers({"x-payment": encode_header(legacy), "payment-signature": encode_header(current),
-                       "authorization": f"Bearer {encode_header(signed())}"})
+    headers = Headers(
+        {
+            "x-payment": encode_header(legacy),
+            "payment-signature": encode_header(current),
+            "authorization": f"Bearer {encode_header(signed())}",
+        }
+    )
     assert tokens.extract(None, headers).payload == current
     assert tokens.extract({}, Headers({"x-payment": encode_header(legacy)})).source == "X-PAYMENT"
     assert tokens.extract({}, Headers({"authorization": f"Bearer {encode_header(current)}"})) is None
@@ -59,7 +69,10 @@ def test_a_real_token_passes_local_checks_and_keys_on_its_nonce():
 def test_expired_and_not_yet_valid_windows_are_rejected():
     token = tokens.from_object(signed(), "metadata")
     auth = token.authorization
-    for now, reason in ((int(auth["validBefore"]) + 1, "payment_expired"), (int(auth["validAfter"]) - 1, "payment_not_yet_valid")):
+    for now, reason in (
+        (int(auth["validBefore"]) + 1, "payment_expired"),
+        (int(auth["validAfter"]) - 1, "payment_not_yet_valid"),
+    ):
         try:
             tokens.check(token, DEMO_PRICE, RESOURCE, now=now)
         except tokens.Rejection as exc:
@@ -115,15 +128,35 @@ def signed_once() -> dict:
 
 # JSON text a client can put in a header: constants Python's parser accepts, escapes
 # that decode to lone surrogates, duplicate keys, deep nesting, huge numbers.
-raw_fragments = st.sampled_from([
-    "Infinity", "-Infinity", "NaN", '"\\ud800"', '"\\udfff\\ud800"', "1e400", "-0", "1.0", "2.0", "2.5",
-    "9" * 5000, "[" * 3000 + "]" * 3000, '{"a":1,"a":2}', "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]", '"\\u0000"',
-])
+raw_fragments = st.sampled_from(
+    [
+        "Infinity",
+        "-Infinity",
+        "NaN",
+        '"\\ud800"',
+        '"\\udfff\\ud800"',
+        "1e400",
+        "-0",
+        "1.0",
+        "2.0",
+        "2.5",
+        "9" * 5000,
+        "[" * 3000 + "]" * 3000,
+        '{"a":1,"a":2}',
+        "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]",
+        '"\\u0000"',
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(field=st.sampled_from(["x402Version", "validAfter", "validBefore", "value", "from", "nonce", "signature", "payload"]),
-       fragment=raw_fragments, encode=st.sampled_from(["standard", "urlsafe", "unpadded", "latin-1"]))
+@given(
+    field=st.sampled_from(
+        ["x402Version", "validAfter", "validBefore", "value", "from", "nonce", "signature", "payload"]
+    ),
+    fragment=raw_fragments,
+    encode=st.sampled_from(["standard", "urlsafe", "unpadded", "latin-1"]),
+)
 def test_any_json_text_in_a_header_is_a_token_or_not(field, fragment, encode):
     text = json.dumps(signed_once(), separators=(",", ":"))
     marker = f'"{field}":'
@@ -228,7 +261,16 @@ def test_every_wrapping_of_one_authorization_is_one_nonce_key():
     document = signed_once()
     inner, auth = document["payload"], document["payload"]["authorization"]
     v1 = {"x402Version": 1, "scheme": "exact", "network": "base-sepolia", "payload": inner}
-    shouting = {**document, "payload": {**inner, "authorization": {**auth, "from": auth["from"].upper().replace("0X", "0x"),
-                                                                    "nonce": auth["nonce"].upper().replace("0X", "0x")}}}
+    shouting = {
+        **document,
+        "payload": {
+            **inner,
+            "authorization": {
+                **auth,
+                "from": auth["from"].upper().replace("0X", "0x"),
+                "nonce": auth["nonce"].upper().replace("0X", "0x"),
+            },
+        },
+    }
     keys = {tokens.nonce_key(tokens.from_object(d, "metadata"), DEMO_PRICE.asset) for d in (document, v1, shouting)}
     assert len(keys) == 1

@@ -98,11 +98,23 @@ def test_parts_convert_both_ways(v03: dict[str, Any], v10: dict[str, Any]) -> No
     assert dialects.part_in_v03(v03) == v03
 
 
-@pytest.mark.parametrize("part", [
-    None, "text", {}, {"kind": "text"}, {"kind": "text", "text": ""}, {"kind": "text", "text": 5},
-    {"kind": "data"}, {"kind": "data", "data": None}, {"kind": "file", "file": {}},
-    {"kind": "file", "file": {"uri": ""}}, {"kind": "file", "file": "https://x"}, {"kind": "image", "image": "x"},
-])
+@pytest.mark.parametrize(
+    "part",
+    [
+        None,
+        "text",
+        {},
+        {"kind": "text"},
+        {"kind": "text", "text": ""},
+        {"kind": "text", "text": 5},
+        {"kind": "data"},
+        {"kind": "data", "data": None},
+        {"kind": "file", "file": {}},
+        {"kind": "file", "file": {"uri": ""}},
+        {"kind": "file", "file": "https://x"},
+        {"kind": "image", "image": "x"},
+    ],
+)
 def test_unusable_v03_parts_are_dropped(part: Any) -> None:
     assert dialects.part_in_v03(part) is None
 
@@ -117,10 +129,27 @@ def test_a_v03_text_part_may_omit_kind() -> None:
 
 
 def test_message_in_reads_both_dialects_to_the_same_canonical_message() -> None:
-    v03 = {"kind": "message", "role": "user", "messageId": "m1", "contextId": "c1", "parts": V03_PARTS,
-           "metadata": {"x": 1}, "extensions": ["urn:e"], "referenceTaskIds": ["t0"], "unknown": True}
-    v10 = {"role": "ROLE_USER", "messageId": "m1", "contextId": "c1", "parts": V10_PARTS,
-           "metadata": {"x": 1}, "extensions": ["urn:e"], "referenceTaskIds": ["t0"], "unknown": True}
+    v03 = {
+        "kind": "message",
+        "role": "user",
+        "messageId": "m1",
+        "contextId": "c1",
+        "parts": V03_PARTS,
+        "metadata": {"x": 1},
+        "extensions": ["urn:e"],
+        "referenceTaskIds": ["t0"],
+        "unknown": True,
+    }
+    v10 = {
+        "role": "ROLE_USER",
+        "messageId": "m1",
+        "contextId": "c1",
+        "parts": V10_PARTS,
+        "metadata": {"x": 1},
+        "extensions": ["urn:e"],
+        "referenceTaskIds": ["t0"],
+        "unknown": True,
+    }
 
     canonical = dialects.message_in(v03, V03)
 
@@ -138,29 +167,50 @@ def test_message_in_keeps_usable_parts_and_refuses_none() -> None:
         dialects.message_in({"messageId": "m", "parts": [{"kind": "text", "text": ""}]}, V03)
 
 
-@pytest.mark.parametrize("raw,match", [
-    (None, "params.message must be an object"),
-    ({"parts": {}}, "parts must be a list"),
-    ({"parts": [{"text": "x"}], "messageId": "m", "taskId": ""}, "taskId must be a non-empty string"),
-    ({"parts": [{"text": "x"}], "messageId": 5}, "messageId must be a non-empty string"),
-    ({"parts": [{"text": "x"}]}, "messageId is required"),
-    ({"parts": [{"text": "x"}], "messageId": "m", "contextId": "c" * 257}, "contextId must be a non-empty string"),
-    ({"parts": [{"text": "x"}], "messageId": "m", "metadata": []}, "metadata must be an object"),
-])
+@pytest.mark.parametrize(
+    "raw,match",
+    [
+        (None, "params.message must be an object"),
+        ({"parts": {}}, "parts must be a list"),
+        ({"parts": [{"text": "x"}], "messageId": "m", "taskId": ""}, "taskId must be a non-empty string"),
+        ({"parts": [{"text": "x"}], "messageId": 5}, "messageId must be a non-empty string"),
+        ({"parts": [{"text": "x"}]}, "messageId is required"),
+        ({"parts": [{"text": "x"}], "messageId": "m", "contextId": "c" * 257}, "contextId must be a non-empty string"),
+        ({"parts": [{"text": "x"}], "messageId": "m", "metadata": []}, "metadata must be an object"),
+    ],
+)
 def test_message_in_errors_name_the_field(raw: Any, match: str) -> None:
     with pytest.raises(InvalidShape, match=match):
         dialects.message_in(raw, V03)
 
 
 def canonical_task() -> dict[str, Any]:
-    user = {"kind": "message", "role": "user", "messageId": "m1", "taskId": "t", "contextId": "c",
-            "parts": [{"kind": "text", "text": "q"}]}
-    agent = {"kind": "message", "role": "agent", "messageId": "m2", "taskId": "t", "contextId": "c",
-             "parts": [{"kind": "text", "text": "a"}], "metadata": {"m": 1}}
-    return {"kind": "task", "id": "t", "contextId": "c",
-            "status": {"state": "input-required", "timestamp": "2026-01-01T00:00:00.000Z", "message": agent},
-            "history": [user, agent], "artifacts": [{"artifactId": "a1", "name": "r", "parts": V03_PARTS}],
-            "metadata": {"k": "v"}}
+    user = {
+        "kind": "message",
+        "role": "user",
+        "messageId": "m1",
+        "taskId": "t",
+        "contextId": "c",
+        "parts": [{"kind": "text", "text": "q"}],
+    }
+    agent = {
+        "kind": "message",
+        "role": "agent",
+        "messageId": "m2",
+        "taskId": "t",
+        "contextId": "c",
+        "parts": [{"kind": "text", "text": "a"}],
+        "metadata": {"m": 1},
+    }
+    return {
+        "kind": "task",
+        "id": "t",
+        "contextId": "c",
+        "status": {"state": "input-required", "timestamp": "2026-01-01T00:00:00.000Z", "message": agent},
+        "history": [user, agent],
+        "artifacts": [{"artifactId": "a1", "name": "r", "parts": V03_PARTS}],
+        "metadata": {"k": "v"},
+    }
 
 
 def test_task_out_is_the_canonical_task_for_v03_and_the_v10_shape_for_v10() -> None:
@@ -194,14 +244,26 @@ def test_send_results_are_wrapped_by_kind_in_v10() -> None:
 
 def test_stream_events_in_v10() -> None:
     status = {"kind": "status-update", "taskId": "t", "contextId": "c", "status": {"state": "working"}, "final": False}
-    artifact = {"kind": "artifact-update", "taskId": "t", "contextId": "c", "lastChunk": True,
-                "artifact": {"artifactId": "a", "parts": [{"kind": "text", "text": "x"}]}}
+    artifact = {
+        "kind": "artifact-update",
+        "taskId": "t",
+        "contextId": "c",
+        "lastChunk": True,
+        "artifact": {"artifactId": "a", "parts": [{"kind": "text", "text": "x"}]},
+    }
 
     assert dialects.event_out(status, V03) is status
     assert dialects.event_out(status, V10) == {
-        "statusUpdate": {"taskId": "t", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}}}
-    assert dialects.event_out(artifact, V10) == {"artifactUpdate": {
-        "taskId": "t", "contextId": "c", "lastChunk": True, "artifact": {"artifactId": "a", "parts": [{"text": "x"}]}}}
+        "statusUpdate": {"taskId": "t", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}}
+    }
+    assert dialects.event_out(artifact, V10) == {
+        "artifactUpdate": {
+            "taskId": "t",
+            "contextId": "c",
+            "lastChunk": True,
+            "artifact": {"artifactId": "a", "parts": [{"text": "x"}]},
+        }
+    }
     assert set(dialects.event_out(canonical_task(), V10)) == {"task"}
 
 
@@ -218,17 +280,24 @@ def test_history_length_refuses_what_is_not_a_count(value: Any) -> None:
 
 JSON_DATA = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=10,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+    max_leaves=10,
 )
 METADATA = st.dictionaries(st.text(min_size=1, max_size=5), JSON_DATA, min_size=1, max_size=2)
 CANONICAL_PART = st.one_of(
     st.builds(lambda t: {"kind": "text", "text": t}, st.text(min_size=1)),
     st.builds(lambda d: {"kind": "data", "data": d}, JSON_DATA.filter(lambda d: d is not None)),
-    st.builds(lambda u, m, n: {"kind": "file", "file": {"uri": u, **m, **n}}, st.text(min_size=1),
-              st.just({}) | st.builds(lambda v: {"mimeType": v}, st.text()),
-              st.just({}) | st.builds(lambda v: {"name": v}, st.text())),
-    st.builds(lambda b, m: {"kind": "file", "file": {"bytes": b, **m}}, st.text(min_size=1),
-              st.just({}) | st.builds(lambda v: {"mimeType": v}, st.text())),
+    st.builds(
+        lambda u, m, n: {"kind": "file", "file": {"uri": u, **m, **n}},
+        st.text(min_size=1),
+        st.just({}) | st.builds(lambda v: {"mimeType": v}, st.text()),
+        st.just({}) | st.builds(lambda v: {"name": v}, st.text()),
+    ),
+    st.builds(
+        lambda b, m: {"kind": "file", "file": {"bytes": b, **m}},
+        st.text(min_size=1),
+        st.just({}) | st.builds(lambda v: {"mimeType": v}, st.text()),
+    ),
 ).flatmap(lambda part: st.just(part) | METADATA.map(lambda meta: {**part, "metadata": meta}))
 
 
@@ -262,8 +331,9 @@ def priced(**price: Any) -> dict[str, Any]:
 
 
 def test_a_good_configuration_reads() -> None:
-    settings_ = parse_config({**priced(), "public_url": "https://gate.example/", "database": "x.db"},
-                             base_dir=Path("/srv"))
+    settings_ = parse_config(
+        {**priced(), "public_url": "https://gate.example/", "database": "x.db"}, base_dir=Path("/srv")
+    )
 
     assert settings_.public_url == "https://gate.example"
     assert settings_.database == "/srv/x.db"
@@ -296,19 +366,24 @@ def test_bad_payer_allowlist_entries_are_reported_by_index() -> None:
     raw = priced()
     raw["agents"]["paid"]["allowed_payers"] = [ADDRESS, "0xnope", 7]
 
-    assert problems(raw) == ["agents.paid.allowed_payers[1]: must be a 0x address (40 hex digits)",
-                             "agents.paid.allowed_payers[2]: must be a 0x address (40 hex digits)"]
+    assert problems(raw) == [
+        "agents.paid.allowed_payers[1]: must be a 0x address (40 hex digits)",
+        "agents.paid.allowed_payers[2]: must be a 0x address (40 hex digits)",
+    ]
 
 
-@pytest.mark.parametrize("raw,path", [
-    ({"colour": "blue"}, "colour"),
-    ({"limits": {"per_second": 1}}, "limits.per_second"),
-    ({"facilitator": {"token": "x"}}, "facilitator.token"),
-    ({"agents": {"echo": {"prize": 1}}}, "agents.echo.prize"),
-    ({"agents": {"echo": {"skills": [{"id": "s", "level": 3}]}}}, "agents.echo.skills[0].level"),
-    ({"agents": {"echo": {}}, "keys": [{"sha256": "a" * 64, "agents": ["echo"], "secret": "x"}]}, "keys[0].secret"),
-    ({**priced(), "agents": {"paid": {"price": {**PRICE, "currency": "USD"}}}}, "agents.paid.price.currency"),
-])
+@pytest.mark.parametrize(
+    "raw,path",
+    [
+        ({"colour": "blue"}, "colour"),
+        ({"limits": {"per_second": 1}}, "limits.per_second"),
+        ({"facilitator": {"token": "x"}}, "facilitator.token"),
+        ({"agents": {"echo": {"prize": 1}}}, "agents.echo.prize"),
+        ({"agents": {"echo": {"skills": [{"id": "s", "level": 3}]}}}, "agents.echo.skills[0].level"),
+        ({"agents": {"echo": {}}, "keys": [{"sha256": "a" * 64, "agents": ["echo"], "secret": "x"}]}, "keys[0].secret"),
+        ({**priced(), "agents": {"paid": {"price": {**PRICE, "currency": "USD"}}}}, "agents.paid.price.currency"),
+    ],
+)
 def test_unknown_keys_are_reported_with_their_path(raw: dict[str, Any], path: str) -> None:
     assert f"{path}: unknown key" in problems(raw)
 
@@ -323,8 +398,10 @@ def test_an_upstream_url_must_be_http(url: str) -> None:
 def test_an_upstream_needs_a_url_and_a_python_agent_a_callable() -> None:
     found = problems({"agents": {"up": {"backend": "upstream"}, "py": {"backend": "python", "callable": "nope"}}})
 
-    assert found == ["agents.up.url: required for an upstream agent",
-                     "agents.py.callable: required for a python agent, as 'package.module:function'"]
+    assert found == [
+        "agents.up.url: required for an upstream agent",
+        "agents.py.callable: required for a python agent, as 'package.module:function'",
+    ]
 
 
 def test_a_priced_agent_without_a_facilitator_is_a_warning_naming_the_key() -> None:
@@ -335,34 +412,55 @@ def test_a_priced_agent_without_a_facilitator_is_a_warning_naming_the_key() -> N
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    found = problems({
-        "colour": "x", "max_body_bytes": 0, "limits": {"per_ip_per_minute": "many"},
-        "facilitator": {"url": "ftp://f"}, "agents": {"paid": {"price": {**PRICE, "amount": "1.5", "pay_to": "x"}}},
-        "keys": [{"sha256": "ABC"}],
-    })
+    found = problems(
+        {
+            "colour": "x",
+            "max_body_bytes": 0,
+            "limits": {"per_ip_per_minute": "many"},
+            "facilitator": {"url": "ftp://f"},
+            "agents": {"paid": {"price": {**PRICE, "amount": "1.5", "pay_to": "x"}}},
+            "keys": [{"sha256": "ABC"}],
+        }
+    )
 
-    assert sorted(p.split(":")[0] for p in found) == sorted([
-        "colour", "limits.per_ip_per_minute", "keys[0].sha256", "facilitator.url",
-        "agents.paid.price.pay_to", "agents.paid.price.amount", "max_body_bytes",
-    ])
+    assert sorted(p.split(":")[0] for p in found) == sorted(
+        [
+            "colour",
+            "limits.per_ip_per_minute",
+            "keys[0].sha256",
+            "facilitator.url",
+            "agents.paid.price.pay_to",
+            "agents.paid.price.amount",
+            "max_body_bytes",
+        ]
+    )
 
 
-@pytest.mark.parametrize("raw,path", [
-    ({"task_deadline_seconds": float("nan")}, "task_deadline_seconds"),
-    ({"agents": {"a": {"timeout_seconds": float("nan")}}}, "agents.a.timeout_seconds"),
-    ({"agents": {"a": {"deadline_seconds": float("nan")}}}, "agents.a.deadline_seconds"),
-])
+@pytest.mark.parametrize(
+    "raw,path",
+    [
+        ({"task_deadline_seconds": float("nan")}, "task_deadline_seconds"),
+        ({"agents": {"a": {"timeout_seconds": float("nan")}}}, "agents.a.timeout_seconds"),
+        ({"agents": {"a": {"deadline_seconds": float("nan")}}}, "agents.a.deadline_seconds"),
+    ],
+)
 def test_nan_is_not_a_positive_number(raw: dict[str, Any], path: str) -> None:
     """TOML has `nan`; `nan <= 0` is False, so it passed the "greater than 0" check (BUG)."""
     assert any(p.startswith(f"{path}: ") for p in problems(raw))
 
 
-@pytest.mark.parametrize("raw,path", [
-    (priced(amount="²"), "agents.paid.price.amount"),  # str.isdigit() is true, int() refuses it
-    ({"public_url": "http://[::1"}, "public_url"),  # urlsplit raises ValueError
-    ({"agents": {"up": {"backend": "upstream", "url": "http://[nope"}}}, "agents.up.url"),
-    ({"agents": {"echo": {}}, "keys": [{"sha256": "a" * 64, "agents": [["echo"]]}]}, "keys[0].agents"),  # unhashable
-])
+@pytest.mark.parametrize(
+    "raw,path",
+    [
+        (priced(amount="²"), "agents.paid.price.amount"),  # str.isdigit() is true, int() refuses it
+        ({"public_url": "http://[::1"}, "public_url"),  # urlsplit raises ValueError
+        ({"agents": {"up": {"backend": "upstream", "url": "http://[nope"}}}, "agents.up.url"),
+        (
+            {"agents": {"echo": {}}, "keys": [{"sha256": "a" * 64, "agents": [["echo"]]}]},
+            "keys[0].agents",
+        ),  # unhashable
+    ],
+)
 def test_odd_values_are_problems_not_crashes(raw: dict[str, Any], path: str) -> None:
     """Each of these raised ValueError / TypeError out of parse_config (BUG): a traceback
     from `a2a-gate check-config` instead of one `error:` line."""
@@ -378,25 +476,34 @@ def rpc_error(body: bytes | str) -> RpcError:
     return caught.value
 
 
-@pytest.mark.parametrize("body", [b"", b"{", b"nul", b'{"a": NaN}', b'{"a": -Infinity}', b"\xff", b"[" * 100_000,
-                                  b'{"jsonrpc": "2.0"} trailing'])
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"{", b"nul", b'{"a": NaN}', b'{"a": -Infinity}', b"\xff", b"[" * 100_000, b'{"jsonrpc": "2.0"} trailing'],
+)
 def test_parse_errors(body: bytes) -> None:
     error = rpc_error(body)
 
     assert error.code == PARSE_ERROR and error.call_id is None
 
 
-@pytest.mark.parametrize("body,call_id", [
-    ("[]", None), ('[{"jsonrpc": "2.0", "id": 1, "method": "tasks/get"}]', None), ("1", None), ('"x"', None),
-    ("null", None), ('{"id": 1.5, "jsonrpc": "2.0", "method": "tasks/get"}', None),
-    ('{"id": true, "jsonrpc": "2.0", "method": "tasks/get"}', None),
-    ('{"id": [1], "jsonrpc": "2.0", "method": "tasks/get"}', None),
-    ('{"id": 3, "jsonrpc": "1.0", "method": "tasks/get"}', 3),
-    ('{"id": 3, "jsonrpc": 2.0, "method": "tasks/get"}', 3),
-    ('{"id": "a", "method": "tasks/get"}', "a"),
-    ('{"id": "a", "jsonrpc": "2.0"}', "a"),
-    ('{"id": "a", "jsonrpc": "2.0", "method": ["tasks/get"]}', "a"),
-])
+@pytest.mark.parametrize(
+    "body,call_id",
+    [
+        ("[]", None),
+        ('[{"jsonrpc": "2.0", "id": 1, "method": "tasks/get"}]', None),
+        ("1", None),
+        ('"x"', None),
+        ("null", None),
+        ('{"id": 1.5, "jsonrpc": "2.0", "method": "tasks/get"}', None),
+        ('{"id": true, "jsonrpc": "2.0", "method": "tasks/get"}', None),
+        ('{"id": [1], "jsonrpc": "2.0", "method": "tasks/get"}', None),
+        ('{"id": 3, "jsonrpc": "1.0", "method": "tasks/get"}', 3),
+        ('{"id": 3, "jsonrpc": 2.0, "method": "tasks/get"}', 3),
+        ('{"id": "a", "method": "tasks/get"}', "a"),
+        ('{"id": "a", "jsonrpc": "2.0"}', "a"),
+        ('{"id": "a", "jsonrpc": "2.0", "method": ["tasks/get"]}', "a"),
+    ],
+)
 def test_invalid_requests(body: str, call_id: Any) -> None:
     error = rpc_error(body)
 
@@ -421,17 +528,32 @@ def test_params_must_be_an_object(params: str) -> None:
     assert error.code == INVALID_PARAMS and error.call_id == 9
 
 
-@pytest.mark.parametrize("method,dialect,operation", [
-    ("message/send", V03, "send"), ("message/stream", V03, "stream"), ("tasks/get", V03, "get"),
-    ("tasks/cancel", V03, "cancel"), ("tasks/pushNotificationConfig/set", V03, "push"),
-    ("SendMessage", V10, "send"), ("SendStreamingMessage", V10, "stream"), ("GetTask", V10, "get"),
-    ("CancelTask", V10, "cancel"), ("ListTasks", V10, "list"),
-    ("CreateTaskPushNotificationConfig", V10, "push"),
-])
+@pytest.mark.parametrize(
+    "method,dialect,operation",
+    [
+        ("message/send", V03, "send"),
+        ("message/stream", V03, "stream"),
+        ("tasks/get", V03, "get"),
+        ("tasks/cancel", V03, "cancel"),
+        ("tasks/pushNotificationConfig/set", V03, "push"),
+        ("SendMessage", V10, "send"),
+        ("SendStreamingMessage", V10, "stream"),
+        ("GetTask", V10, "get"),
+        ("CancelTask", V10, "cancel"),
+        ("ListTasks", V10, "list"),
+        ("CreateTaskPushNotificationConfig", V10, "push"),
+    ],
+)
 def test_methods_map_to_a_dialect_and_an_operation(method: str, dialect: str, operation: str) -> None:
     call = parse_call(json.dumps({"jsonrpc": "2.0", "id": "x", "method": method, "params": {"a": 1}, "b": 2}).encode())
 
-    assert (call.id, call.method, call.dialect, call.operation, call.params) == ("x", method, dialect, operation, {"a": 1})
+    assert (call.id, call.method, call.dialect, call.operation, call.params) == (
+        "x",
+        method,
+        dialect,
+        operation,
+        {"a": 1},
+    )
 
 
 def test_missing_params_and_null_id_are_fine() -> None:
@@ -447,10 +569,21 @@ def test_digest_is_sha256_hex() -> None:
     assert digest("a2g_abc") == hashlib.sha256(b"a2g_abc").hexdigest()
 
 
-@pytest.mark.parametrize("header,expected", [
-    (None, None), ("", None), ("Bearer", None), ("Bearer ", None), ("Basic abc", None), ("Token abc", None),
-    ("Bearer abc", "abc"), ("bearer abc", "abc"), ("BEARER   abc  ", "abc"), ("Bearer a b", "a b"),
-])
+@pytest.mark.parametrize(
+    "header,expected",
+    [
+        (None, None),
+        ("", None),
+        ("Bearer", None),
+        ("Bearer ", None),
+        ("Basic abc", None),
+        ("Token abc", None),
+        ("Bearer abc", "abc"),
+        ("bearer abc", "abc"),
+        ("BEARER   abc  ", "abc"),
+        ("Bearer a b", "a b"),
+    ],
+)
 def test_bearer(header: str | None, expected: str | None) -> None:
     assert bearer(header) == expected
 
@@ -524,9 +657,17 @@ url = "ftp://agent.example"
 [[keys]]
 sha256 = "abc"
 """
-BROKEN_PATHS = ["colour", "max_body_bytes", "limits.per_ip_per_minute", "facilitator.url",
-                "agents.paid.price.network", "agents.paid.price.asset", "agents.paid.price.amount",
-                "agents.up.url", "keys[0].sha256"]
+BROKEN_PATHS = [
+    "colour",
+    "max_body_bytes",
+    "limits.per_ip_per_minute",
+    "facilitator.url",
+    "agents.paid.price.network",
+    "agents.paid.price.asset",
+    "agents.paid.price.amount",
+    "agents.up.url",
+    "keys[0].sha256",
+]
 
 
 def test_check_config_prints_one_error_line_per_problem(tmp_path: Path) -> None:
@@ -542,10 +683,13 @@ def test_check_config_prints_one_error_line_per_problem(tmp_path: Path) -> None:
     assert sorted(line.split(": ")[2] for line in lines) == sorted(BROKEN_PATHS)
 
 
-@pytest.mark.parametrize("text,expected", [
-    (None, "no such file"),
-    ("this is = = not toml", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (None, "no such file"),
+        ("this is = = not toml", "not valid TOML"),
+    ],
+)
 def test_check_config_on_unreadable_files(tmp_path: Path, text: str | None, expected: str) -> None:
     config = tmp_path / "gate.toml"
     if text is not None:
@@ -560,8 +704,10 @@ def test_check_config_on_unreadable_files(tmp_path: Path, text: str | None, expe
 
 def test_check_config_on_a_good_file(tmp_path: Path) -> None:
     config = tmp_path / "gate.toml"
-    config.write_text('[agents.echo]\n[agents.paid.price]\nnetwork = "eip155:84532"\n'
-                      f'asset = "{USDC}"\namount = "10"\npay_to = "{ADDRESS}"\n')
+    config.write_text(
+        '[agents.echo]\n[agents.paid.price]\nnetwork = "eip155:84532"\n'
+        f'asset = "{USDC}"\namount = "10"\npay_to = "{ADDRESS}"\n'
+    )
 
     done = cli("check-config", str(config), check=False)
 

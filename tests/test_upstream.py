@@ -56,8 +56,13 @@ class Recorder:
         async def endpoint(request: Request) -> JSONResponse:
             body = await request.body()
             self.requests.append((dict(request.headers), body))
-            task = {"kind": "task", "id": "up-1", "contextId": "up-ctx", "status": {"state": "completed"},
-                    "artifacts": [{"artifactId": "a", "parts": [{"kind": "text", "text": "recorded"}]}]}
+            task = {
+                "kind": "task",
+                "id": "up-1",
+                "contextId": "up-ctx",
+                "status": {"state": "completed"},
+                "artifacts": [{"artifactId": "a", "parts": [{"kind": "text", "text": "recorded"}]}],
+            }
             return JSONResponse({"jsonrpc": "2.0", "id": json.loads(body).get("id"), "result": task})
 
         return Starlette(routes=[Route("/", endpoint, methods=["POST"])])
@@ -65,9 +70,9 @@ class Recorder:
 
 ODD_ANSWERS = {  # JSON an upstream may send that parses, but that no answer of ours could carry as is
     "surrogate": b'{"jsonrpc":"2.0","id":1,"result":{"kind":"task","id":"u","contextId":"c","status":'
-                 b'{"state":"completed"},"artifacts":[{"artifactId":"a","parts":[{"kind":"text","text":"odd \\ud800"}]}]}}',
+    b'{"state":"completed"},"artifacts":[{"artifactId":"a","parts":[{"kind":"text","text":"odd \\ud800"}]}]}}',
     "huge-number": b'{"jsonrpc":"2.0","id":1,"result":{"kind":"task","id":"u","contextId":"c","status":'
-                   b'{"state":"completed"},"artifacts":[{"artifactId":"a","parts":[{"kind":"data","data":{"n":1e400}}]}]}}',
+    b'{"state":"completed"},"artifacts":[{"artifactId":"a","parts":[{"kind":"data","data":{"n":1e400}}]}]}}',
 }
 
 
@@ -93,8 +98,14 @@ class Fleet:
 
 
 def agent_table(name: str, url: str, **extra: Any) -> str:
-    lines = [f"[agents.{name}]", 'backend = "upstream"', f'url = "{url}"', "poll_interval_seconds = 0.1",
-             "timeout_seconds = 5.0", "deadline_seconds = 10.0"]
+    lines = [
+        f"[agents.{name}]",
+        'backend = "upstream"',
+        f'url = "{url}"',
+        "poll_interval_seconds = 0.1",
+        "timeout_seconds = 5.0",
+        "deadline_seconds = 10.0",
+    ]
     for key, value in extra.items():
         lines = [line for line in lines if not line.startswith(f"{key} =")]
         lines.append(f"{key} = {json.dumps(value)}")
@@ -117,8 +128,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         serve_app(recorder.app()) as recording,
         serve_app(odd_upstream()) as odd,
     ):
-        upstreams = {"echo": echo, "slow": slow, "input-required": asking, "fail": fail, "hang": hang,
-                     "garbage": garbage, "garbage-json": garbage_json, "http500": http500}
+        upstreams = {
+            "echo": echo,
+            "slow": slow,
+            "input-required": asking,
+            "fail": fail,
+            "hang": hang,
+            "garbage": garbage,
+            "garbage-json": garbage_json,
+            "http500": http500,
+        }
         assert set(upstreams) == set(BEHAVIOURS)
         tables = [agent_table(f"up-{name}", url + "/") for name, url in upstreams.items() if name != "hang"]
         tables.append(agent_table("up-hang", hang, timeout_seconds=1))
@@ -129,7 +148,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         tables += [agent_table(f"odd-{name}", f"{odd}/{name}") for name in ODD_ANSWERS]
         config = folder / "gate.toml"
         config.write_text(
-            'public_url = "http://gate.example"\ndatabase = "gate.db"\n\n' + "\n".join(tables)
+            'public_url = "http://gate.example"\ndatabase = "gate.db"\n\n'
+            + "\n".join(tables)
             + f'\n[[keys]]\nname = "up"\nsha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"\nagents = ["*"]\n'
         )
         env = {"A2A_GATE_TEST_UPSTREAM_AUTH": OPERATOR_CREDENTIAL}
@@ -138,8 +158,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def send(fleet: Fleet, agent: str, text: str = "hi", **fields: Any) -> dict[str, Any]:
-    response = post(fleet.url(agent), rpc_body("message/send", {"message": v03_message(text, **fields)}), AUTH,
-                    timeout=20)
+    response = post(
+        fleet.url(agent), rpc_body("message/send", {"message": v03_message(text, **fields)}), AUTH, timeout=20
+    )
     assert response.status_code == 200, response.text
     doc = response.json()
     assert "result" in doc, doc
@@ -235,12 +256,15 @@ def test_hanging_upstream_times_out_into_a_failed_task(fleet: Fleet) -> None:
     assert "timed out after 1s" in status_text(task)
 
 
-@pytest.mark.parametrize("agent,reason", [
-    ("up-garbage", "body is not JSON"),
-    ("up-garbage-json", "neither a Task nor a Message"),
-    ("up-http500", "HTTP 500"),
-    ("up-down", "unreachable"),
-])
+@pytest.mark.parametrize(
+    "agent,reason",
+    [
+        ("up-garbage", "body is not JSON"),
+        ("up-garbage-json", "neither a Task nor a Message"),
+        ("up-http500", "HTTP 500"),
+        ("up-down", "unreachable"),
+    ],
+)
 def test_broken_upstreams_fail_the_task_with_a_clear_reason(fleet: Fleet, agent: str, reason: str) -> None:
     task = send(fleet, agent)
 
@@ -260,8 +284,13 @@ def test_broken_upstreams_are_logged_without_the_callers_secrets(fleet: Fleet) -
 
 def test_the_callers_credentials_never_reach_the_upstream(fleet: Fleet) -> None:
     fleet.recorder.requests.clear()
-    headers = {**AUTH, "PAYMENT-SIGNATURE": "eyJzZWNyZXQiOiAidG9rZW4ifQ==", "X-PAYMENT": "legacy-token",
-               "Cookie": "session=caller", "X-A2A-Extensions": "https://example.com/ext"}
+    headers = {
+        **AUTH,
+        "PAYMENT-SIGNATURE": "eyJzZWNyZXQiOiAidG9rZW4ifQ==",
+        "X-PAYMENT": "legacy-token",
+        "Cookie": "session=caller",
+        "X-A2A-Extensions": "https://example.com/ext",
+    }
     message = v03_message("forward me", metadata={"x402.payment.payload": {"secret": "token"}, "note": "kept"})
 
     for agent in ("recorder", "recorder-plain"):
@@ -285,8 +314,11 @@ def test_odd_upstream_output_never_becomes_an_internal_error(fleet: Fleet, name:
     """An upstream's lone surrogate or out-of-range number: our task still has an answer
     (completed or failed), never a -32603 for a task that ran (and on the paid path, was paid)."""
     for method in ("message/send", "SendMessage"):
-        message = v03_message("hi") if method == "message/send" else {"role": "ROLE_USER", "messageId": "m",
-                                                                       "parts": [{"text": "hi"}]}
+        message = (
+            v03_message("hi")
+            if method == "message/send"
+            else {"role": "ROLE_USER", "messageId": "m", "parts": [{"text": "hi"}]}
+        )
         version = {"A2A-Version": "1.0"} if method == "SendMessage" else {}
         response = post(fleet.url(f"odd-{name}"), rpc_body(method, {"message": message}), {**AUTH, **version})
         assert response.status_code == 200
@@ -306,16 +338,32 @@ def ok(result_doc: Any) -> bytes:
 
 
 V03_TASK = {
-    "kind": "task", "id": "t1", "contextId": "c1",
-    "status": {"state": "completed", "message": {"kind": "message", "role": "agent", "messageId": "m",
-                                                 "parts": [{"kind": "text", "text": "all done"}]}},
-    "artifacts": [{"artifactId": "a1", "parts": [{"kind": "text", "text": "answer"}, {"kind": "data", "data": {"n": 1}}]}],
+    "kind": "task",
+    "id": "t1",
+    "contextId": "c1",
+    "status": {
+        "state": "completed",
+        "message": {
+            "kind": "message",
+            "role": "agent",
+            "messageId": "m",
+            "parts": [{"kind": "text", "text": "all done"}],
+        },
+    },
+    "artifacts": [
+        {"artifactId": "a1", "parts": [{"kind": "text", "text": "answer"}, {"kind": "data", "data": {"n": 1}}]}
+    ],
 }
 V10_TASK = {
-    "id": "t2", "contextId": "c2",
-    "status": {"state": "TASK_STATE_COMPLETED", "message": {"role": "ROLE_AGENT", "messageId": "m",
-                                                            "parts": [{"text": "fine"}]}},
-    "artifacts": [{"artifactId": "a", "parts": [{"text": "v1 answer"}, {"url": "https://x.example/f", "mediaType": "text/plain"}]}],
+    "id": "t2",
+    "contextId": "c2",
+    "status": {
+        "state": "TASK_STATE_COMPLETED",
+        "message": {"role": "ROLE_AGENT", "messageId": "m", "parts": [{"text": "fine"}]},
+    },
+    "artifacts": [
+        {"artifactId": "a", "parts": [{"text": "v1 answer"}, {"url": "https://x.example/f", "mediaType": "text/plain"}]}
+    ],
 }
 
 
@@ -324,7 +372,7 @@ def test_parse_answer_non_200_is_malformed(status_code: int) -> None:
     assert parse_answer(status_code, ok(V03_TASK)) == Malformed(f"HTTP {status_code}")
 
 
-@pytest.mark.parametrize("raw", [b"", b"this is not json", b"\xff\xfe", b"[" * 100_000, b"{\"a\": }", b"NaN x"])
+@pytest.mark.parametrize("raw", [b"", b"this is not json", b"\xff\xfe", b"[" * 100_000, b'{"a": }', b"NaN x"])
 def test_parse_answer_non_json_is_malformed(raw: bytes) -> None:
     with gate_recursion_limit():
         assert parse_answer(200, raw) == Malformed("body is not JSON")
@@ -335,22 +383,26 @@ def test_parse_answer_non_object_is_malformed(doc: Any) -> None:
     assert isinstance(parse_answer(200, body(doc)), Malformed)
 
 
-@pytest.mark.parametrize("doc", [
-    {"jsonrpc": "2.0", "id": 1},
-    {"jsonrpc": "2.0", "id": 1, "result": None},
-    {"jsonrpc": "2.0", "id": 1, "result": [V03_TASK]},
-    {"jsonrpc": "2.0", "id": 1, "result": "completed"},
-    {"jsonrpc": "2.0", "id": 1, "error": "broken"},
-    {"jsonrpc": "2.0", "id": 1, "result": {"weird": True}},
-    {"jsonrpc": "2.0", "id": 1, "result": {}},
-])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"jsonrpc": "2.0", "id": 1},
+        {"jsonrpc": "2.0", "id": 1, "result": None},
+        {"jsonrpc": "2.0", "id": 1, "result": [V03_TASK]},
+        {"jsonrpc": "2.0", "id": 1, "result": "completed"},
+        {"jsonrpc": "2.0", "id": 1, "error": "broken"},
+        {"jsonrpc": "2.0", "id": 1, "result": {"weird": True}},
+        {"jsonrpc": "2.0", "id": 1, "result": {}},
+    ],
+)
 def test_parse_answer_without_a_usable_result_is_malformed(doc: Any) -> None:
     assert isinstance(parse_answer(200, body(doc)), Malformed)
 
 
 def test_parse_answer_errors() -> None:
-    assert parse_answer(200, body({"error": {"code": -32001, "message": "Task not found"}})) == \
-        RpcFailure(-32001, "Task not found")
+    assert parse_answer(200, body({"error": {"code": -32001, "message": "Task not found"}})) == RpcFailure(
+        -32001, "Task not found"
+    )
     assert parse_answer(200, body({"error": {"code": True, "message": 5}})) == RpcFailure(0, "")
     assert parse_answer(200, body({"error": {"code": "-32000"}})) == RpcFailure(0, "")
     long = parse_answer(200, body({"error": {"code": 1, "message": "x" * 1000}}))
@@ -362,8 +414,9 @@ def test_parse_answer_errors() -> None:
 def test_parse_answer_v03_completed_task() -> None:
     answer = parse_answer(200, ok(V03_TASK))
 
-    assert answer == Result("completed", [{"kind": "text", "text": "answer"}, {"kind": "data", "data": {"n": 1}}],
-                            "all done", "t1", "c1")
+    assert answer == Result(
+        "completed", [{"kind": "text", "text": "answer"}, {"kind": "data", "data": {"n": 1}}], "all done", "t1", "c1"
+    )
 
 
 def test_parse_answer_v10_wrapped_task() -> None:
@@ -371,8 +424,10 @@ def test_parse_answer_v10_wrapped_task() -> None:
 
     assert isinstance(answer, Result)
     assert answer.state == "completed" and answer.task_id == "t2" and answer.context_id == "c2"
-    assert answer.parts == [{"kind": "text", "text": "v1 answer"},
-                            {"kind": "file", "file": {"uri": "https://x.example/f", "mimeType": "text/plain"}}]
+    assert answer.parts == [
+        {"kind": "text", "text": "v1 answer"},
+        {"kind": "file", "file": {"uri": "https://x.example/f", "mimeType": "text/plain"}},
+    ]
     assert answer.text == "fine"
     assert parse_answer(200, ok(V10_TASK)) == answer  # unwrapped (GetTask) too
 
@@ -405,36 +460,52 @@ def test_parse_answer_running_task(state: str) -> None:
     assert parse_answer(200, ok({**task, "contextId": 5})) == Running("t9", "")
 
 
-@pytest.mark.parametrize("state,expected", [
-    ("input-required", "input-required"), ("TASK_STATE_INPUT_REQUIRED", "input-required"),
-    ("auth-required", "auth-required"), ("TASK_STATE_AUTH_REQUIRED", "auth-required"),
-    ("failed", "failed"), ("TASK_STATE_FAILED", "failed"), ("canceled", "canceled"),
-    ("rejected", "rejected"), ("TASK_STATE_REJECTED", "rejected"),
-])
+@pytest.mark.parametrize(
+    "state,expected",
+    [
+        ("input-required", "input-required"),
+        ("TASK_STATE_INPUT_REQUIRED", "input-required"),
+        ("auth-required", "auth-required"),
+        ("TASK_STATE_AUTH_REQUIRED", "auth-required"),
+        ("failed", "failed"),
+        ("TASK_STATE_FAILED", "failed"),
+        ("canceled", "canceled"),
+        ("rejected", "rejected"),
+        ("TASK_STATE_REJECTED", "rejected"),
+    ],
+)
 def test_parse_answer_finished_or_interrupted_task(state: str, expected: str) -> None:
-    task = {"id": "t", "status": {"state": state, "message": {"role": "agent", "parts": [{"kind": "text", "text": "why"}]}}}
+    task = {
+        "id": "t",
+        "status": {"state": state, "message": {"role": "agent", "parts": [{"kind": "text", "text": "why"}]}},
+    }
 
     answer = parse_answer(200, ok(task))
 
     assert answer == Result(expected, [], "why", "t", "")
 
 
-@pytest.mark.parametrize("task", [
-    {"id": "t", "status": {"state": "done"}},
-    {"id": "t", "status": {"state": "TASK_STATE_UNSPECIFIED"}},
-    {"id": "t", "status": {"state": None}},
-    {"id": "t", "status": {}},
-    {"id": "t", "status": "completed"},
-    {"id": 5, "status": {"state": "completed"}},
-    {"status": {"state": "completed"}},
-])
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"id": "t", "status": {"state": "done"}},
+        {"id": "t", "status": {"state": "TASK_STATE_UNSPECIFIED"}},
+        {"id": "t", "status": {"state": None}},
+        {"id": "t", "status": {}},
+        {"id": "t", "status": "completed"},
+        {"id": 5, "status": {"state": "completed"}},
+        {"status": {"state": "completed"}},
+    ],
+)
 def test_parse_answer_bad_tasks_are_malformed(task: dict[str, Any]) -> None:
     assert isinstance(parse_answer(200, ok(task)), Malformed)
 
 
 def test_parse_answer_ignores_junk_inside_a_good_task() -> None:
     task = {
-        "id": "t", "kind": "task", "status": {"state": "completed", "message": "not a message"},
+        "id": "t",
+        "kind": "task",
+        "status": {"state": "completed", "message": "not a message"},
         "artifacts": [None, 5, {"parts": "x"}, {"parts": [None, {"kind": "text"}, {"kind": "text", "text": "kept"}]}],
         "unknown": {"deep": [1, 2, 3]},
     }
@@ -451,19 +522,68 @@ def test_parse_answer_text_is_bounded() -> None:
 
 
 ANSWER_TYPES = (Result, Running, RpcFailure, Malformed)
-KEYS = st.sampled_from([
-    "jsonrpc", "id", "result", "error", "code", "message", "task", "status", "state", "kind", "parts", "text",
-    "data", "file", "uri", "bytes", "url", "raw", "role", "artifacts", "contextId", "taskId", "messageId",
-    "metadata", "mediaType", "mimeType", "name", "x",
-])
-SCALARS = (
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=20)
-    | st.sampled_from(["completed", "working", "input-required", "TASK_STATE_COMPLETED", "TASK_STATE_WORKING",
-                       "ROLE_AGENT", "agent", "user", "task", "message", "text", "data", "file", "2.0"])
+KEYS = st.sampled_from(
+    [
+        "jsonrpc",
+        "id",
+        "result",
+        "error",
+        "code",
+        "message",
+        "task",
+        "status",
+        "state",
+        "kind",
+        "parts",
+        "text",
+        "data",
+        "file",
+        "uri",
+        "bytes",
+        "url",
+        "raw",
+        "role",
+        "artifacts",
+        "contextId",
+        "taskId",
+        "messageId",
+        "metadata",
+        "mediaType",
+        "mimeType",
+        "name",
+        "x",
+    ]
 )
-JSON_VALUES = st.recursive(SCALARS, lambda children: st.lists(children, max_size=4)
-                           | st.dictionaries(KEYS, children, max_size=5), max_leaves=40)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+    | st.sampled_from(
+        [
+            "completed",
+            "working",
+            "input-required",
+            "TASK_STATE_COMPLETED",
+            "TASK_STATE_WORKING",
+            "ROLE_AGENT",
+            "agent",
+            "user",
+            "task",
+            "message",
+            "text",
+            "data",
+            "file",
+            "2.0",
+        ]
+    )
+)
+JSON_VALUES = st.recursive(
+    SCALARS,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(KEYS, children, max_size=5),
+    max_leaves=40,
+)
 
 
 def check(answer: Any) -> None:

@@ -30,8 +30,14 @@ def price_of(gate_url: str, agent: str = "paid") -> dict:
 
 def decoy_authorization(payer: Payer) -> dict:
     """An EIP-3009 authorization nobody signed, with every field the gate checks right."""
-    return {"from": payer.address, "to": PAY_TO, "value": "1000", "validAfter": "0",
-            "validBefore": str(int(time.time()) + 300), "nonce": "0x" + os.urandom(32).hex()}
+    return {
+        "from": payer.address,
+        "to": PAY_TO,
+        "value": "1000",
+        "validAfter": "0",
+        "validBefore": str(int(time.time()) + 300),
+        "nonce": "0x" + os.urandom(32).hex(),
+    }
 
 
 @pytest.fixture
@@ -53,23 +59,37 @@ def test_one_permit2_signature_wrapped_n_times_buys_nothing(permit2_gate):
     signed = sign_payment(offer, payer.key)  # ONE Permit2 signature
     assert set(signed["payload"]) == {"permit2Authorization", "signature"}
     # the facilitator takes this signature: the x402 scheme verifies permit2Authorization
-    check = httpx.post(f"{facilitator}/verify", json={"x402Version": 2, "paymentPayload": signed,
-                                                       "paymentRequirements": price_of(gate.url)["accepts"][0]})
+    check = httpx.post(
+        f"{facilitator}/verify",
+        json={"x402Version": 2, "paymentPayload": signed, "paymentRequirements": price_of(gate.url)["accepts"][0]},
+    )
     assert check.json()["isValid"] is True, check.text
 
     answers = []
     for i in range(5):  # N wrappers, each with a fresh decoy EIP-3009 authorization
         wrapped = copy.deepcopy(signed)
         wrapped["payload"]["authorization"] = decoy_authorization(payer)
-        answers.append(httpx.post(f"{gate.url}/a2a/paid", json=send_body(f"work {i}"),
-                                  headers={"PAYMENT-SIGNATURE": encode_header(wrapped)}, timeout=30))
-    delivered = [a for a in answers if a.status_code == 200 and a.json().get("result", {}).get("status", {}).get("state") == "completed"]
+        answers.append(
+            httpx.post(
+                f"{gate.url}/a2a/paid",
+                json=send_body(f"work {i}"),
+                headers={"PAYMENT-SIGNATURE": encode_header(wrapped)},
+                timeout=30,
+            )
+        )
+    delivered = [
+        a
+        for a in answers
+        if a.status_code == 200 and a.json().get("result", {}).get("status", {}).get("state") == "completed"
+    ]
     counts = httpx.get(f"{facilitator}/dev/counts").json()
     assert delivered == [], f"{len(delivered)} deliveries for one signature; facilitator: {counts}"
     assert [(a.status_code, a.json()["error"]) for a in answers] == [(403, "unsupported_payload")] * 5
     assert counts["verify"] == 1 and counts["settle"] == 0  # only the sanity check above reached it
     # the bare Permit2 payload is refused the same way: the gate cannot claim what it does not read
-    bare = httpx.post(f"{gate.url}/a2a/paid", json=send_body("bare"), headers={"PAYMENT-SIGNATURE": encode_header(signed)})
+    bare = httpx.post(
+        f"{gate.url}/a2a/paid", json=send_body("bare"), headers={"PAYMENT-SIGNATURE": encode_header(signed)}
+    )
     assert (bare.status_code, bare.json()["error"]) == (403, "unsupported_payload")
 
 
@@ -118,11 +138,16 @@ FACILITATOR_400_RESOURCE = {"url": None, "mimeType": 12}  # the facilitator's sc
 def test_a_facilitator_400_for_a_malformed_payload_is_the_payers_problem(paid):
     token = Payer().token_for(paid.gate.url)
     token["resource"] = {**FACILITATOR_400_RESOURCE, "url": token["resource"]["url"]}
-    direct = httpx.post(f"{paid.facilitator_url}/verify", json={"x402Version": 2, "paymentPayload": token,
-                                                                "paymentRequirements": token["accepted"]})
+    direct = httpx.post(
+        f"{paid.facilitator_url}/verify",
+        json={"x402Version": 2, "paymentPayload": token, "paymentRequirements": token["accepted"]},
+    )
     assert direct.status_code == 400  # the development facilitator's answer to a malformed payload
     answer = paid.post("paid", send_body("x"), {"PAYMENT-SIGNATURE": encode_header(token)})
-    assert (answer.status_code, answer.json()) == (403, {"detail": "Payment verification failed", "error": "invalid_payload"})
+    assert (answer.status_code, answer.json()) == (
+        403,
+        {"detail": "Payment verification failed", "error": "invalid_payload"},
+    )
     assert paid.count_tasks("paid") == 0
     # our outage stays ours
     paid.faults(verify="http500")
@@ -147,17 +172,27 @@ price = {{ network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC231
 """
 
 
-def test_a_retry_of_a_settled_request_is_a_replay_after_its_token_expired(tmp_path, facilitator, start_gate, write_config):
+def test_a_retry_of_a_settled_request_is_a_replay_after_its_token_expired(
+    tmp_path, facilitator, start_gate, write_config
+):
     port = free_port()
-    gate = start_gate(write_config(SHORT_CONFIG.format(public_url=f"http://127.0.0.1:{port}", facilitator=facilitator,
-                                                       pay_to=PAY_TO)), port=port)
+    gate = start_gate(
+        write_config(
+            SHORT_CONFIG.format(public_url=f"http://127.0.0.1:{port}", facilitator=facilitator, pay_to=PAY_TO)
+        ),
+        port=port,
+    )
     token = short_token(gate.url, Payer(), "quick", 10)  # a window of 8 s is needed here: 1 + 1 + 6
     body = send_body("once")
-    first = httpx.post(f"{gate.url}/a2a/quick", json=body, headers={"PAYMENT-SIGNATURE": encode_header(token)}, timeout=10)
+    first = httpx.post(
+        f"{gate.url}/a2a/quick", json=body, headers={"PAYMENT-SIGNATURE": encode_header(token)}, timeout=10
+    )
     assert first.json()["result"]["metadata"]["x402.payment.status"] == "payment-completed", first.text
     expires = int(token["payload"]["authorization"]["validBefore"])
     time.sleep(max(0.0, expires - time.time()) + 1.1)
-    retry = httpx.post(f"{gate.url}/a2a/quick", json=body, headers={"PAYMENT-SIGNATURE": encode_header(token)}, timeout=10)
+    retry = httpx.post(
+        f"{gate.url}/a2a/quick", json=body, headers={"PAYMENT-SIGNATURE": encode_header(token)}, timeout=10
+    )
     assert retry.status_code == 200 and retry.headers.get("X-Idempotent-Replay") == "true", retry.text
     assert retry.json()["result"]["id"] == first.json()["result"]["id"]
     assert len(httpx.get(f"{facilitator}/dev/ledger").json()["settlements"]) == 1

@@ -77,8 +77,13 @@ def test_withheld_stream_sends_the_answer_only_after_the_settlement(tmp_path, fa
     headers = Payer().header_for(paid.gate.url, "withheld")
     paid.faults(settle="slow:1", count=1)  # the settlement takes a second to land
     events, settled_when_answer_arrived = [], None
-    with httpx.stream("POST", f"{paid.gate.url}/a2a/withheld", json=send_body("sleep 1.5", method="message/stream"),
-                      headers=headers, timeout=30) as response:
+    with httpx.stream(
+        "POST",
+        f"{paid.gate.url}/a2a/withheld",
+        json=send_body("sleep 1.5", method="message/stream"),
+        headers=headers,
+        timeout=30,
+    ) as response:
         for line in response.iter_lines():
             if line.startswith("data:"):
                 events.append(json.loads(line[5:])["result"])
@@ -95,14 +100,17 @@ def test_refused_settlement_withholds_the_answer_everywhere(tmp_path, facilitato
     payer = Payer()
     headers = payer.header_for(paid.gate.url, "withheld")
     answer: dict = {}
-    sender = threading.Thread(target=lambda: answer.update(paid.post("withheld", send_body("sleep 1.5"), headers).json()))
+    sender = threading.Thread(
+        target=lambda: answer.update(paid.post("withheld", send_body("sleep 1.5"), headers).json())
+    )
     sender.start()
     make_poor_after_verify(paid, tmp_path, payer)
     sender.join(30)
     task = answer["result"]
     assert_no_paid_surface(task)
-    fetched = paid.post("withheld", {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task["id"]}},
-                        headers).json()["result"]
+    fetched = paid.post(
+        "withheld", {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task["id"]}}, headers
+    ).json()["result"]
     assert_no_paid_surface(fetched)
     replay = paid.post("withheld", send_body("sleep 1.5"), headers)
     assert replay.headers["X-Idempotent-Replay"] == "true"
@@ -118,8 +126,13 @@ def test_refused_settlement_streams_no_artifact(tmp_path, facilitator, start_gat
     body: dict = {}
 
     def stream() -> None:
-        with httpx.stream("POST", f"{paid.gate.url}/a2a/withheld", json=send_body("sleep 1.5", method="message/stream"),
-                          headers=headers, timeout=30) as response:
+        with httpx.stream(
+            "POST",
+            f"{paid.gate.url}/a2a/withheld",
+            json=send_body("sleep 1.5", method="message/stream"),
+            headers=headers,
+            timeout=30,
+        ) as response:
             body["text"] = response.read().decode()
 
     sender = threading.Thread(target=stream)
@@ -134,8 +147,9 @@ def test_refused_settlement_streams_no_artifact(tmp_path, facilitator, start_gat
     assert final["metadata"]["x402.payment.status"] == "payment-failed"
 
 
-def test_withheld_answer_appears_when_an_owed_settlement_succeeds_later(tmp_path, facilitator, start_gate,
-                                                                       write_config):
+def test_withheld_answer_appears_when_an_owed_settlement_succeeds_later(
+    tmp_path, facilitator, start_gate, write_config
+):
     paid = withholding_gate(tmp_path, facilitator, start_gate, write_config)
     headers = Payer().header_for(paid.gate.url, "withheld")
     paid.faults(settle="http500")  # an outage: unknown, owed

@@ -23,8 +23,13 @@ CLIENT = Path(__file__).parent / "support" / "x402_v1_client.py"
 @pytest.mark.skipif(not V1_PYTHON.exists(), reason=f"no x402 1.0 virtualenv at {V1_PYTHON}")
 def test_the_x402_v1_client_pays_the_402_with_x_payment(paid):
     payer = Payer()
-    run = subprocess.run([str(V1_PYTHON), str(CLIENT), f"{paid.gate.url}/a2a/paid", payer.key],
-                         capture_output=True, text=True, timeout=120, cwd="/")
+    run = subprocess.run(
+        [str(V1_PYTHON), str(CLIENT), f"{paid.gate.url}/a2a/paid", payer.key],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     answer = json.loads(run.stdout.strip().splitlines()[-1])
     assert answer["status"] == 200, answer

@@ -113,25 +113,19 @@ async def sdk_client(
             await client.close()
 
 
-def text_message(
-    text: str, *, task_id: str | None = None, context_id: str | None = None
-) -> Message:
+def text_message(text: str, *, task_id: str | None = None, context_id: str | None = None) -> Message:
     """A user message with one text part, as the SDK expects to send it."""
     return Message(
         message_id=str(uuid.uuid4()),
         role=Role.ROLE_USER,
         parts=[Part(text=text)],
-        task_id=task_id or '',
-        context_id=context_id or '',
+        task_id=task_id or "",
+        context_id=context_id or "",
     )
 
 
-def _send_request(
-    text: str, *, blocking: bool, task_id: str | None, context_id: str | None
-) -> SendMessageRequest:
-    request = SendMessageRequest(
-        message=text_message(text, task_id=task_id, context_id=context_id)
-    )
+def _send_request(text: str, *, blocking: bool, task_id: str | None, context_id: str | None) -> SendMessageRequest:
+    request = SendMessageRequest(message=text_message(text, task_id=task_id, context_id=context_id))
     if not blocking:
         request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
     return request
@@ -155,7 +149,7 @@ async def send_text(
     async with sdk_client(url, headers=headers, streaming=False, timeout=timeout) as client:
         results = [MessageToDict(event) async for event in client.send_message(request)]
     if len(results) != 1:
-        raise AssertionError(f'expected one SendMessage result, got {results!r}')
+        raise AssertionError(f"expected one SendMessage result, got {results!r}")
     return results[0]
 
 
@@ -203,7 +197,7 @@ async def stream_text(
         return [MessageToDict(event) async for event in client.send_message(request)]
 
 
-_CODE_IN_MESSAGE = re.compile(r'JSON-RPC Error (-?\d+):')
+_CODE_IN_MESSAGE = re.compile(r"JSON-RPC Error (-?\d+):")
 
 
 def jsonrpc_error_code(error: BaseException) -> int | None:
@@ -228,4 +222,4 @@ async def expect_a2a_error(awaitable: Awaitable[Any]) -> A2AError:
         result = await awaitable
     except A2AError as error:
         return error
-    raise AssertionError(f'expected an A2A error, got result {result!r}')
+    raise AssertionError(f"expected an A2A error, got result {result!r}")

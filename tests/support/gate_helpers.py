@@ -21,8 +21,9 @@ KEY_LINE = re.compile(r"key \(shown once, keep it secret\): (\S+)")
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run `a2a-gate ...` (as `python -m gate.cli`) and capture its output."""
-    done = subprocess.run([sys.executable, "-m", "gate.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "gate.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=60, check=False
+    )
     if check and done.returncode != 0:
         raise AssertionError(f"a2a-gate {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done
@@ -67,13 +68,15 @@ def rpc_body(method: str, params: dict[str, Any] | None = None, call_id: Any = 1
 def post(url: str, body: Any, headers: dict[str, str] | None = None, timeout: float = 10.0) -> httpx.Response:
     """POST a JSON value (or raw bytes) to `url`."""
     if isinstance(body, (bytes, str)):
-        return httpx.post(url, content=body, headers={"content-type": "application/json", **(headers or {})},
-                          timeout=timeout)
+        return httpx.post(
+            url, content=body, headers={"content-type": "application/json", **(headers or {})}, timeout=timeout
+        )
     return httpx.post(url, json=body, headers=headers, timeout=timeout)
 
 
-def rpc(url: str, method: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-        call_id: Any = 1) -> dict[str, Any]:
+def rpc(
+    url: str, method: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None, call_id: Any = 1
+) -> dict[str, Any]:
     """One JSON-RPC call that must answer HTTP 200 with a JSON-RPC response."""
     response = post(url, rpc_body(method, params, call_id), headers)
     assert response.status_code == 200, (response.status_code, response.text)
@@ -83,15 +86,17 @@ def rpc(url: str, method: str, params: dict[str, Any] | None = None, headers: di
     return doc
 
 
-def result(url: str, method: str, params: dict[str, Any] | None = None,
-           headers: dict[str, str] | None = None) -> dict[str, Any]:
+def result(
+    url: str, method: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     doc = rpc(url, method, params, headers)
     assert "result" in doc, doc
     return doc["result"]
 
 
-def error_code(url: str, method: str, params: dict[str, Any] | None = None,
-               headers: dict[str, str] | None = None) -> int:
+def error_code(
+    url: str, method: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+) -> int:
     doc = rpc(url, method, params, headers)
     assert "error" in doc, doc
     return doc["error"]["code"]
@@ -107,8 +112,12 @@ def sse_events(text: str) -> list[dict[str, Any]]:
     return events
 
 
-def poll(fetch: Callable[[], dict[str, Any]], done: Callable[[dict[str, Any]], bool],
-         timeout: float = 10.0, interval: float = 0.05) -> dict[str, Any]:
+def poll(
+    fetch: Callable[[], dict[str, Any]],
+    done: Callable[[dict[str, Any]], bool],
+    timeout: float = 10.0,
+    interval: float = 0.05,
+) -> dict[str, Any]:
     """Call `fetch` until `done(result)`; the last result either way."""
     deadline = time.monotonic() + timeout
     while True:

@@ -27,8 +27,17 @@ def free_port() -> int:
 class GateProcess:
     """One `a2a-gate serve` process; `url` is its base URL."""
 
-    def __init__(self, config: Path, log: Path, *, port: int | None = None, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None, host: str = "127.0.0.1", prefix: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        log: Path,
+        *,
+        port: int | None = None,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        prefix: list[str] | None = None,
+    ) -> None:
         self.config = config
         self.log = log
         self.host = host
@@ -41,11 +50,30 @@ class GateProcess:
 
     def start(self, timeout: float = 60.0) -> GateProcess:
         """Start and wait for /healthz; generous, for a busy machine running the suite in parallel."""
-        command = [*self.prefix, sys.executable, "-m", "gate.cli", "serve", "--config", str(self.config),
-                   "--host", self.host, "--port", str(self.port), "--log-level", "info", *self.extra_args]
+        command = [
+            *self.prefix,
+            sys.executable,
+            "-m",
+            "gate.cli",
+            "serve",
+            "--config",
+            str(self.config),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--log-level",
+            "info",
+            *self.extra_args,
+        ]
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                            env={**os.environ, **self.env}, cwd=Path(__file__).parents[2])
+            self.process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                cwd=Path(__file__).parents[2],
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

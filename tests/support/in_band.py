@@ -15,8 +15,15 @@ EXTENSION_V01_CLIENT = "https://github.com/google-a2a/a2a-x402/v0.1"
 ACTIVATE = {"X-A2A-Extensions": EXTENSION_V02}
 
 
-def paying_body(text: str, task_id: str, payload: dict[str, Any] | None, *, method: str = "message/send",
-                status: str = "payment-submitted", call_id: Any = 1) -> dict[str, Any]:
+def paying_body(
+    text: str,
+    task_id: str,
+    payload: dict[str, Any] | None,
+    *,
+    method: str = "message/send",
+    status: str = "payment-submitted",
+    call_id: Any = 1,
+) -> dict[str, Any]:
     """The client's paying message: same taskId, the status, and the payload in metadata."""
     metadata: dict[str, Any] = {"x402.payment.status": status}
     if payload is not None:

@@ -85,15 +85,33 @@ def allowed_address() -> str:
 
 
 def paid_config(public_url: str, facilitator: str, *, per_ip: int = 100000, reconcile: float = 3600) -> str:
-    return PAID_CONFIG.format(public_url=public_url, facilitator=facilitator, asset=ASSET, pay_to=PAY_TO,
-                              per_ip=per_ip, reconcile=reconcile, allowed=allowed_address())
+    return PAID_CONFIG.format(
+        public_url=public_url,
+        facilitator=facilitator,
+        asset=ASSET,
+        pay_to=PAY_TO,
+        per_ip=per_ip,
+        reconcile=reconcile,
+        allowed=allowed_address(),
+    )
 
 
-def send_body(text: str, *, method: str = "message/send", metadata: dict | None = None, task_id: str | None = None,
-              blocking: bool = True, call_id: Any = 1) -> dict[str, Any]:
+def send_body(
+    text: str,
+    *,
+    method: str = "message/send",
+    metadata: dict | None = None,
+    task_id: str | None = None,
+    blocking: bool = True,
+    call_id: Any = 1,
+) -> dict[str, Any]:
     if method in ("message/send", "message/stream"):
-        message: dict[str, Any] = {"kind": "message", "role": "user", "messageId": str(uuid.uuid4()),
-                                   "parts": [{"kind": "text", "text": text}]}
+        message: dict[str, Any] = {
+            "kind": "message",
+            "role": "user",
+            "messageId": str(uuid.uuid4()),
+            "parts": [{"kind": "text", "text": text}],
+        }
         configuration = {"blocking": blocking}
     else:
         message = {"role": "ROLE_USER", "messageId": str(uuid.uuid4()), "parts": [{"text": text}]}
@@ -102,7 +120,12 @@ def send_body(text: str, *, method: str = "message/send", metadata: dict | None 
         message["metadata"] = metadata
     if task_id:
         message["taskId"] = task_id
-    return {"jsonrpc": "2.0", "id": call_id, "method": method, "params": {"message": message, "configuration": configuration}}
+    return {
+        "jsonrpc": "2.0",
+        "id": call_id,
+        "method": method,
+        "params": {"message": message, "configuration": configuration},
+    }
 
 
 def decode_header(value: str) -> dict[str, Any]:
@@ -164,12 +187,18 @@ class PaidSetup:
 
         conn = sqlite3.connect(self.db_path)
         try:
-            return conn.execute("SELECT COUNT(*) FROM tasks WHERE agent = ? AND owner LIKE 'payer:%'", (agent,)).fetchone()[0]
+            return conn.execute(
+                "SELECT COUNT(*) FROM tasks WHERE agent = ? AND owner LIKE 'payer:%'", (agent,)
+            ).fetchone()[0]
         finally:
             conn.close()
 
-    def post(self, agent: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout: float = 30) -> httpx.Response:
-        return httpx.post(f"{self.gate.url}/a2a/{agent}", json=body, headers=versioned(body, headers or {}), timeout=timeout)
+    def post(
+        self, agent: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout: float = 30
+    ) -> httpx.Response:
+        return httpx.post(
+            f"{self.gate.url}/a2a/{agent}", json=body, headers=versioned(body, headers or {}), timeout=timeout
+        )
 
 
 def versioned(body: dict[str, Any], headers: dict[str, str]) -> dict[str, str]:

@@ -44,8 +44,9 @@ class Permit2LedgerSigner(LedgerEvmSigner):
             return MAX_UINT256  # the payer approved Permit2 once, as Permit2 requires
         return super().read_contract(address, abi, function_name, *args)
 
-    def write_contract(self, address: str, abi: list[dict[str, Any]], function_name: str, *args: Any,
-                       data_suffix: str | None = None) -> str:
+    def write_contract(
+        self, address: str, abi: list[dict[str, Any]], function_name: str, *args: Any, data_suffix: str | None = None
+    ) -> str:
         if to_checksum_address(address) != to_checksum_address(X402_EXACT_PERMIT2_PROXY_ADDRESS):
             return super().write_contract(address, abi, function_name, *args, data_suffix=data_suffix)
         permit, owner = args[0], to_checksum_address(args[1])
@@ -74,7 +75,9 @@ def create_permit2_facilitator_app(db_path: str) -> Starlette:
         payload = parse_payment_payload(body["paymentPayload"])
         requirements = parse_payment_requirements(2, body["paymentRequirements"])
         result = await run_in_threadpool(getattr(facilitator, kind), payload, requirements)
-        calls["valid" if kind == "verify" else "settled"] += bool(getattr(result, "is_valid", None) or getattr(result, "success", None))
+        calls["valid" if kind == "verify" else "settled"] += bool(
+            getattr(result, "is_valid", None) or getattr(result, "success", None)
+        )
         return JSONResponse(result.model_dump(mode="json", by_alias=True, exclude_none=True))
 
     async def verify(request: Request) -> JSONResponse:
@@ -89,10 +92,12 @@ def create_permit2_facilitator_app(db_path: str) -> Starlette:
     async def counts(request: Request) -> JSONResponse:
         return JSONResponse({**calls, "permit2_settlements": len(signer.permit2_nonces)})
 
-    return Starlette(routes=[
-        Route("/verify", verify, methods=["POST"]),
-        Route("/settle", settle, methods=["POST"]),
-        Route("/supported", supported, methods=["GET"]),
-        Route("/healthz", lambda request: JSONResponse({"status": "ok"}), methods=["GET"]),
-        Route("/dev/counts", counts, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/verify", verify, methods=["POST"]),
+            Route("/settle", settle, methods=["POST"]),
+            Route("/supported", supported, methods=["GET"]),
+            Route("/healthz", lambda request: JSONResponse({"status": "ok"}), methods=["GET"]),
+            Route("/dev/counts", counts, methods=["GET"]),
+        ]
+    )

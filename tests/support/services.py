@@ -97,8 +97,19 @@ class OwnRedis:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 15.0) -> OwnRedis:
-        command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "no", "--dir", str(self.workdir)]
+        command = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+        ]
         with open(self.workdir / "redis.log", "ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
         client = redis.Redis.from_url(self.url, socket_timeout=1.0, socket_connect_timeout=1.0)

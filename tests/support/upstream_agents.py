@@ -113,8 +113,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-SDK_BEHAVIOURS = ('echo', 'slow', 'input-required', 'fail')
-RAW_BEHAVIOURS = ('hang', 'garbage', 'garbage-json', 'http500')
+SDK_BEHAVIOURS = ("echo", "slow", "input-required", "fail")
+RAW_BEHAVIOURS = ("hang", "garbage", "garbage-json", "http500")
 BEHAVIOURS = SDK_BEHAVIOURS + RAW_BEHAVIOURS
 
 SLOW_DELAY_S = 1.5
@@ -142,7 +142,7 @@ class EchoExecutor(AgentExecutor):
         task = await _open_task(context, event_queue)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         text = context.get_user_input()
-        await updater.add_artifact([new_text_part(f'upstream echo: {text}')], name='echo')
+        await updater.add_artifact([new_text_part(f"upstream echo: {text}")], name="echo")
         await updater.complete()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -163,7 +163,7 @@ class SlowExecutor(EchoExecutor):
         await asyncio.sleep(SLOW_DELAY_S)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         text = context.get_user_input()
-        await updater.add_artifact([new_text_part(f'upstream echo: {text}')], name='echo')
+        await updater.add_artifact([new_text_part(f"upstream echo: {text}")], name="echo")
         await updater.complete()
 
 
@@ -175,11 +175,11 @@ class InputRequiredExecutor(EchoExecutor):
         task = await _open_task(context, event_queue)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         if not follow_up:
-            ask = updater.new_agent_message([new_text_part('need more')])
+            ask = updater.new_agent_message([new_text_part("need more")])
             await updater.requires_input(message=ask)
             return
         text = context.get_user_input()
-        await updater.add_artifact([new_text_part(f'upstream got: {text}')], name='answer')
+        await updater.add_artifact([new_text_part(f"upstream got: {text}")], name="answer")
         await updater.complete()
 
 
@@ -189,7 +189,7 @@ class FailExecutor(EchoExecutor):
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = await _open_task(context, event_queue)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
-        await updater.failed(message=updater.new_agent_message([new_text_part('upstream broke')]))
+        await updater.failed(message=updater.new_agent_message([new_text_part("upstream broke")]))
 
 
 class ReturnImmediatelyHandler(DefaultRequestHandler):
@@ -199,40 +199,38 @@ class ReturnImmediatelyHandler(DefaultRequestHandler):
     `returnImmediately`) also get a `working` task and have to poll.
     """
 
-    async def on_message_send(
-        self, params: SendMessageRequest, context: ServerCallContext
-    ) -> Message | Task:
+    async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
         params.configuration.return_immediately = True
         return await super().on_message_send(params, context)
 
 
 _EXECUTORS: dict[str, type[AgentExecutor]] = {
-    'echo': EchoExecutor,
-    'slow': SlowExecutor,
-    'input-required': InputRequiredExecutor,
-    'fail': FailExecutor,
+    "echo": EchoExecutor,
+    "slow": SlowExecutor,
+    "input-required": InputRequiredExecutor,
+    "fail": FailExecutor,
 }
 
 
 def agent_card(url: str, behaviour: str) -> AgentCard:
     """The card for `behaviour`, advertising JSON-RPC 1.0 and 0.3 at `url`."""
     return AgentCard(
-        name=f'upstream-{behaviour}',
-        description=f'Test upstream agent ({behaviour})',
-        version='1.0.0',
+        name=f"upstream-{behaviour}",
+        description=f"Test upstream agent ({behaviour})",
+        version="1.0.0",
         supported_interfaces=[
-            AgentInterface(url=url, protocol_binding='JSONRPC', protocol_version='1.0'),
-            AgentInterface(url=url, protocol_binding='JSONRPC', protocol_version='0.3'),
+            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0"),
+            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="0.3"),
         ],
         capabilities=AgentCapabilities(streaming=True, push_notifications=False),
-        default_input_modes=['text/plain'],
-        default_output_modes=['text/plain'],
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
         skills=[
             AgentSkill(
                 id=behaviour,
                 name=behaviour,
                 description=f'Behaves as "{behaviour}"',
-                tags=['test'],
+                tags=["test"],
             )
         ],
     )
@@ -249,7 +247,7 @@ def _card_route(behaviour: str) -> Route:
         url = str(request.base_url)
         return JSONResponse(agent_card_to_dict(agent_card(url, behaviour)))
 
-    return Route(AGENT_CARD_WELL_KNOWN_PATH, card, methods=['GET'])
+    return Route(AGENT_CARD_WELL_KNOWN_PATH, card, methods=["GET"])
 
 
 async def _hang(request: Request) -> Response:
@@ -267,43 +265,43 @@ async def _hang(request: Request) -> Response:
             await asyncio.sleep(0.1)
     except asyncio.CancelledError:
         pass
-    return PlainTextResponse('too late', status_code=504)
+    return PlainTextResponse("too late", status_code=504)
 
 
 async def _garbage(request: Request) -> Response:
-    return PlainTextResponse('this is not json')
+    return PlainTextResponse("this is not json")
 
 
 async def _garbage_json(request: Request) -> Response:
-    return Response(GARBAGE_JSON, media_type='application/json')
+    return Response(GARBAGE_JSON, media_type="application/json")
 
 
 async def _http500(request: Request) -> Response:
-    return PlainTextResponse('upstream exploded', status_code=500)
+    return PlainTextResponse("upstream exploded", status_code=500)
 
 
 _RAW_ENDPOINTS = {
-    'hang': _hang,
-    'garbage': _garbage,
-    'garbage-json': _garbage_json,
-    'http500': _http500,
+    "hang": _hang,
+    "garbage": _garbage,
+    "garbage-json": _garbage_json,
+    "http500": _http500,
 }
 
 
 def build_upstream_app(behaviour: str) -> Starlette:
     """A Starlette app acting as an upstream A2A agent with `behaviour`."""
     if behaviour in _RAW_ENDPOINTS:
-        routes = [_card_route(behaviour), Route('/', _RAW_ENDPOINTS[behaviour], methods=['POST'])]
+        routes = [_card_route(behaviour), Route("/", _RAW_ENDPOINTS[behaviour], methods=["POST"])]
         return Starlette(routes=routes)
     if behaviour not in _EXECUTORS:
-        raise ValueError(f'unknown upstream behaviour {behaviour!r}; expected one of {BEHAVIOURS}')
+        raise ValueError(f"unknown upstream behaviour {behaviour!r}; expected one of {BEHAVIOURS}")
 
-    handler_class = ReturnImmediatelyHandler if behaviour == 'slow' else DefaultRequestHandler
+    handler_class = ReturnImmediatelyHandler if behaviour == "slow" else DefaultRequestHandler
     handler = handler_class(
         agent_executor=_EXECUTORS[behaviour](),
         task_store=InMemoryTaskStore(),
         # The card URL is a placeholder: the handler only reads capabilities.
-        agent_card=agent_card('http://127.0.0.1/', behaviour),
+        agent_card=agent_card("http://127.0.0.1/", behaviour),
     )
 
     @asynccontextmanager
@@ -311,5 +309,5 @@ def build_upstream_app(behaviour: str) -> Starlette:
         yield
         await handler.aclose()
 
-    routes = [_card_route(behaviour), *create_jsonrpc_routes(handler, '/', enable_v0_3_compat=True)]
+    routes = [_card_route(behaviour), *create_jsonrpc_routes(handler, "/", enable_v0_3_compat=True)]
     return Starlette(routes=routes, lifespan=lifespan)
