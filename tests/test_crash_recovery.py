@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.gate_helpers import cli
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import PaidSetup, Payer, paid_config, send_body
 
@@ -193,9 +194,7 @@ def test_reconcile_beside_a_live_server_steals_no_live_claim(tmp_path, facilitat
         task = paid.post("paid-slow", send_body("sleep 10", blocking=False), headers).json()["result"]
         wait_for(lambda: claim_states(paid.db_path) == ["running"])
         time.sleep(2.0)  # past one lease: only renewal keeps it alive
-        command = [sys.executable, "-m", "gate.cli", "reconcile", "--config", str(paid.gate.config)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
+        cli("reconcile", "--config", str(paid.gate.config))  # exits 0, or the test fails with its output
         assert claim_states(paid.db_path) == ["running"]
         assert "release" not in [r["action"] for r in paid.payment_rows()]
         wait_for(lambda: claim_states(paid.db_path) == ["settled"], timeout=20)

@@ -14,6 +14,7 @@ import httpx
 
 from devnet import cli
 from tests.support.gate_process import free_port
+from tests.support.paid import send_body
 
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 90.0) -> None:
@@ -124,20 +125,7 @@ def test_production_server_runs_without_the_extra_and_dev_facilitator_says_what_
         )
     try:
         wait_healthy(f"http://127.0.0.1:{port}", serve, log)
-        body = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "message/send",
-            "params": {
-                "message": {
-                    "kind": "message",
-                    "role": "user",
-                    "messageId": "m1",
-                    "parts": [{"kind": "text", "text": "hi"}],
-                }
-            },
-        }
-        assert httpx.post(f"http://127.0.0.1:{port}/a2a/paid-echo", json=body).status_code == 501
+        assert httpx.post(f"http://127.0.0.1:{port}/a2a/paid-echo", json=send_body("hi")).status_code == 501
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(15)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+from tests.support.gate_helpers import create_key
 from tests.support.gate_process import free_port
 from tests.support.paid import Payer, paid_config, send_body
 
@@ -103,27 +104,7 @@ def test_trusted_proxy_forwarded_address_is_the_limiter_key(tmp_path, facilitato
 
 
 def test_principal_on_a_priced_agent_never_touches_the_payment_path(paid, tmp_path):
-    import subprocess
-    import sys
-
-    made = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gate.cli",
-            "keys",
-            "--config",
-            str(paid.gate.config),
-            "create",
-            "ops",
-            "--agent",
-            "paid",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    key = made.stdout.split("keep it secret): ")[1].split()[0]
+    key = create_key(paid.gate.config, "ops", ["paid"])
     headers = {"Authorization": f"Bearer {key}", **Payer().header_for(paid.gate.url)}
     task = paid.post("paid", send_body("free"), headers).json()["result"]
     assert task["status"]["state"] == "completed"

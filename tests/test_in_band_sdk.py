@@ -10,8 +10,6 @@ with send and stream.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import uuid
 from typing import Any
 
@@ -32,6 +30,7 @@ from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.struct_pb2 import Struct
 
+from tests.support.gate_helpers import create_key
 from tests.support.in_band import EXTENSION_V02, forge
 from tests.support.paid import Payer
 
@@ -149,24 +148,7 @@ def test_sdk_client_pays_by_metadata_on_the_http_flow(paid, dialect):
 
 
 def test_sdk_auth_interceptor_attaches_the_key_from_the_card(paid):
-    made = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gate.cli",
-            "keys",
-            "--config",
-            str(paid.gate.config),
-            "create",
-            "ops",
-            "--agent",
-            "echo",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    api_key = made.stdout.split("keep it secret): ")[1].split()[0]
+    api_key = create_key(paid.gate.config, "ops", ["echo"])
 
     async def run() -> tuple[dict[str, Any], BaseException | None]:
         store = InMemoryContextCredentialStore()

@@ -10,13 +10,12 @@ for each token's signature, with and without `0x`.
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from typing import Any
 
 import httpx
 
 from devnet.payer import encode_header
+from tests.support.gate_helpers import create_key
 from tests.support.in_band import ACTIVATE, forge, offer_v1, paying_body, task_of
 from tests.support.paid import Payer, send_body
 
@@ -46,24 +45,7 @@ def as_struct_numbers(token: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_no_token_signature_or_key_is_kept_or_echoed(paid):
-    made = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gate.cli",
-            "keys",
-            "--config",
-            str(paid.gate.config),
-            "create",
-            "ops",
-            "--agent",
-            "echo",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    api_key = made.stdout.split("keep it secret): ")[1].split()[0]
+    api_key = create_key(paid.gate.config, "ops", ["echo"])
     payer = Payer()
     seen = Secrets()
     seen.values.append(api_key)

@@ -7,8 +7,6 @@ answers Ethereum JSON-RPC (`eth_call authorizationState`, `eth_getLogs`) at `/rp
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,9 +15,9 @@ import httpx
 import pytest
 
 from devnet.chain import DEV_NETWORK
-from devnet.ledger import DevLedger
+from tests.support import gate_helpers
 from tests.support.gate_process import free_port
-from tests.support.paid import ASSET, PaidSetup, Payer, paid_config, send_body
+from tests.support.paid import ASSET, PaidSetup, Payer, make_poor_after_verify, paid_config, send_body
 
 
 def gate_with(
@@ -44,14 +42,7 @@ def claim_rows(db: Path) -> list[dict]:
 
 
 def cli(paid: PaidSetup, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "gate.cli", *args, "--config", str(paid.gate.config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return gate_helpers.cli(*args, "--config", str(paid.gate.config)).stdout
 
 
 def metric(paid: PaidSetup, name: str) -> float:
@@ -113,12 +104,7 @@ def test_settle_definitively_refused_is_written_off(tmp_path, facilitator, start
         target=lambda: answer.update(paid.post("paid-slow", send_body("sleep 1.5"), headers).json())
     )
     sender.start()
-    deadline = time.monotonic() + 10
-    while not [r for r in paid.payment_rows() if r["action"] == "verify"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    ledger = DevLedger(str(tmp_path / "ledger.db"))
-    ledger.set_balance(DEV_NETWORK, ASSET, payer.address, 0)  # spent elsewhere while the agent works
-    ledger.close()
+    make_poor_after_verify(paid, tmp_path / "ledger.db", payer)  # spent elsewhere while the agent works
     sender.join(30)
     task = answer["result"]
     assert task["status"]["state"] == "completed"  # deliver (the default): the work was delivered

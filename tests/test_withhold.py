@@ -10,16 +10,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
 from pathlib import Path
 
 import httpx
 
-from devnet.chain import DEV_NETWORK
-from devnet.ledger import DevLedger
 from tests.support.gate_helpers import sse_events
 from tests.support.gate_process import free_port
-from tests.support.paid import ASSET, PAY_TO, PaidSetup, Payer, paid_config, send_body
+from tests.support.paid import ASSET, PAY_TO, PaidSetup, Payer, make_poor_after_verify, paid_config, send_body
 
 WITHHOLDING = f"""
 [agents.withheld]
@@ -43,16 +40,6 @@ def stored_documents(db: Path) -> str:
         return json.dumps([r[0] for r in conn.execute("SELECT document FROM tasks")])
     finally:
         conn.close()
-
-
-def make_poor_after_verify(paid: PaidSetup, tmp_path: Path, payer: Payer) -> None:
-    """Once the payment is verified, the payer's funds go elsewhere: the settle will be refused."""
-    deadline = time.monotonic() + 10
-    while not paid.payment_rows("verify") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    ledger = DevLedger(str(tmp_path / "ledger.db"))
-    ledger.set_balance(DEV_NETWORK, ASSET, payer.address, 0)
-    ledger.close()
 
 
 def assert_no_paid_surface(task: dict) -> None:
@@ -104,7 +91,7 @@ def test_refused_settlement_withholds_the_answer_everywhere(tmp_path, facilitato
         target=lambda: answer.update(paid.post("withheld", send_body("sleep 1.5"), headers).json())
     )
     sender.start()
-    make_poor_after_verify(paid, tmp_path, payer)
+    make_poor_after_verify(paid, tmp_path / "ledger.db", payer)
     sender.join(30)
     task = answer["result"]
     assert_no_paid_surface(task)
@@ -137,7 +124,7 @@ def test_refused_settlement_streams_no_artifact(tmp_path, facilitator, start_gat
 
     sender = threading.Thread(target=stream)
     sender.start()
-    make_poor_after_verify(paid, tmp_path, payer)
+    make_poor_after_verify(paid, tmp_path / "ledger.db", payer)
     sender.join(30)
     events = [e["result"] for e in sse_events(body["text"])]
     assert ANSWER not in body["text"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,3 +209,16 @@ def versioned(body: dict[str, Any], headers: dict[str, str]) -> dict[str, str]:
     if isinstance(method, str) and method[:1].isupper() and not any(k.lower() == "a2a-version" for k in headers):
         return {**headers, "A2A-Version": "1.0"}
     return headers
+
+
+def make_poor_after_verify(paid: PaidSetup, ledger_path: Path, payer: Payer) -> None:
+    """Once the payment is verified, the payer's funds go elsewhere: the settle will be refused."""
+    from devnet.chain import DEV_NETWORK
+    from devnet.ledger import DevLedger
+
+    deadline = time.monotonic() + 10
+    while not paid.payment_rows("verify") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ledger = DevLedger(str(ledger_path))
+    ledger.set_balance(DEV_NETWORK, ASSET, payer.address, 0)
+    ledger.close()
