@@ -206,19 +206,24 @@ class PaymentGate:
             if claim.state == ClaimState.SETTLING:
                 self.claims.orphan_settling(claim.token_digest)
                 continue
-            self.claims.release(claim.token_digest)
-            self.log.append(
-                "release",
-                agent=claim.agent,
-                token_digest=claim.token_digest,
-                payer=claim.payer,
-                task_id=claim.task_id,
-                error="interrupted by a restart: not charged",
-            )
-            task = store.get(claim.task_id, f"payer:{claim.payer}", claim.agent) if claim.task_id else None
-            if task is not None and task["status"]["state"] not in TERMINAL_STATES:
-                set_status(task, "failed", agent_message(task, "Interrupted by a server restart; nothing was charged."))
-                store.save(task)
+
+            def write(claim: Claim = claim) -> None:
+                self.claims.release(claim.token_digest)
+                self.log.append(
+                    "release",
+                    agent=claim.agent,
+                    token_digest=claim.token_digest,
+                    payer=claim.payer,
+                    task_id=claim.task_id,
+                    error="interrupted by a restart: not charged",
+                )
+                task = store.get(claim.task_id, f"payer:{claim.payer}", claim.agent) if claim.task_id else None
+                if task is not None and task["status"]["state"] not in TERMINAL_STATES:
+                    message = agent_message(task, "Interrupted by a server restart; nothing was charged.")
+                    set_status(task, "failed", message)
+                    store.save(task)
+
+            await commit_until_stored(self.claims.db, write, "a release after a restart")
 
     async def reconcile(self, *, now: bool = False) -> list[dict[str, Any]]:
         """Settle owed claims that are due (all of them with `now`), then repair tasks left

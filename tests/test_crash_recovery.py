@@ -95,7 +95,8 @@ def test_claim_left_running_by_a_killed_process_is_released_uncharged(tmp_path, 
         wait_for(lambda: claim_states(paid.db_path) == ["running"])
         paid.gate.kill()
         paid.gate.start()
-        assert claim_states(paid.db_path) == []
+        # found at start if the dead owner's lease already ran out, else by the reconciler within one lease
+        wait_for(lambda: claim_states(paid.db_path) == [], timeout=15)
         assert [r["action"] for r in paid.payment_rows()] == ["verify", "release"]
         body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": task["id"]}}
         # the claim is gone, so ownership is proven by the token verifying to the payer again
