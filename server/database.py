@@ -1,53 +1,139 @@
-"""The one SQLite file that holds tasks and keys (and what is built on the server adds: the
-gate's claims and payment log, each created by the module that owns it).
+"""The store's seam: one small async interface over SQL, with two engines behind it.
 
-Shared by every worker process through the file (WAL mode), so what one worker writes
-(a task, a claim) holds for all of them. Connections are in autocommit mode; multi-statement
-changes use `transaction()` with ``BEGIN IMMEDIATE`` so writers serialise early.
+Each table's owner (tasks and keys in the server; claims and the payment log in the gate)
+writes portable SQL with ``?`` placeholders against `Database` and never learns which
+engine runs it. `open_database` picks one from the configured `database`:
+
+- a path: one embedded SQLite file (`server/sqlite_store.py`), the default, shared by the
+  workers of one machine;
+- a ``postgresql://`` URL: a connection pool to PostgreSQL (`server/postgres_store.py`),
+  shared by replicas on many machines.
+
+Portable SQL here means: ``?`` placeholders, ``INSERT ... ON CONFLICT DO NOTHING`` (and
+the rowcount) where a unique key decides, ``DOUBLE PRECISION``-compatible floats for
+times, integers for flags, and `Database.json_text` for the one JSON lookup.
+
+Every statement inside ``async with db.transaction():`` runs in that one transaction,
+however deep the call that issues it; outside one, each statement commits by itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-import sqlite_utils
-
-
-def open_database(path: str) -> sqlite_utils.Database:
-    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
-    db = sqlite_utils.Database(conn)
-    if path != ":memory:":
-        db.enable_wal()
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA busy_timeout=10000")
-    create_schema(db)
-    return db
-
-
-@contextmanager
-def transaction(db: sqlite_utils.Database) -> Iterator[sqlite3.Connection]:
-    conn = db.conn
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
+Row = dict[str, Any]
+Statements = Sequence[str] | Callable[["Database"], Awaitable[None]]
 
 logger = logging.getLogger("a2a_gate.database")
 
 
+class Unavailable(Exception):
+    """The database cannot take the statement now (unreachable, locked, full): try again later."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step, in each engine's words: statements, or a function for what SQL cannot say."""
+
+    sqlite: Statements
+    postgresql: Statements
+
+
+class Database(ABC):
+    dialect: ClassVar[str]
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect (a pool, a file); called once before the first statement."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        """Run one statement; the number of rows it changed."""
+
+    @abstractmethod
+    async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        """Run one query; its rows as dicts keyed by column name."""
+
+    @abstractmethod
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        """All statements issued inside run in one transaction, committed at the end or rolled back."""
+
+    @abstractmethod
+    async def check_writable(self) -> None:
+        """Raise `Unavailable` unless a write could start now (the readiness check)."""
+
+    @abstractmethod
+    def json_text(self, column: str, *path: str) -> str:
+        """A SQL expression for the text at `path` inside a JSON document column."""
+
+    @abstractmethod
+    async def lock_schema(self) -> None:
+        """Inside a transaction: hold off every other process migrating the schema until it ends."""
+
+    async def fetchrow(self, sql: str, args: Sequence[Any] = ()) -> Row | None:
+        rows = await self.fetch(sql, args)
+        return rows[0] if rows else None
+
+    async def fetchval(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        row = await self.fetchrow(sql, args)
+        return None if row is None else next(iter(row.values()))
+
+    async def migrate(self, component: str, steps: Sequence[Migration]) -> int:
+        """Bring `component`'s tables to the newest of `steps` (version n is steps[n-1]).
+
+        Safe when several processes or replicas start at once: one migrates under the
+        schema lock, the others then find the version current. Returns the version.
+        """
+        await self.execute(
+            "CREATE TABLE IF NOT EXISTS schema_versions (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+        )
+        async with self.transaction():
+            await self.lock_schema()
+            current = await self.fetchval("SELECT version FROM schema_versions WHERE component = ?", (component,))
+            current = current or 0
+            for version, step in enumerate(steps, start=1):
+                if version <= current:
+                    continue
+                statements = getattr(step, self.dialect)
+                if callable(statements):
+                    await statements(self)
+                else:
+                    for statement in statements:
+                        await self.execute(statement)
+            if len(steps) > current:
+                await self.execute(
+                    "INSERT INTO schema_versions (component, version) VALUES (?, ?)"
+                    " ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+                    (component, len(steps)),
+                )
+        return max(current, len(steps))
+
+
+def open_database(location: str) -> Database:
+    """The engine for `location`: a ``postgresql://`` URL, else a SQLite path. Call `open()` next."""
+    if location.startswith(("postgresql://", "postgres://")):
+        from server.postgres_store import PostgresDatabase
+
+        return PostgresDatabase(location)
+    from server.sqlite_store import SQLiteDatabase
+
+    return SQLiteDatabase(location)
+
+
 async def commit_until_stored(
-    db: sqlite_utils.Database, write: Callable[[], None], what: str, patience: float = 300.0
+    db: Database, write: Callable[[], Awaitable[None]], what: str, patience: float = 300.0
 ) -> None:
-    """Run `write` in one transaction, again until it sticks (a locked or full database).
+    """Run `write` in one transaction, again until it sticks (a locked, full or unreachable database).
 
     For records that must not be lost once money has moved: a settle outcome, and the
     task that shows it. Gives up (raising) only after `patience` seconds.
@@ -56,45 +142,12 @@ async def commit_until_stored(
     delay = 0.05
     while True:
         try:
-            with transaction(db):
-                write()
+            async with db.transaction():
+                await write()
             return
-        except sqlite3.Error as exc:
+        except Unavailable as exc:
             if time.monotonic() > deadline:
                 raise
-            logger.warning("storing %s failed (%s), retrying", what, type(exc).__name__)
+            logger.warning("storing %s failed (%s), retrying", what, exc)
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
-
-
-def create_schema(db: sqlite_utils.Database) -> None:
-    """Create tables and indexes if missing; safe to run from every worker at start."""
-    tables = set(db.table_names())
-    if "tasks" not in tables:
-        db.table("tasks").create(
-            {
-                "id": str,
-                "agent": str,
-                "context_id": str,
-                "state": str,
-                "owner": str,  # "key:<name>" for a principal, "payer:<address>" for a payer
-                "document": str,  # the Task as JSON, canonical (v0.3) shape
-                "backend_ref": str,  # a backend's memory for the task (an upstream's task id)
-                "created_at": float,
-                "updated_at": float,
-                "deadline_at": float,
-            },
-            pk="id",
-            if_not_exists=True,
-        )
-        db.table("tasks").create_index(["state", "updated_at"], if_not_exists=True)
-    # requests awaiting payment are counted per caller
-    db.table("tasks").create_index(["owner", "state"], if_not_exists=True)
-    # ListTasks: one owner's tasks at one agent, newest first (also added to older files)
-    db.table("tasks").create_index(["owner", "agent", "updated_at"], if_not_exists=True)
-    if "api_keys" not in tables:
-        db.table("api_keys").create(
-            {"sha256": str, "name": str, "agents": str, "revoked": int, "created_at": float},
-            pk="sha256",
-            if_not_exists=True,
-        )
