@@ -59,7 +59,14 @@ def start_gate(tmp_path: Path) -> Iterator[Callable[..., GateProcess]]:
 
     yield start
     for gate in started:
-        gate.stop()
+        gate.stop_later()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """No gate outlives the session: wait for the ones teardowns asked to stop."""
+    from tests.support.gate_process import reap_stopped
+
+    reap_stopped()
 
 
 @pytest.fixture
