@@ -119,7 +119,7 @@ def facilitator(tmp_path: Path) -> Iterator[str]:
     from devnet.facilitator import create_facilitator_app
     from tests.support.serve import serve_app
 
-    with serve_app(create_facilitator_app(str(tmp_path / "ledger.db"))) as url:
+    with serve_app(create_facilitator_app(str(tmp_path / "ledger.db")), wait_on_exit=False) as url:
         yield url
 
 
@@ -144,7 +144,7 @@ def module_paid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PaidSetup]
     from tests.support.serve import serve_app
 
     folder = tmp_path_factory.mktemp("paid")
-    with serve_app(create_facilitator_app(str(folder / "ledger.db"))) as facilitator:
+    with serve_app(create_facilitator_app(str(folder / "ledger.db")), wait_on_exit=False) as facilitator:
         port = free_port()
         config = folder / "gate.toml"
         config.write_text(paid_config(f"http://127.0.0.1:{port}", facilitator))

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 
-
 # Processes asked to stop by a teardown, not yet waited for (see GateProcess.stop_later).
 _stopping: list[subprocess.Popen[bytes]] = []
 
