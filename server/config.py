@@ -116,6 +116,7 @@ class HttpConfig:
     body_timeout_seconds: float = 30.0  # the whole body, from the end of the headers
     keep_alive_seconds: float = 5.0  # an idle connection between requests
     max_head_bytes: int = 16_384  # request line and headers together; a larger head is answered 400
+    drain_seconds: float = 10.0  # on SIGTERM: how long requests and running work may finish
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,11 @@ DEMO_PRICE = Price(
     pay_to="0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
     extra={"name": "USDC", "version": "2"},
 )
+
+
+def is_database_url(database: str) -> bool:
+    """A PostgreSQL URL (replicas sharing one store), not a SQLite path."""
+    return database.startswith(("postgresql://", "postgres://"))
 
 
 def default_settings(database: str = "a2a-gate.db") -> Settings:
@@ -291,7 +297,7 @@ class _Reader:
         if public_url:
             public_url = self.http_url(public_url, "public_url")
         database = self.get(raw, "database", str, defaults.database, "database")
-        if database != ":memory:" and not os.path.isabs(database):
+        if not is_database_url(database) and database != ":memory:" and not os.path.isabs(database):
             database = str(base_dir / database)
 
         limits = self.table(raw, "limits", "limits")
@@ -404,7 +410,9 @@ class _Reader:
 
     def http(self, raw: dict[str, Any]) -> HttpConfig:
         self.unknown(
-            raw, {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes"}, "http"
+            raw,
+            {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes", "drain_seconds"},
+            "http",
         )
         d = HttpConfig()
         return HttpConfig(
@@ -418,6 +426,7 @@ class _Reader:
                 raw, "keep_alive_seconds", d.keep_alive_seconds, "http.keep_alive_seconds", float
             ),
             max_head_bytes=self.positive(raw, "max_head_bytes", d.max_head_bytes, "http.max_head_bytes"),
+            drain_seconds=self.positive(raw, "drain_seconds", d.drain_seconds, "http.drain_seconds", float),
         )
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:

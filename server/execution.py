@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.agents import AgentRegistry, AgentReply, AgentRequest, for_agent
-from server.database import commit_until_stored, transaction
+from server.database import commit_until_stored
 from server.dialects import INTERRUPTED_STATES
 from server.tasks import TaskStore, agent_message, new_id, set_status
 
 logger = logging.getLogger("a2a_gate.execution")
 
 STREAM_QUEUE_SIZE = 64
+CANCEL_POLL_SECONDS = 0.25  # how soon a cancel asked of another process reaches this one
+STOP_SECONDS = 5.0  # on shutdown, how long undelivered work has to record that it stopped
 UNDELIVERED_STATES = INTERRUPTED_STATES | {"failed", "rejected", "canceled"}
 
 
@@ -47,10 +49,10 @@ class Settlement:
     when nothing is to be charged.
     """
 
-    mark_delivered: Callable[[dict[str, Any] | None], None]
+    mark_delivered: Callable[[dict[str, Any] | None], Awaitable[None]]
     delivered: Callable[[dict[str, Any]], Awaitable[Collected]]
     not_delivered: Callable[[dict[str, Any]], Awaitable[None]]
-    saved: Callable[[], None] = lambda: None
+    saved: Callable[[], Awaitable[None]]
     abandoned: Callable[[], None] = lambda: None
     withhold: bool = False  # settle before the answer leaves; unpaid, it never does
 
@@ -77,6 +79,7 @@ class Execution:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     subscribers: list[Subscriber] = field(default_factory=list)
     delivering: bool = False  # past this point the work is delivered and may not be cancelled
+    stopped_by_shutdown: bool = False
     job: asyncio.Task[None] | None = None
 
     def publish(self, event: dict[str, Any]) -> None:
@@ -123,6 +126,8 @@ class Runner:
         self.store = store
         self.agents = agents
         self.live: dict[str, Execution] = {}
+        self.cancels_seen: set[str] = set()  # cancel requests from other processes, acted on once
+        self.cancelling: set[asyncio.Task[str | None]] = set()
 
     def start(
         self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None
@@ -157,16 +162,44 @@ class Runner:
         if cancel is None:
             return True
         try:
-            return bool(await cancel(task_id, self.store.backend_ref(task_id)))
+            return bool(await cancel(task_id, await self.store.backend_ref(task_id)))
         except Exception as exc:  # noqa: BLE001 -- a backend bug refuses the cancel, never the request
             logger.warning("agent %s: cancel raised %s", agent, type(exc).__name__)
             return False
 
+    async def follow_cancel_requests(self) -> None:
+        """Cancel the tasks running here that another worker or replica was asked to cancel
+        (`tasks/cancel` lands on any of them; the store carries the request)."""
+        while True:
+            await asyncio.sleep(CANCEL_POLL_SECONDS)
+            try:
+                asked = await self.store.cancel_requests([i for i in self.live if i not in self.cancels_seen])
+            except Exception as exc:  # noqa: BLE001 -- a store outage delays cancels, it ends nothing
+                logger.warning("reading cancel requests failed: %s", type(exc).__name__)
+                continue
+            for task_id in asked:
+                execution = self.live.get(task_id)
+                if execution is not None:
+                    self.cancels_seen.add(task_id)
+                    job = asyncio.create_task(self.cancel(execution), name=f"cancel-{task_id}")
+                    self.cancelling.add(job)
+                    job.add_done_callback(self.cancelling.discard)
+
     async def drain(self, timeout: float) -> None:
-        """On shutdown: let running executions (and their settlements) finish."""
+        """On shutdown: let running executions (and their settlements) finish within `timeout`;
+        then stop the undelivered rest, which releases their claims uncharged now rather than
+        after a lease. Delivered work keeps settling; if the process ends first, its claim's
+        lease runs out and another process settles it."""
         jobs = [e.job for e in self.live.values() if e.job is not None]
-        if jobs:
-            await asyncio.wait(jobs, timeout=timeout)
+        if not jobs:
+            return
+        _, unfinished = await asyncio.wait(jobs, timeout=timeout)
+        stopping = [e for e in self.live.values() if e.job in unfinished and not e.delivering]
+        for execution in stopping:
+            execution.stopped_by_shutdown = True
+            execution.job.cancel()  # type: ignore[union-attr]
+        if stopping:
+            await asyncio.wait([e.job for e in stopping if e.job is not None], timeout=STOP_SECONDS)
 
     async def _run(self, execution: Execution, message: dict[str, Any]) -> None:
         task = execution.task
@@ -184,7 +217,8 @@ class Runner:
         except asyncio.CancelledError:
             if execution.delivering:
                 raise  # shutting down mid-settlement: the claim row lets the reconciler finish it
-            set_status(task, "canceled", agent_message(task, "Canceled by the caller."))
+            why = "Stopped by a server shutdown; nothing was charged." if execution.stopped_by_shutdown else None
+            set_status(task, "canceled", agent_message(task, why or "Canceled by the caller."))
             await self._finish_undelivered(execution)
         except Exception:
             logger.exception("execution of task %s failed", task["id"])
@@ -197,6 +231,7 @@ class Runner:
                 await self._finish_undelivered(execution)
         finally:
             self.live.pop(task["id"], None)
+            self.cancels_seen.discard(task["id"])
             execution.done.set()
 
     async def _call_backend(self, execution: Execution, message: dict[str, Any]) -> AgentReply:
@@ -207,7 +242,7 @@ class Runner:
             task_id=task["id"],
             context_id=task["contextId"],
             # a new task (one message) has no backend memory yet; a continued one may
-            backend_ref=self.store.backend_ref(task["id"]) if len(task.get("history") or []) > 1 else {},
+            backend_ref=await self.store.backend_ref(task["id"]) if len(task.get("history") or []) > 1 else {},
         )
         deadline = self.agents.deadline_seconds(execution.agent)
         try:
@@ -223,7 +258,7 @@ class Runner:
             logger.warning("agent %s raised %s", execution.agent, type(exc).__name__)
             return AgentReply.failed("The agent failed.")
         if reply.backend_ref:
-            self.store.save(task, backend_ref=reply.backend_ref)
+            await self.store.save(task, backend_ref=reply.backend_ref)
         return reply
 
     async def _deliver(self, execution: Execution, reply: AgentReply) -> None:
@@ -233,17 +268,17 @@ class Runner:
         if settlement is None:  # the free path: the artifact is saved with the final status
             self._show(execution, artifact)
             set_status(task, "completed", agent_message(task, text))
-            self.store.save(task)
+            await self.store.save(task)
             execution.publish(status_event(task, final=True))
             return
         if settlement.withhold:  # the answer stays out of the task, its streams and the store until paid
-            with transaction(self.store.db):
-                settlement.mark_delivered({"artifact": artifact, "text": text})
+            async with self.store.db.transaction():
+                await settlement.mark_delivered({"artifact": artifact, "text": text})
         else:
             task.setdefault("artifacts", []).append(artifact)
-            with transaction(self.store.db):
-                self.store.save(task)
-                settlement.mark_delivered(None)
+            async with self.store.db.transaction():
+                await self.store.save(task)
+                await settlement.mark_delivered(None)
             execution.publish(artifact_event(task, artifact))
         # shielded: a cancel arriving now must not interrupt a settlement
         collected = await asyncio.shield(settlement.delivered(task))
@@ -267,9 +302,9 @@ class Runner:
         settlement = execution.settlement
         assert settlement is not None
 
-        def write() -> None:
-            self.store.save(execution.task)
-            settlement.saved()
+        async def write() -> None:
+            await self.store.save(execution.task)
+            await settlement.saved()
 
         await commit_until_stored(self.store.db, write, "a settled task")
 
@@ -299,5 +334,5 @@ class Runner:
         task = execution.task
         if execution.settlement is not None:
             await asyncio.shield(execution.settlement.not_delivered(task))
-        self.store.save(task)
+        await self.store.save(task)
         execution.publish(status_event(task, final=True))
