@@ -13,8 +13,11 @@ primary key and a partial unique index, rowcount checked), a task written then u
 three statements in one transaction. Each case runs sequentially (one task) and with
 `--concurrency` tasks at once; the drivers alternate, in both orders, over `--rounds`.
 
-``psycopg+check`` is psycopg with the pool's `check_connection` on every checkout (one
-more round trip), the price of finding a dead connection before a statement does.
+``asyncpg`` is its pool as shipped: each release resets the connection (one more round
+trip: ``RESET ALL``, ``UNLISTEN *``, ...); ``asyncpg-noreset`` skips that. ``psycopg+check``
+is psycopg with the pool's `check_connection` on every checkout (one more round trip), the
+price of finding a dead connection before a statement does. ``store`` is
+`server.postgres_store.PostgresDatabase` itself, on psycopg: what the gate gets.
 
 Every run works in a schema of its own, dropped at the end.
 """
@@ -26,7 +29,6 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import uuid
@@ -133,6 +135,7 @@ class Driver(ABC):
 
 class Asyncpg(Driver):
     name = "asyncpg"
+    reset = True
 
     def translate(self, sql: str) -> str:
         parts = sql.split("?")
@@ -141,8 +144,15 @@ class Asyncpg(Driver):
     async def open(self) -> None:
         import asyncpg
 
+        async def keep(conn: Any) -> None:
+            return None
+
         self.pool = await asyncpg.create_pool(
-            self.url, min_size=1, max_size=self.pool_size, server_settings={"search_path": self.schema}
+            self.url,
+            min_size=1,
+            max_size=self.pool_size,
+            server_settings={"search_path": self.schema},
+            reset=None if self.reset else keep,
         )
 
     async def close(self) -> None:
@@ -228,12 +238,47 @@ class Psycopg(Driver):
                 self.conn.reset(token)
 
 
+class AsyncpgKept(Asyncpg):
+    name = "asyncpg-noreset"
+    reset = False
+
+
 class PsycopgChecked(Psycopg):
     name = "psycopg+check"
     check = True
 
 
-DRIVERS: dict[str, type[Driver]] = {d.name: d for d in (Asyncpg, Psycopg, PsycopgChecked)}
+class Store(Driver):
+    """The store itself (server/postgres_store.py): psycopg, its checkout check, its error mapping."""
+
+    name = "store"
+
+    def translate(self, sql: str) -> str:
+        return sql  # the store translates
+
+    async def open(self) -> None:
+        from server.postgres_store import PostgresDatabase
+
+        joiner = "&" if "?" in self.url else "?"
+        self.db = PostgresDatabase(
+            f"{self.url}{joiner}options=-csearch_path%3D{self.schema}&pool_max_size={self.pool_size}"
+        )
+        await self.db.open()
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        return await self.db.execute(sql, args)
+
+    async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        return await self.db.fetch(sql, args)
+
+    def transaction(self) -> Any:
+        return self.db.transaction()
+
+
+DRIVERS: dict[str, type[Driver]] = {d.name: d for d in (Asyncpg, AsyncpgKept, Psycopg, PsycopgChecked, Store)}
 
 
 # -- the operations -------------------------------------------------------------------------
@@ -315,7 +360,9 @@ class Result:
         return self.ops / self.seconds if self.seconds else 0.0
 
 
-async def measure(call: Callable[[int], Awaitable[None]], start: int, ops: int, tasks: int) -> tuple[float, list[float]]:
+async def measure(
+    call: Callable[[int], Awaitable[None]], start: int, ops: int, tasks: int
+) -> tuple[float, list[float]]:
     """Run `ops` calls over `tasks` tasks; wall seconds and each call's latency in ms."""
     latencies: list[float] = []
     counter = iter(range(start, start + ops))
@@ -383,24 +430,24 @@ async def run(args: argparse.Namespace, log: Callable[[str], None]) -> list[Resu
 
 
 def table(results: list[Result], drivers: list[str]) -> str:
-    head = ("case", "mode", *(f"{d} ops/s" for d in drivers), *(f"{d} p50/p99 ms" for d in drivers))
+    head = ("case", "mode", "driver", "ops/s", "p50 ms", "p99 ms", "vs first")
     rows = []
     by_key = {(r.driver, r.case, r.mode): r for r in results}
     for case in CASES:
         for mode in ("sequential", "concurrent"):
-            found = [by_key.get((d, case, mode)) for d in drivers]
-            rows.append(
-                (
-                    case,
-                    mode,
-                    *(f"{r.ops_per_second:,.0f}" if r else "-" for r in found),
-                    *(f"{r.p50_ms:.2f} / {r.p99_ms:.2f}" if r else "-" for r in found),
-                )
-            )
+            first = by_key.get((drivers[0], case, mode))
+            for name in drivers:
+                r = by_key.get((name, case, mode))
+                if r is None:
+                    continue
+                ratio = f"{r.ops_per_second / first.ops_per_second:.2f}×" if first and first.ops_per_second else "-"
+                rows.append((case, mode, name, f"{r.ops_per_second:,.0f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}", ratio))
     widths = [max(len(str(x[i])) for x in [head, *rows]) for i in range(len(head))]
 
     def render(cells: tuple[str, ...]) -> str:
-        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(
+            c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     return "\n".join([render(head), render(tuple("-" * w for w in widths)), *map(render, rows)])
 
@@ -408,7 +455,9 @@ def table(results: list[Result], drivers: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.drivers", description=__doc__.split("\n")[0])
     parser.add_argument("--url", default=DEFAULT_URL, help="the PostgreSQL to run on (a schema of its own)")
-    parser.add_argument("--drivers", default="asyncpg,psycopg,psycopg+check", help=", ".join(DRIVERS))
+    parser.add_argument(
+        "--drivers", default="asyncpg,asyncpg-noreset,psycopg,psycopg+check,store", help=", ".join(DRIVERS)
+    )
     parser.add_argument("--ops", type=int, default=2000, help="operations per case, mode, driver and round")
     parser.add_argument("--concurrency", type=int, default=16, help="tasks at once in the concurrent mode")
     parser.add_argument("--pool", type=int, default=10, help="pool size (the store's default maximum)")
@@ -433,9 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(results, names))
     if args.json:
-        args.json.write_text(
-            json.dumps([{**asdict(r), "ops_per_second": r.ops_per_second} for r in results], indent=2)
-        )
+        args.json.write_text(json.dumps([{**asdict(r), "ops_per_second": r.ops_per_second} for r in results], indent=2))
     return 0
 
 
