@@ -36,8 +36,12 @@ from psycopg_pool import AsyncConnectionPool
 from server.database import Database, Row, Unavailable
 
 CONNECT_TIMEOUT = 5  # seconds for one connection attempt (libpq connect_timeout), unless the URL says
-ACQUIRE_TIMEOUT = 10.0  # seconds a statement waits for a free pool connection before Unavailable
+ACQUIRE_TIMEOUT = 5.0  # seconds a statement waits for a free pool connection before Unavailable
 CHECK_TIMEOUT = 2.0  # seconds the readiness check may take
+# seconds one chain of reconnection attempts (backoff 1, 2, 4 s...) goes on before giving up; the
+# next request starts a new one. The pool's default (5 min) lets the backoff grow with the outage,
+# so after a long one the pool could wait about as long again before it tries the server that is back.
+RECONNECT_TIMEOUT = 5.0
 # pg_advisory_xact_lock key serialising schema migrations across replicas (any fixed bigint)
 SCHEMA_LOCK = 0x6132_6167_6174_65  # "a2agate"
 READ_ONLY = "25006"  # read_only_sql_transaction: a standby, or a primary demoted under us
@@ -143,6 +147,7 @@ class PostgresDatabase(Database):
             kwargs=extra,
             open=False,
             timeout=ACQUIRE_TIMEOUT,
+            reconnect_timeout=RECONNECT_TIMEOUT,
             check=still_connected,
             name="a2a-gate",
         )

@@ -24,7 +24,7 @@ import pytest
 
 from server.database import Database, Migration, Unavailable, open_database
 from tests.support.gate_process import free_port
-from tests.support.services import PostgresSchema
+from tests.support.services import OwnPostgres, PostgresSchema
 
 REPO = Path(__file__).parents[1]
 CLAIMS = [
@@ -429,3 +429,51 @@ def test_two_processes_starting_at_once_on_a_fresh_store_both_start(location: st
         assert await db.fetchval("SELECT version FROM schema_versions WHERE component = 'things'") == 2
 
     with_db(location, body)
+
+
+def test_postgresql_restarted_is_unavailable_meanwhile_and_used_again_at_once(own_postgres: OwnPostgres) -> None:
+    """A restart cuts a transaction (nothing of it stays), fails fast while down, and the pool is back at once.
+
+    The outage outlasts one chain of reconnection attempts, whose backoff would otherwise keep
+    the pool away from the server for about as long again."""
+    from server.postgres_store import ACQUIRE_TIMEOUT, CHECK_TIMEOUT, RECONNECT_TIMEOUT
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        gate = asyncio.Event()
+
+        async def hold() -> None:
+            async with db.transaction():
+                await db.fetchval("SELECT 1")
+                await gate.wait()
+
+        holders = [asyncio.create_task(hold()) for _ in range(4)]  # the pool grows to 4 connections
+        await asyncio.sleep(0.5)
+        gate.set()
+        await asyncio.gather(*holders)
+        with pytest.raises(Unavailable):
+            async with db.transaction():
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("cut", 1))
+                own_postgres.stop()  # the other three connections die idle in the pool
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("cut-2", 1))
+        down = time.monotonic()
+        began = time.monotonic()
+        with pytest.raises(Unavailable):
+            await db.check_writable()
+        assert time.monotonic() - began < CHECK_TIMEOUT + 1
+        began = time.monotonic()
+        with pytest.raises(Unavailable):
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("lost", 1))
+        assert time.monotonic() - began < ACQUIRE_TIMEOUT + 1
+        await asyncio.sleep(max(0.0, RECONNECT_TIMEOUT + 1 - (time.monotonic() - down)))
+        own_postgres.start()
+        began = time.monotonic()
+        await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("back", 1))
+        assert time.monotonic() - began < 1.5
+        for i in range(8):
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", (f"after-{i}", i))
+        await db.check_writable()
+        assert await db.fetchval("SELECT count(*) FROM t WHERE id IN ('cut', 'cut-2', 'lost')") == 0
+        assert await db.fetchval("SELECT count(*) FROM t") == 9
+
+    with_db(own_postgres.url + "?pool_max_size=4", body)
