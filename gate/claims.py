@@ -15,21 +15,21 @@ Ownership is an instance id (random per process start) and a lease the owner ren
 while the work is alive. A claim in `running` or `settling` whose lease ran out is an
 orphan, whatever any pid says: pid 1 in a container is always "alive".
 
-Every operation is a method here and rows leave as `Claim` values, so the store can
-move to another database behind the same interface.
+Every operation is a method here, in portable SQL over `server.database.Database`, and
+rows leave as `Claim` values: SQLite and PostgreSQL run the same code, and either
+database enforces the unique keys (the claim is an ``INSERT ... ON CONFLICT DO NOTHING``).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-import sqlite_utils
+from server.database import Database, Migration
 
 
 class ClaimState(StrEnum):
@@ -115,84 +115,82 @@ class Outcome:
     reason: str = ""
 
 
-def create_table(db: sqlite_utils.Database) -> None:
-    """Create the claims table and its indexes if missing; safe from every worker at start."""
-    tables = set(db.table_names())
-    if "claims" not in tables:
-        db.table("claims").create(
-            {
-                "token_digest": str,  # SHA-256 of the canonical token, never the token
-                "nonce_key": str,  # network/asset/payer/nonce of an EVM authorization
-                "request_digest": str,  # SHA-256 of agent + method + message content
-                "agent": str,
-                "state": str,  # running | delivered | settle_failed | settled | released
-                "task_id": str,
-                "payer": str,
-                "answer": str,  # stored JSON-RPC answer for replays
-                "owner_pid": int,
-                "created_at": float,
-                "updated_at": float,
-                # The payload needed to settle later, sealed with a key kept outside the
-                # database (gate/sealing.py), erased once settled or released.
-                "sealed_payment": str,
-            },
-            pk="token_digest",
-            if_not_exists=True,
-        )
-        db.conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS claims_nonce ON claims(nonce_key) WHERE nonce_key != ''")
-        db.table("claims").create_index(["state"], if_not_exists=True)
-        db.table("claims").create_index(["task_id"], if_not_exists=True)
+_COLUMNS = (
+    "token_digest TEXT PRIMARY KEY,"  # SHA-256 of the canonical token, never the token
+    " nonce_key TEXT,"  # network/asset/payer/nonce of an EVM authorization
+    " request_digest TEXT,"  # SHA-256 of agent + method + message content
+    " agent TEXT, state TEXT, task_id TEXT, payer TEXT,"
+    " answer TEXT, owner_pid INTEGER,"  # unused since leases; kept so old files and new agree
+    " created_at DOUBLE PRECISION, updated_at DOUBLE PRECISION,"
+    # The payload needed to settle later, sealed with a key kept outside the database
+    # (gate/sealing.py), erased once settled or released.
+    " sealed_payment TEXT"
+)
+_INDEXES = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS claims_nonce ON claims (nonce_key) WHERE nonce_key != ''",
+    "CREATE INDEX IF NOT EXISTS idx_claims_state ON claims (state)",
+    "CREATE INDEX IF NOT EXISTS idx_claims_task_id ON claims (task_id)",
+    "CREATE INDEX IF NOT EXISTS claims_lease ON claims (state, lease_until)",
+)
 
 
-def migrate(db: sqlite_utils.Database) -> None:
-    """Add the columns newer code needs to a claims table made by older code (idempotent)."""
-    present = {row[1] for row in db.conn.execute("PRAGMA table_info(claims)")}
+async def _sqlite_tables(db: Database) -> None:
+    """A new file gets the whole table; a file made by older code gains the columns it lacks."""
+    await db.execute(f"CREATE TABLE IF NOT EXISTS claims ({_COLUMNS})")
+    present = {row["name"] for row in await db.fetch("PRAGMA table_info(claims)")}
     for column, declaration in MIGRATED_COLUMNS.items():
         if column not in present:
-            try:
-                db.conn.execute(f"ALTER TABLE claims ADD COLUMN {column} {declaration}")
-            except sqlite3.OperationalError as exc:  # another worker added it first
-                if "duplicate column" not in str(exc):
-                    raise
-    db.conn.execute("CREATE INDEX IF NOT EXISTS claims_lease ON claims(state, lease_until)")
+            await db.execute(f"ALTER TABLE claims ADD COLUMN {column} {declaration}")
+    for statement in _INDEXES:
+        await db.execute(statement)
+
+
+_POSTGRES_TABLES = (
+    f"CREATE TABLE IF NOT EXISTS claims ({_COLUMNS},"
+    + ",".join(f" {column} {declaration}" for column, declaration in MIGRATED_COLUMNS.items()).replace(
+        "REAL", "DOUBLE PRECISION"
+    )
+    + ")",
+    *_INDEXES,
+)
+MIGRATIONS = (Migration(sqlite=_sqlite_tables, postgresql=_POSTGRES_TABLES),)
 
 
 class Claims:
-    def __init__(self, db: sqlite_utils.Database, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+    def __init__(self, db: Database, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         self.db = db
         self.instance = secrets.token_hex(8)  # this process start; never reused
         self.lease_seconds = lease_seconds
         self.held: set[str] = set()  # digests whose work is alive in this process
-        create_table(db)
-        migrate(db)
+
+    async def create_tables(self) -> None:
+        await self.db.migrate("claims", MIGRATIONS)
 
     # -- the request path --------------------------------------------------------
 
-    def claim(self, token_digest: str, nonce_key: str, request_digest: str, agent: str, sealed: str) -> Outcome:
+    async def claim(self, token_digest: str, nonce_key: str, request_digest: str, agent: str, sealed: str) -> Outcome:
         now = time.time()
-        try:
-            self.db.conn.execute(
-                "INSERT INTO claims (token_digest, nonce_key, request_digest, agent, state, task_id, payer,"
-                " owner_pid, owner_instance, lease_until, created_at, updated_at, sealed_payment)"
-                " VALUES (?, ?, ?, ?, ?, '', '', 0, ?, ?, ?, ?, ?)",
-                (
-                    token_digest,
-                    nonce_key,
-                    request_digest,
-                    agent,
-                    ClaimState.RUNNING,
-                    self.instance,
-                    now + self.lease_seconds,
-                    now,
-                    now,
-                    sealed,
-                ),
-            )
+        added = await self.db.execute(
+            "INSERT INTO claims (token_digest, nonce_key, request_digest, agent, state, task_id, payer,"
+            " owner_pid, owner_instance, lease_until, created_at, updated_at, sealed_payment)"
+            " VALUES (?, ?, ?, ?, ?, '', '', 0, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                token_digest,
+                nonce_key,
+                request_digest,
+                agent,
+                ClaimState.RUNNING,
+                self.instance,
+                now + self.lease_seconds,
+                now,
+                now,
+                sealed,
+            ),
+        )
+        if added:
             self.held.add(token_digest)
             return Outcome("new")
-        except sqlite3.IntegrityError:
-            pass
-        claim = self.find(token_digest)
+        claim = await self.find(token_digest)
         if claim is None:
             return Outcome("conflict", reason="authorization_nonce_already_used")
         if claim.request_digest != request_digest or claim.agent != agent:
@@ -201,24 +199,24 @@ class Claims:
             return Outcome("in_flight", claim)
         return Outcome("replay", claim)
 
-    def find(self, token_digest: str) -> Claim | None:
-        rows = list(self.db.query("SELECT * FROM claims WHERE token_digest = ?", [token_digest]))
-        return Claim.from_row(rows[0]) if rows else None
+    async def find(self, token_digest: str) -> Claim | None:
+        row = await self.db.fetchrow("SELECT * FROM claims WHERE token_digest = ?", (token_digest,))
+        return None if row is None else Claim.from_row(row)
 
-    def bind(self, token_digest: str, payer: str, task_id: str) -> None:
-        self._set(token_digest, payer=payer, task_id=task_id)
+    async def bind(self, token_digest: str, payer: str, task_id: str) -> None:
+        await self._set(token_digest, payer=payer, task_id=task_id)
 
-    def release(self, token_digest: str) -> bool:
+    async def release(self, token_digest: str) -> bool:
         """Drop a claim whose work was not delivered; never one that is settling or beyond."""
         self.held.discard(token_digest)
-        cursor = self.db.conn.execute(
+        deleted = await self.db.execute(
             "DELETE FROM claims WHERE token_digest = ? AND state = ?", (token_digest, ClaimState.RUNNING)
         )
-        return cursor.rowcount == 1
+        return deleted == 1
 
-    def mark_delivered(self, token_digest: str, withheld: dict[str, Any] | None = None) -> None:
+    async def mark_delivered(self, token_digest: str, withheld: dict[str, Any] | None = None) -> None:
         """The work is delivered: from now on the claim is settled, owed or written off, never released."""
-        self._set(
+        await self._set(
             token_digest,
             state=ClaimState.SETTLING,
             owner_instance=self.instance,
@@ -228,8 +226,8 @@ class Claims:
 
     # -- settlement outcomes (callers wrap them in one transaction with the log row) --
 
-    def settled(self, token_digest: str, receipt: dict[str, Any]) -> None:
-        self._set(
+    async def settled(self, token_digest: str, receipt: dict[str, Any]) -> None:
+        await self._set(
             token_digest,
             state=ClaimState.SETTLED,
             sealed_payment="",
@@ -238,8 +236,8 @@ class Claims:
             task_outdated=1,
         )
 
-    def owed(self, token_digest: str, *, error: str, unknown: bool, passes: int, next_settle_at: float) -> None:
-        self._set(
+    async def owed(self, token_digest: str, *, error: str, unknown: bool, passes: int, next_settle_at: float) -> None:
+        await self._set(
             token_digest,
             state=ClaimState.SETTLE_FAILED,
             last_error=error[:200],
@@ -249,17 +247,17 @@ class Claims:
             task_outdated=1,
         )
 
-    def terminal(self, token_digest: str, state: ClaimState, error: str) -> None:
+    async def terminal(self, token_digest: str, state: ClaimState, error: str) -> None:
         assert state in (ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION), state
-        self._set(token_digest, state=state, last_error=error[:200], sealed_payment="", task_outdated=1)
+        await self._set(token_digest, state=state, last_error=error[:200], sealed_payment="", task_outdated=1)
 
-    def task_synced(self, token_digest: str, *, final: bool) -> None:
+    async def task_synced(self, token_digest: str, *, final: bool) -> None:
         """The stored task now shows the claim's outcome; a final one needs no withheld answer any more."""
         self.held.discard(token_digest)
         if final:
-            self._set(token_digest, task_outdated=0, withheld="")
+            await self._set(token_digest, task_outdated=0, withheld="")
         else:
-            self._set(token_digest, task_outdated=0)
+            await self._set(token_digest, task_outdated=0)
 
     def let_go(self, token_digest: str) -> None:
         """Stop renewing: whatever is left (a task to repair) is for whoever finds the lease expired."""
@@ -267,39 +265,39 @@ class Claims:
 
     # -- owed work, orphans and repair (the reconciler) ---------------------------
 
-    def take_owed(self, token_digest: str) -> Claim | None:
+    async def take_owed(self, token_digest: str) -> Claim | None:
         """Move one owed claim to settling for this process; None if someone else did."""
         now = time.time()
-        cursor = self.db.conn.execute(
+        taken = await self.db.execute(
             "UPDATE claims SET state = ?, owner_instance = ?, lease_until = ?, updated_at = ?"
             " WHERE token_digest = ? AND state = ?",
             (ClaimState.SETTLING, self.instance, now + self.lease_seconds, now, token_digest, ClaimState.SETTLE_FAILED),
         )
-        if cursor.rowcount != 1:
+        if taken != 1:
             return None
         self.held.add(token_digest)
-        return self.find(token_digest)
+        return await self.find(token_digest)
 
-    def due(self, *, now: bool = False, limit: int = 100) -> list[Claim]:
+    async def due(self, *, now: bool = False, limit: int = 100) -> list[Claim]:
         """Owed claims whose next settle attempt is due (all of them with `now`)."""
-        rows = self.db.query(
+        rows = await self.db.fetch(
             "SELECT * FROM claims WHERE state = ? AND next_settle_at <= ? ORDER BY next_settle_at LIMIT ?",
-            [ClaimState.SETTLE_FAILED, float("inf") if now else time.time(), limit],
+            (ClaimState.SETTLE_FAILED, float("inf") if now else time.time(), limit),
         )
         return [Claim.from_row(r) for r in rows]
 
-    def orphans(self, limit: int = 100) -> list[Claim]:
+    async def orphans(self, limit: int = 100) -> list[Claim]:
         """Claims left running or settling by an owner whose lease ran out (it is gone)."""
-        rows = self.db.query(
+        rows = await self.db.fetch(
             "SELECT * FROM claims WHERE state IN (?, ?) AND lease_until < ? LIMIT ?",
-            [*LIVE_STATES, time.time(), limit],
+            (*LIVE_STATES, time.time(), limit),
         )
         return [Claim.from_row(r) for r in rows if r["token_digest"] not in self.held]
 
-    def take_orphan(self, claim: Claim) -> bool:
+    async def take_orphan(self, claim: Claim) -> bool:
         """Become the owner of an orphan, unless its owner renewed or someone else took it."""
         now = time.time()
-        cursor = self.db.conn.execute(
+        taken = await self.db.execute(
             "UPDATE claims SET owner_instance = ?, lease_until = ?, updated_at = ?"
             " WHERE token_digest = ? AND owner_instance = ? AND lease_until = ? AND lease_until < ?",
             (
@@ -312,55 +310,56 @@ class Claims:
                 now,
             ),
         )
-        return cursor.rowcount == 1
+        return taken == 1
 
-    def orphan_settling(self, token_digest: str) -> None:
+    async def orphan_settling(self, token_digest: str) -> None:
         """A settling claim whose owner died: owed, and its settle may have been sent."""
-        self.owed(token_digest, error="interrupted while settling", unknown=True, passes=0, next_settle_at=0.0)
+        await self.owed(token_digest, error="interrupted while settling", unknown=True, passes=0, next_settle_at=0.0)
 
-    def outdated(self, limit: int = 100) -> list[Claim]:
+    async def outdated(self, limit: int = 100) -> list[Claim]:
         """Claims whose outcome never reached their stored task, and whose owner is gone."""
-        rows = self.db.query(
+        rows = await self.db.fetch(
             "SELECT * FROM claims WHERE task_outdated = 1 AND state IN (?, ?, ?, ?) AND lease_until < ? LIMIT ?",
-            [*FINAL_STATES, ClaimState.SETTLE_FAILED, time.time(), limit],
+            (*FINAL_STATES, ClaimState.SETTLE_FAILED, time.time(), limit),
         )
         return [Claim.from_row(r) for r in rows if r["token_digest"] not in self.held]
 
-    def renew(self) -> int:
+    async def renew(self) -> int:
         """Extend the lease of every claim whose work is alive here."""
         if not self.held:
             return 0
         digests = list(self.held)
         marks = ", ".join("?" for _ in digests)
-        cursor = self.db.conn.execute(
+        return await self.db.execute(
             f"UPDATE claims SET lease_until = ? WHERE owner_instance = ? AND token_digest IN ({marks})",
             (time.time() + self.lease_seconds, self.instance, *digests),
         )
-        return cursor.rowcount
 
     # -- counts and listings -------------------------------------------------------
 
-    def count(self, *states: ClaimState) -> int:
+    async def count(self, *states: ClaimState) -> int:
         marks = ", ".join("?" for _ in states)
-        return self.db.conn.execute(f"SELECT COUNT(*) FROM claims WHERE state IN ({marks})", states).fetchone()[0]
+        return int(await self.db.fetchval(f"SELECT COUNT(*) FROM claims WHERE state IN ({marks})", states))
 
-    def count_in_flight(self) -> int:
-        return self.count(*LIVE_STATES)
+    async def count_in_flight(self) -> int:
+        return await self.count(*LIVE_STATES)
 
-    def count_owed(self) -> int:
-        return self.count(ClaimState.SETTLE_FAILED)
+    async def count_owed(self) -> int:
+        return await self.count(ClaimState.SETTLE_FAILED)
 
-    def listing(self, state: ClaimState, limit: int = 50) -> list[Claim]:
-        rows = self.db.query("SELECT * FROM claims WHERE state = ? ORDER BY updated_at DESC LIMIT ?", [state, limit])
+    async def listing(self, state: ClaimState, limit: int = 50) -> list[Claim]:
+        rows = await self.db.fetch(
+            "SELECT * FROM claims WHERE state = ? ORDER BY updated_at DESC LIMIT ?", (state, limit)
+        )
         return [Claim.from_row(r) for r in rows]
 
-    def expire(self, retention_seconds: float) -> None:
-        self.db.conn.execute(
+    async def expire(self, retention_seconds: float) -> None:
+        await self.db.execute(
             "DELETE FROM claims WHERE state = ? AND task_outdated = 0 AND updated_at < ?",
             (ClaimState.SETTLED, time.time() - retention_seconds),
         )
 
-    def _set(self, token_digest: str, **values: Any) -> None:
+    async def _set(self, token_digest: str, **values: Any) -> None:
         values["updated_at"] = time.time()
         columns = ", ".join(f"{k} = ?" for k in values)
-        self.db.conn.execute(f"UPDATE claims SET {columns} WHERE token_digest = ?", (*values.values(), token_digest))
+        await self.db.execute(f"UPDATE claims SET {columns} WHERE token_digest = ?", (*values.values(), token_digest))

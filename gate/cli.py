@@ -18,17 +18,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from server.config import ConfigError, Settings, default_settings, load_config
 
 if TYPE_CHECKING:
-    from sqlite_utils import Database
     from starlette.applications import Starlette
 
+    from server.database import Database
+
 CONFIG_ENV = "A2A_GATE_CONFIG"
+T = TypeVar("T")
 
 
 def load_settings(path: str | None) -> Settings:
@@ -225,20 +227,32 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _database(args: argparse.Namespace) -> Database:
+def _with_database(args: argparse.Namespace, work: Callable[[Database], Awaitable[T]]) -> T:
+    """Run `work` against the configured database (or `--database`), opened for it and closed after."""
     from server.database import open_database
 
-    settings = load_settings(args.config)
-    return open_database(args.database or settings.database)
+    async def run() -> T:
+        db = open_database(args.database or load_settings(args.config).database)
+        await db.open()
+        try:
+            return await work(db)
+        finally:
+            await db.close()
+
+    return asyncio.run(run())
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
+    return _with_database(args, lambda db: _keys(args, db))
+
+
+async def _keys(args: argparse.Namespace, db: Database) -> int:
     from server import principals
 
-    db = _database(args)
+    await principals.create_tables(db)
     if args.keys_command == "create":
         try:
-            key, digest = principals.create_key(db, args.name, args.agent or ["*"])
+            key, digest = await principals.create_key(db, args.name, args.agent or ["*"])
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -248,11 +262,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
             f'  [[keys]]\n  name = "{args.name}"\n  sha256 = "{digest}"\n  agents = {json.dumps(args.agent or ["*"])}'
         )
     elif args.keys_command == "list":
-        for row in principals.list_keys(db):
+        for row in await principals.list_keys(db):
             state = "revoked" if row["revoked"] else "active"
             print(f"{row['name']}\t{state}\t{','.join(row['agents'])}\tsha256:{row['sha256'][:12]}…")
     elif args.keys_command == "revoke":
-        if principals.revoke_key(db, args.name) == 0:
+        if await principals.revoke_key(db, args.name) == 0:
             print(f"error: no key named {args.name!r}", file=sys.stderr)
             return 2
         print(f"revoked {args.name}")
@@ -263,13 +277,43 @@ def cmd_payments(args: argparse.Namespace) -> int:
     from gate.payment_log import PaymentLog
 
     action = "write_off" if args.unsettled else "needs_attention" if args.needs_attention else args.action
-    rows = PaymentLog(_database(args)).rows(agent=args.agent, payer=args.payer, action=action, limit=args.limit)
-    for row in rows:
+
+    async def read(db: Database) -> list[dict[str, Any]]:
+        log = PaymentLog(db)
+        await log.create_tables()
+        return await log.rows(agent=args.agent, payer=args.payer, action=action, limit=args.limit)
+
+    for row in _with_database(args, read):
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         print(
             f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
             f"{row['transaction'] or '-'}\t{row['error'] or '-'}\t{row['task_id'] or '-'}"
         )
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Create or bring up to date every table, then stop (a deployment step before replicas start)."""
+    from gate.gate import PaymentGate
+    from server.app import Services
+
+    settings = load_settings(args.config)
+    if args.database:
+        settings = replace(settings, database=args.database)
+
+    async def run() -> dict[str, int]:
+        services = Services(settings, PaymentGate.from_parts)
+        try:
+            await services.open_store()
+            await services.anonymous.open_store()
+            rows = await services.db.fetch("SELECT component, version FROM schema_versions ORDER BY component")
+            return {row["component"]: row["version"] for row in rows}
+        finally:
+            await services.agents.aclose()
+            await services.db.close()
+
+    for component, version in asyncio.run(run()).items():
+        print(f"{component}\tversion {version}")
     return 0
 
 
@@ -286,10 +330,13 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         gate = services.anonymous
         assert isinstance(gate, PaymentGate)
         try:
+            await services.open_store()
+            await gate.open_store()
             return await gate.reconcile_once()
         finally:
             await gate.close()
             await services.agents.aclose()
+            await services.db.close()
 
     outcomes = asyncio.run(run())
     for outcome in outcomes:
@@ -313,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--trusted-proxy", action="append", help="peer address whose X-Forwarded-* headers count (repeatable)"
     )
-    serve.add_argument("--database", help="SQLite file (overrides the configuration)")
+    serve.add_argument("--database", help="SQLite file or postgresql:// URL (overrides the configuration)")
     serve.add_argument(
         "--dev-facilitator",
         type=int,
@@ -367,6 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.add_argument("--config")
     reconcile.add_argument("--database")
     reconcile.set_defaults(func=cmd_reconcile)
+
+    migrate = sub.add_parser("migrate", help="create or update the database's tables, then exit")
+    migrate.add_argument("--config")
+    migrate.add_argument("--database", help="SQLite file or postgresql:// URL (overrides the configuration)")
+    migrate.set_defaults(func=cmd_migrate)
 
     return parser
 

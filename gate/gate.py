@@ -12,7 +12,6 @@ import logging
 import time
 from typing import Any
 
-import sqlite_utils
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -40,7 +39,7 @@ from server.agents import AgentRegistry
 from server.anonymous import Parts
 from server.cards import agent_url
 from server.config import AgentConfig, Settings
-from server.database import commit_until_stored
+from server.database import Database, commit_until_stored
 from server.dialects import TERMINAL_STATES
 from server.execution import Collected, Settlement
 from server.methods import Methods
@@ -57,7 +56,7 @@ class PaymentGate:
         self,
         *,
         settings: Settings,
-        db: sqlite_utils.Database,
+        db: Database,
         store: TaskStore,
         agents: AgentRegistry,
         methods: Methods,
@@ -92,10 +91,7 @@ class PaymentGate:
         self.answers_402 = PaymentRequiredAnswers()
         self.background: list[asyncio.Task[None]] = []
         self.ready: tuple[float, str] = (0.0, "")
-        self.metrics.watch_state(self.claims.count_in_flight, self.claims.count_owed)
-        self.metrics.watch_terminal(
-            lambda: self.claims.count(ClaimState.UNSETTLED), lambda: self.claims.count(ClaimState.NEEDS_ATTENTION)
-        )
+        metrics.before_scrape.append(lambda: self.metrics.read_state(self.claims))
 
     @classmethod
     def from_parts(cls, parts: Parts) -> PaymentGate:
@@ -128,8 +124,8 @@ class PaymentGate:
         withhold = agent is not None and agent.on_settle_failure == "withhold"
         digest, outcome = payment.token_digest, []
 
-        def mark_delivered(withheld: dict[str, Any] | None) -> None:
-            self.claims.mark_delivered(digest, withheld)
+        async def mark_delivered(withheld: dict[str, Any] | None) -> None:
+            await self.claims.mark_delivered(digest, withheld)
 
         async def delivered(task: dict[str, Any]) -> Collected:
             collection = await self.settler.settle(payment, task["id"])
@@ -140,16 +136,16 @@ class PaymentGate:
             return Collected(metadata, collection.paid)
 
         async def not_delivered(task: dict[str, Any]) -> None:
-            def write() -> None:
-                self.claims.release(digest)
-                self.log.append(
+            async def write() -> None:
+                await self.claims.release(digest)
+                await self.log.append(
                     "release", **payment.log_fields(task["id"]), error=f"task {task['status']['state']}: not charged"
                 )
 
             await commit_until_stored(self.claims.db, write, "a release")
 
-        def saved() -> None:
-            self.claims.task_synced(digest, final=bool(outcome) and outcome[-1].state in FINAL_STATES)
+        async def saved() -> None:
+            await self.claims.task_synced(digest, final=bool(outcome) and outcome[-1].state in FINAL_STATES)
 
         return Settlement(
             mark_delivered=mark_delivered,
@@ -163,8 +159,8 @@ class PaymentGate:
     async def readiness(self) -> dict[str, str]:
         return {"facilitator": await self.facilitator_ready()}
 
-    def expire(self, older_than_seconds: float) -> None:
-        self.claims.expire(older_than_seconds)
+    async def expire(self, older_than_seconds: float) -> None:
+        await self.claims.expire(older_than_seconds)
 
     async def facilitator_ready(self, ttl: float = 10.0) -> str:
         """ "ok", "not configured", or the reason the facilitator cannot be reached (cached)."""
@@ -179,6 +175,10 @@ class PaymentGate:
                 answer = f"unavailable: {exc.reason}"
             self.ready = (time.monotonic(), answer)
         return answer
+
+    async def open_store(self) -> None:
+        await self.claims.create_tables()
+        await self.log.create_tables()
 
     async def start(self) -> None:
         if self.shared_buckets is not None:
@@ -200,16 +200,16 @@ class PaymentGate:
         """Resolve orphans (claims whose owner's lease ran out): undelivered work is released,
         delivered work is owed, and its settle may have been sent."""
         store = self.store
-        for claim in self.claims.orphans():
-            if not self.claims.take_orphan(claim):
+        for claim in await self.claims.orphans():
+            if not await self.claims.take_orphan(claim):
                 continue  # its owner renewed, or another process took it
             if claim.state == ClaimState.SETTLING:
-                self.claims.orphan_settling(claim.token_digest)
+                await self.claims.orphan_settling(claim.token_digest)
                 continue
 
-            def write(claim: Claim = claim) -> None:
-                self.claims.release(claim.token_digest)
-                self.log.append(
+            async def write(claim: Claim = claim) -> None:
+                await self.claims.release(claim.token_digest)
+                await self.log.append(
                     "release",
                     agent=claim.agent,
                     token_digest=claim.token_digest,
@@ -217,11 +217,11 @@ class PaymentGate:
                     task_id=claim.task_id,
                     error="interrupted by a restart: not charged",
                 )
-                task = store.get(claim.task_id, f"payer:{claim.payer}", claim.agent) if claim.task_id else None
+                task = await store.get(claim.task_id, f"payer:{claim.payer}", claim.agent) if claim.task_id else None
                 if task is not None and task["status"]["state"] not in TERMINAL_STATES:
                     message = agent_message(task, "Interrupted by a server restart; nothing was charged.")
                     set_status(task, "failed", message)
-                    store.save(task)
+                    await store.save(task)
 
             await commit_until_stored(self.claims.db, write, "a release after a restart")
 
@@ -229,12 +229,12 @@ class PaymentGate:
         """Settle owed claims that are due (all of them with `now`), then repair tasks left
         behind their claims; returns one outcome per claim attempted."""
         outcomes = []
-        for claim in self.claims.due(now=now):
-            taken = self.claims.take_owed(claim.token_digest)
+        for claim in await self.claims.due(now=now):
+            taken = await self.claims.take_owed(claim.token_digest)
             if taken is not None:
                 outcomes.append(await self.settle_owed(taken))
-        for claim in self.claims.outdated():
-            if self.claims.take_orphan(claim):
+        for claim in await self.claims.outdated():
+            if await self.claims.take_orphan(claim):
                 await self.show_outcome(claim, metadata_for(claim))
         return outcomes
 
@@ -279,17 +279,17 @@ class PaymentGate:
         """Bring a claim's stored task up to its recorded outcome (after a pass, a crash or a lost write)."""
         state = collection.state if collection is not None else claim.state
         store = self.store
-        task = store.get(claim.task_id, f"payer:{claim.payer}", claim.agent)
+        task = await store.get(claim.task_id, f"payer:{claim.payer}", claim.agent)
         if task is not None:
             if claim.withheld is None:
                 attach_payment_metadata(task, metadata)
             else:
                 show_withheld(task, claim.withheld, metadata, paid=state == ClaimState.SETTLED)
 
-        def write() -> None:
+        async def write() -> None:
             if task is not None:
-                store.save(task)
-            self.claims.task_synced(claim.token_digest, final=state in FINAL_STATES)
+                await store.save(task)
+            await self.claims.task_synced(claim.token_digest, final=state in FINAL_STATES)
 
         await commit_until_stored(self.claims.db, write, "a repaired task")
 
@@ -299,7 +299,7 @@ class PaymentGate:
         while True:
             await asyncio.sleep(interval)
             try:
-                self.claims.renew()
+                await self.claims.renew()
             except Exception:
                 logger.exception("renewing claim leases failed")
 

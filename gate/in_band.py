@@ -127,9 +127,9 @@ class Pending:
         return self.task["history"][0]
 
 
-def find_pending(gate: PaymentGate, plan: SendPlan, agent: AgentConfig) -> Pending | None:
+async def find_pending(gate: PaymentGate, plan: SendPlan, agent: AgentConfig) -> Pending | None:
     """The pending request this message continues (pays for, or declines), if any."""
-    task = gate.store.pending(plan.message.get("taskId"), agent.name)
+    task = await gate.store.pending(plan.message.get("taskId"), agent.name)
     return Pending(task) if task is not None else None
 
 
@@ -148,7 +148,7 @@ def request_digest(agent: str, method: str, task_id: str) -> str:
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
 
 
-def payment_required(
+async def payment_required(
     gate: PaymentGate,
     plan: SendPlan,
     agent: AgentConfig,
@@ -167,18 +167,18 @@ def payment_required(
         message = scrub({k: v for k, v in plan.message.items() if k != "taskId"})
         owner = pending_owner(caller)
         too_big = len(json.dumps(message, separators=(",", ":"))) > settings.in_band_max_message_bytes
-        if too_big or store.count_pending(owner) >= settings.in_band_pending_per_ip:
+        if too_big or await store.count_pending(owner) >= settings.in_band_pending_per_ip:
             return gate.answers_402.response(agent.name, price, resource, agent.description)
         task = new_task(message.get("contextId"), message)
         ask(task, price, resource, agent.description, {STATUS: "payment-required"})
-        store.create(task, agent=agent.name, owner=owner, deadline_seconds=max_timeout(price, resource))
+        await store.create(task, agent=agent.name, owner=owner, deadline_seconds=max_timeout(price, resource))
         return task_answer(plan, task, active.echo())
     ask(task, price, resource, agent.description, {STATUS: "payment-required"})
-    store.save(task)
+    await store.save(task)
     return task_answer(plan, task, active.echo())
 
 
-def refused(
+async def refused(
     gate: PaymentGate,
     plan: SendPlan,
     agent: AgentConfig,
@@ -202,29 +202,29 @@ def refused(
     failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
     task = pending.task
     ask(task, price, resource, agent.description, failure, f"Payment failed ({code}); pay again to use this agent.")
-    gate.store.save(task)
+    await gate.store.save(task)
     return task_answer(plan, task, echo(active))
 
 
-def declined(gate: PaymentGate, plan: SendPlan, pending: Pending, active: Activation | None) -> Response:
+async def declined(gate: PaymentGate, plan: SendPlan, pending: Pending, active: Activation | None) -> Response:
     """The client declined to pay (`payment-rejected`): the task ends, canceled, uncharged."""
     task = pending.task
     metadata = {STATUS: "payment-rejected"}
     set_status(task, "canceled", agent_message(task, "Payment declined by the client; nothing was charged.", metadata))
     task["metadata"] = metadata
-    gate.store.save(task)
+    await gate.store.save(task)
     return task_answer(plan, task, echo(active))
 
 
-def start_paid(
+async def start_paid(
     gate: PaymentGate, pending: Pending, agent: AgentConfig, owner: str, settlement: Settlement
 ) -> Execution:
     """The payment is verified: the payer adopts the task and the agent runs the ORIGINAL message."""
-    task = gate.store.adopt(pending.id, owner, agent.name)
+    task = await gate.store.adopt(pending.id, owner, agent.name)
     if task is None:  # paid for by someone else a moment ago, or expired
         raise RpcError(TASK_NOT_FOUND)
     task.pop("metadata", None)
-    return gate.methods.start_task(task, agent.name, task["history"][0], settlement)
+    return await gate.methods.start_task(task, agent.name, task["history"][0], settlement)
 
 
 def ask(

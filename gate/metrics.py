@@ -1,14 +1,14 @@
 """The payment gate's Prometheus metrics, registered on the server's registry (served at /metrics).
 
 Gauges that describe stored state (claims in flight, the reconciler's backlog, terminal
-settlements) are read from the database at scrape time.
+settlements) are read from the database before each scrape (`read_state`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gate.claims import Claims, ClaimState
 
 
 class GateMetrics:
@@ -57,10 +57,9 @@ class GateMetrics:
             "a2a_gate_reconciler_backlog", "Delivered work awaiting settlement", registry=registry
         )
 
-    def watch_state(self, in_flight: Callable[[], float], backlog: Callable[[], float]) -> None:
-        self.claims_in_flight.set_function(in_flight)
-        self.reconciler_backlog.set_function(backlog)
-
-    def watch_terminal(self, unsettled: Callable[[], float], needs_attention: Callable[[], float]) -> None:
-        self.unsettled.set_function(unsettled)
-        self.needs_attention.set_function(needs_attention)
+    async def read_state(self, claims: Claims) -> None:
+        """Set the gauges of stored state from the claims table (run before each scrape)."""
+        self.claims_in_flight.set(await claims.count_in_flight())
+        self.reconciler_backlog.set(await claims.count_owed())
+        self.unsettled.set(await claims.count(ClaimState.UNSETTLED))
+        self.needs_attention.set(await claims.count(ClaimState.NEEDS_ATTENTION))

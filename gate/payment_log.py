@@ -11,43 +11,37 @@ from __future__ import annotations
 
 import time
 
-import sqlite_utils
+from server.database import Database, Migration
 
 ACTIONS = ("verify", "reject", "settle", "settle_failed", "write_off", "needs_attention", "replay", "release")
 
 
-def create_table(db: sqlite_utils.Database) -> None:
-    """Create the payments table and its indexes if missing; safe from every worker at start."""
-    tables = set(db.table_names())
-    if "payments" not in tables:
-        db.table("payments").create(
-            {
-                "id": int,
-                "at": float,
-                "action": str,  # verify | reject | settle | settle_failed | replay | release
-                "agent": str,
-                "task_id": str,
-                "token_digest": str,
-                "payer": str,
-                "amount": str,
-                "network": str,
-                "asset": str,
-                "transaction": str,
-                "error": str,
-            },
-            pk="id",
-            if_not_exists=True,
-        )
-        db.table("payments").create_index(["token_digest"], if_not_exists=True)
-        db.table("payments").create_index(["action", "at"], if_not_exists=True)
+_COLUMNS = (
+    " at DOUBLE PRECISION,"
+    " action TEXT,"  # one of ACTIONS
+    " agent TEXT, task_id TEXT, token_digest TEXT, payer TEXT, amount TEXT, network TEXT, asset TEXT,"
+    ' "transaction" TEXT, error TEXT'
+)
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS idx_payments_token_digest ON payments (token_digest)",
+    "CREATE INDEX IF NOT EXISTS idx_payments_action_at ON payments (action, at)",
+)
+MIGRATIONS = (
+    Migration(
+        sqlite=(f"CREATE TABLE IF NOT EXISTS payments (id INTEGER PRIMARY KEY,{_COLUMNS})", *_INDEXES),
+        postgresql=(f"CREATE TABLE IF NOT EXISTS payments (id BIGSERIAL PRIMARY KEY,{_COLUMNS})", *_INDEXES),
+    ),
+)
 
 
 class PaymentLog:
-    def __init__(self, db: sqlite_utils.Database) -> None:
+    def __init__(self, db: Database) -> None:
         self.db = db
-        create_table(db)
 
-    def append(
+    async def create_tables(self) -> None:
+        await self.db.migrate("payments", MIGRATIONS)
+
+    async def append(
         self,
         action: str,
         *,
@@ -62,7 +56,7 @@ class PaymentLog:
         error: str = "",
     ) -> None:
         assert action in ACTIONS, action
-        self.db.conn.execute(
+        await self.db.execute(
             "INSERT INTO payments (at, action, agent, task_id, token_digest, payer, amount, network, asset,"
             ' "transaction", error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
             (
@@ -80,7 +74,7 @@ class PaymentLog:
             ),
         )
 
-    def rows(
+    async def rows(
         self, *, agent: str | None = None, payer: str | None = None, action: str | None = None, limit: int = 50
     ) -> list[dict]:
         where, args = [], []
@@ -91,4 +85,4 @@ class PaymentLog:
         sql = (
             "SELECT * FROM payments" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?"
         )
-        return list(self.db.query(sql, [*args, limit]))
+        return await self.db.fetch(sql, [*args, limit])

@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from gate.settlement import STATUS, Payment
 from server.anonymous import not_authenticated
 from server.cards import agent_url
 from server.config import AgentConfig, payment_window_seconds
+from server.database import DatabaseUnavailable
 from server.jsonrpc import (
     INTERNAL_ERROR,
     TASK_NOT_FOUND,
@@ -35,6 +36,7 @@ from server.jsonrpc import (
     error_response,
     read_call,
     result_response,
+    store_unavailable,
 )
 from server.methods import SendPlan, plan_send, task_answer, unsupported
 from server.proxy import public_base_url
@@ -78,6 +80,10 @@ async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Re
         return await paid_send(gate, request, plan, agent)
     except RpcError as exc:
         return error_response(call.id, exc)
+    except DatabaseUnavailable as exc:  # nothing runs without a claim; a retry is safe
+        logger.warning("the task store is unavailable: %s", exc)
+        info.set("store_unavailable")
+        return error_response(call.id, store_unavailable())
     except Exception:  # a bug of ours: never a 500, never a free pass; a retry is safe
         logger.exception("internal error on the anonymous path")
         return error_response(call.id, RpcError(INTERNAL_ERROR, data={"code": "internal_error", "retryable": True}))
@@ -89,34 +95,34 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
     resource = agent_url(public_base_url(request, gate.settings.public_url), agent.name)
     active = in_band.activation(request.headers)
     # a message continuing an in-band request awaiting payment pays (or declines) for its original
-    pending = in_band.find_pending(gate, plan, agent)
+    pending = await in_band.find_pending(gate, plan, agent)
     if pending is not None and in_band.client_status(plan) == "payment-rejected":
         info.set("ok", "in-band payment declined: not charged")
-        return in_band.declined(gate, plan, pending, active)
+        return await in_band.declined(gate, plan, pending, active)
     # 6. the token: message metadata first, then PAYMENT-SIGNATURE, then X-PAYMENT
     token = tokens.extract(plan.message.get("metadata"), request.headers)
     if token is None:
         if active is not None:
             info.set("payment_required", "in-band")
             caller = caller_key(info.client, gate.settings.ipv6_prefix)  # one household, one cap
-            return in_band.payment_required(gate, plan, agent, resource, caller, active, pending)
+            return await in_band.payment_required(gate, plan, agent, resource, caller, active, pending)
         return gate.answers_402.response(agent.name, price, resource, agent.description)
     log = log_fields(agent, token)
 
-    def refuse(reason: str, payer: str = "") -> Response:
-        gate.log.append("reject", **log, payer=payer, error=reason)
+    async def refuse(reason: str, payer: str = "") -> Response:
+        await gate.log.append("reject", **log, payer=payer, error=reason)
         info.set("rejected", reason)
         if pending is not None:
-            return in_band.refused(gate, plan, agent, resource, pending, active, reason, payer)
+            return await in_band.refused(gate, plan, agent, resource, pending, active, reason, payer)
         return payment_rejected(reason)
 
     # 7. local checks; a retry of a claimed token is answered by its claim whatever the clock says
     try:
         requirements = tokens.check_payload(token, price, resource)
-        if gate.claims.find(token.digest) is None:
+        if await gate.claims.find(token.digest) is None:
             tokens.check_window(token, min_window=payment_window_seconds(agent, gate.settings.facilitator))
     except tokens.Rejection as exc:
-        return refuse(exc.reason)
+        return await refuse(exc.reason)
     # 8. claim, before anything is executed
     payment = Payment(
         token.digest,
@@ -130,10 +136,10 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         price.asset,
     )
     sealed = gate.sealer.seal(payment.sealable(), token.digest)
-    digest = claim_digest(gate, agent, plan, token, pending)
-    outcome = gate.claims.claim(token.digest, tokens.nonce_key(token, price.asset), digest, agent.name, sealed)
+    digest = await claim_digest(gate, agent, plan, token, pending)
+    outcome = await gate.claims.claim(token.digest, tokens.nonce_key(token, price.asset), digest, agent.name, sealed)
     if outcome.kind == "conflict":
-        return refuse(outcome.reason)
+        return await refuse(outcome.reason)
     if outcome.kind == "in_flight":
         info.set("in_flight")
         return error_response(
@@ -150,9 +156,9 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         # a bug of ours (or a cancellation) before the work started: the claim must not
         # stay "running" forever and lock the payer out; after the start it is bound to
         # the execution, which releases or settles it.
-        claim = gate.claims.find(token.digest)
+        claim = await gate.claims.find(token.digest)
         if claim is not None and not claim.task_id:
-            gate.claims.release(token.digest)  # only ever a running claim
+            await gate.claims.release(token.digest)  # only ever a running claim
         raise
 
 
@@ -166,7 +172,7 @@ async def verified_send(
     payment: Payment,
     active: in_band.Activation | None,
     pending: in_band.Pending | None,
-    refuse: Callable[[str, str], Response],
+    refuse: Callable[[str, str], Awaitable[Response]],
 ) -> Response:
     """Steps 9 to 12, for a claimed token."""
     call, info = plan.call, request.state.info
@@ -175,32 +181,32 @@ async def verified_send(
     try:
         verification = await gate.facilitator.verify(token.version, token.payload, requirements)
     except Unavailable as exc:
-        gate.claims.release(token.digest)
+        await gate.claims.release(token.digest)
         logger.warning("facilitator verify unavailable: %s", exc.reason)
         info.set("verify_unavailable", exc.reason)
         return error_response(call.id, verify_unavailable(exc.retry_after))
     info.payer = verification.payer
     if not verification.valid:
-        gate.claims.release(token.digest)
-        return refuse(verification.reason, verification.payer)
+        await gate.claims.release(token.digest)
+        return await refuse(verification.reason, verification.payer)
     # 10. payer allowlist, failing closed
     if not payer_allowed(agent, verification.payer):
-        gate.claims.release(token.digest)
-        return refuse("payer_not_allowed", verification.payer)
-    gate.log.append("verify", **log, payer=verification.payer)
+        await gate.claims.release(token.digest)
+        return await refuse("payer_not_allowed", verification.payer)
+    await gate.log.append("verify", **log, payer=verification.payer)
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
     payment = replace(payment, payer=verification.payer)
     owner, settlement = f"payer:{payment.payer}", gate.settlement_for(payment)
     try:
         if pending is not None:  # in-band: the agent runs the original message of the task
-            execution = in_band.start_paid(gate, pending, agent, owner, settlement)
+            execution = await in_band.start_paid(gate, pending, agent, owner, settlement)
         else:
-            execution = gate.methods.start_send(plan, agent.name, owner, settlement)
+            execution = await gate.methods.start_send(plan, agent.name, owner, settlement)
     except RpcError as exc:
-        gate.claims.release(token.digest)
-        gate.log.append("release", **log, payer=payment.payer, error=f"not started: {exc.message}")
+        await gate.claims.release(token.digest)
+        await gate.log.append("release", **log, payer=payment.payer, error=f"not started: {exc.message}")
         return error_response(call.id, exc)
-    gate.claims.bind(token.digest, payment.payer, execution.task["id"])
+    await gate.claims.bind(token.digest, payment.payer, execution.task["id"])
     headers = in_band.echo(active)
     if call.operation == "stream":
         info.set("ok", "stream")
@@ -210,7 +216,7 @@ async def verified_send(
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})
 
 
-def claim_digest(
+async def claim_digest(
     gate: PaymentGate, agent: AgentConfig, plan: SendPlan, token: tokens.Token, pending: in_band.Pending | None
 ) -> str:
     """The request a token pays for. In-band it is the task's original request, also when
@@ -219,7 +225,7 @@ def claim_digest(
     if pending is not None:
         return in_band.request_digest(agent.name, plan.call.method, pending.id)
     if isinstance(task_id, str):
-        claim = gate.claims.find(token.digest)
+        claim = await gate.claims.find(token.digest)
         in_band_digest = in_band.request_digest(agent.name, plan.call.method, task_id)
         if claim is not None and claim.task_id == task_id and claim.request_digest == in_band_digest:
             return in_band_digest
@@ -252,13 +258,13 @@ async def replay(
     """The same token with the same request: the stored answer, re-driving an owed settlement."""
     owner, call = f"payer:{claim.payer}", plan.call
     if claim.state == ClaimState.SETTLE_FAILED:
-        taken = gate.claims.take_owed(claim.token_digest)
+        taken = await gate.claims.take_owed(claim.token_digest)
         if taken is not None:
             await gate.settle_owed(taken)
-    task = gate.store.get(claim.task_id, owner, claim.agent)
+    task = await gate.store.get(claim.task_id, owner, claim.agent)
     if task is None:
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
-    gate.log.append("replay", **replace(payment, payer=claim.payer).log_fields(claim.task_id))
+    await gate.log.append("replay", **replace(payment, payer=claim.payer).log_fields(claim.task_id))
     return task_answer(plan, task, {**headers, "X-Idempotent-Replay": "true", **payment_response_header(task)})
 
 
@@ -268,15 +274,15 @@ async def bound_task_call(gate: PaymentGate, request: Request, call: Call, agent
     methods = gate.methods
     if owner is None:
         if call.operation == "list":  # nothing is visible without proof
-            return result_response(call.id, methods.list(call, agent.name, None))
+            return result_response(call.id, await methods.list(call, agent.name, None))
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
     try:
         if call.operation == "get":
-            return result_response(call.id, methods.get(call, agent.name, owner))
+            return result_response(call.id, await methods.get(call, agent.name, owner))
         if call.operation == "subscribe":
-            return methods.subscribe(call, agent.name, owner)
+            return await methods.subscribe(call, agent.name, owner)
         if call.operation == "list":
-            return result_response(call.id, methods.list(call, agent.name, owner))
+            return result_response(call.id, await methods.list(call, agent.name, owner))
         return result_response(call.id, await methods.cancel(call, agent.name, owner))
     except RpcError as exc:
         return error_response(call.id, exc)
@@ -287,7 +293,7 @@ async def prove_payer(gate: PaymentGate, request: Request, call: Call, agent: Ag
     token = tokens.extract(call.params.get("metadata"), request.headers)
     if token is None:
         return None
-    claim = gate.claims.find(token.digest)
+    claim = await gate.claims.find(token.digest)
     if claim is not None and claim.payer:
         return f"payer:{claim.payer}"
     assert agent.price is not None

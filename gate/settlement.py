@@ -232,9 +232,9 @@ class Settler:
     async def _settled(
         self, payment: Payment, task_id: str, receipt: dict[str, Any], tx: str, note: str = ""
     ) -> Collection:
-        def write() -> None:
-            self.claims.settled(payment.token_digest, receipt)
-            self.log.append("settle", **payment.log_fields(task_id), transaction=tx, error=note)
+        async def write() -> None:
+            await self.claims.settled(payment.token_digest, receipt)
+            await self.log.append("settle", **payment.log_fields(task_id), transaction=tx, error=note)
 
         await commit_until_stored(self.claims.db, write, "a settlement")
         self._count("settled")
@@ -243,9 +243,11 @@ class Settler:
     async def _owed(
         self, payment: Payment, task_id: str, error: str, unknown: bool, passes: int, next_at: float
     ) -> Collection:
-        def write() -> None:
-            self.claims.owed(payment.token_digest, error=error, unknown=unknown, passes=passes, next_settle_at=next_at)
-            self.log.append("settle_failed", **payment.log_fields(task_id), error=error)
+        async def write() -> None:
+            await self.claims.owed(
+                payment.token_digest, error=error, unknown=unknown, passes=passes, next_settle_at=next_at
+            )
+            await self.log.append("settle_failed", **payment.log_fields(task_id), error=error)
 
         await commit_until_stored(self.claims.db, write, "an owed settlement")
         if self.metrics is not None:
@@ -254,9 +256,9 @@ class Settler:
         return Collection(ClaimState.SETTLE_FAILED, verified_metadata(error))
 
     async def _unsettled(self, payment: Payment, task_id: str, reason: str) -> Collection:
-        def write() -> None:
-            self.claims.terminal(payment.token_digest, ClaimState.UNSETTLED, reason)
-            self.log.append("write_off", **payment.log_fields(task_id), error=reason)
+        async def write() -> None:
+            await self.claims.terminal(payment.token_digest, ClaimState.UNSETTLED, reason)
+            await self.log.append("write_off", **payment.log_fields(task_id), error=reason)
 
         await commit_until_stored(self.claims.db, write, "a write-off")
         self._count("unsettled")
@@ -264,9 +266,9 @@ class Settler:
         return Collection(ClaimState.UNSETTLED, failed_metadata(reason))
 
     async def _needs_attention(self, payment: Payment, task_id: str, reason: str) -> Collection:
-        def write() -> None:
-            self.claims.terminal(payment.token_digest, ClaimState.NEEDS_ATTENTION, reason)
-            self.log.append("needs_attention", **payment.log_fields(task_id), error=reason)
+        async def write() -> None:
+            await self.claims.terminal(payment.token_digest, ClaimState.NEEDS_ATTENTION, reason)
+            await self.log.append("needs_attention", **payment.log_fields(task_id), error=reason)
 
         await commit_until_stored(self.claims.db, write, "a settlement needing attention")
         self._count("needs_attention")

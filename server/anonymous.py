@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import sqlite_utils
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server.agents import AgentRegistry
 from server.config import AgentConfig, Settings
+from server.database import Database
 from server.execution import Runner
 from server.methods import Methods
 from server.metrics import Metrics
@@ -29,7 +29,7 @@ class Parts:
     """The parts of the server an anonymous path may build on."""
 
     settings: Settings
-    db: sqlite_utils.Database
+    db: Database
     store: TaskStore
     agents: AgentRegistry
     runner: Runner
@@ -52,10 +52,14 @@ class AnonymousPath(Protocol):
     async def readiness(self) -> dict[str, str]:
         """Named checks for `/readyz`: "ok", "not configured", or what is wrong."""
 
-    def expire(self, older_than_seconds: float) -> None:
+    async def expire(self, older_than_seconds: float) -> None:
         """Housekeeping: drop this path's records as old as finished tasks."""
 
-    async def start(self) -> None: ...
+    async def open_store(self) -> None:
+        """Create or update this path's own tables (the server's are ready by then)."""
+
+    async def start(self) -> None:
+        """Begin serving: after `open_store`, before the first request."""
 
     async def close(self) -> None: ...
 
@@ -87,7 +91,10 @@ class KeysOnly:
     async def readiness(self) -> dict[str, str]:
         return {}
 
-    def expire(self, older_than_seconds: float) -> None:
+    async def expire(self, older_than_seconds: float) -> None:
+        return None
+
+    async def open_store(self) -> None:
         return None
 
     async def start(self) -> None:

@@ -29,7 +29,7 @@ from server.agents import AgentRegistry
 from server.anonymous import AnonymousFactory, KeysOnly, Parts
 from server.cards import agent_card
 from server.config import Settings
-from server.database import open_database
+from server.database import Database, DatabaseUnavailable, open_database
 from server.deadlines import BodyDeadline
 from server.execution import Runner
 from server.jsonrpc import (
@@ -40,10 +40,11 @@ from server.jsonrpc import (
     error_response,
     read_call,
     result_response,
+    store_unavailable,
 )
 from server.methods import Methods, plan_send, unsupported
 from server.metrics import Metrics, agent_label
-from server.principals import Principals
+from server.principals import Principals, create_tables
 from server.proxy import TrustedProxyMiddleware, public_base_url
 from server.request_log import RequestInfo
 from server.tasks import TaskStore, agent_message, set_status
@@ -51,6 +52,7 @@ from server.tasks import TaskStore, agent_message, set_status
 logger = logging.getLogger("a2a_gate")
 
 HOUSEKEEPING_SECONDS = 60.0
+DATABASE_START_SECONDS = 30.0  # how long a starting process waits for its database
 
 
 class Services:
@@ -71,35 +73,57 @@ class Services:
         self.methods.scrub = self.anonymous.scrub_message  # what the anonymous path says may not stay in a message
         self.started_at = time.time()  # cards come from the configuration read now
 
+    async def open_store(self) -> None:
+        """Connect to the database and bring the server's tables up to date."""
+        await open_until_ready(self.db, DATABASE_START_SECONDS)
+        await self.store.create_tables()
+        await create_tables(self.db)
+
     async def start(self) -> None:
+        await self.open_store()
+        await self.anonymous.open_store()
         await self.anonymous.start()
 
     async def close(self) -> None:
         await self.runner.drain(timeout=10.0)
         await self.anonymous.close()
         await self.agents.aclose()
-        self.db.conn.close()
+        await self.db.close()
 
-    def database_writable(self) -> str:
+    async def database_writable(self) -> str:
         try:
-            self.db.conn.execute("BEGIN IMMEDIATE")
-            self.db.conn.execute("ROLLBACK")
+            await self.db.check_writable()
         except Exception as exc:  # noqa: BLE001 -- reported, not raised: this is a health check
             return f"error: {type(exc).__name__}"
         return "ok"
 
-    def housekeeping(self) -> None:
+    async def housekeeping(self) -> None:
         """Expire old finished tasks and fail the ones stuck past their deadline (uncharged)."""
-        self.store.expire(self.settings.task_retention_days * 86400)
-        self.anonymous.expire(self.settings.task_retention_days * 86400)
-        for task in self.store.stuck():
+        await self.store.expire(self.settings.task_retention_days * 86400)
+        await self.anonymous.expire(self.settings.task_retention_days * 86400)
+        for task in await self.store.stuck():
             execution = self.runner.live.get(task["id"])
             if execution is not None:
                 if not execution.delivering and execution.job is not None:
                     execution.job.cancel()
                 continue
             set_status(task, "failed", agent_message(task, "The task passed its deadline."))
-            self.store.save(task)
+            await self.store.save(task)
+
+
+async def open_until_ready(db: Database, patience: float) -> None:
+    """Open the database, trying again while it is unreachable (a replica may start before
+    its PostgreSQL); gives up, raising, after `patience` seconds."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            await db.open()
+            return
+        except DatabaseUnavailable as exc:
+            if time.monotonic() > deadline:
+                raise
+            logger.warning("the database is not reachable yet (%s); trying again", exc)
+        await asyncio.sleep(1.0)
 
 
 def forbidden() -> JSONResponse:
@@ -122,7 +146,11 @@ async def a2a_endpoint(request: Request) -> Response:
 
 async def branch(services: Services, request: Request, name: str, info: RequestInfo) -> Response:
     """The one branch on the principal: the free path here, or the anonymous path."""
-    principal = services.principals.identify(request.headers.get("authorization"))
+    try:
+        principal = await services.principals.identify(request.headers.get("authorization"))
+    except DatabaseUnavailable as exc:
+        logger.warning("the task store is unavailable: %s", exc)
+        return error_response(None, store_unavailable())
     if principal is None:
         return await services.anonymous.handle(request, name)
     info.caller = principal.owner
@@ -160,24 +188,27 @@ async def dispatch_free(services: Services, call: Call, agent: str, owner: str) 
     try:
         if call.operation == "send":
             plan = plan_send(call)
-            execution = methods.start_send(plan, agent, owner)
+            execution = await methods.start_send(plan, agent, owner)
             return result_response(call.id, await methods.send(plan, execution))
         if call.operation == "stream":
             if not services.agents.get(agent).streaming:  # type: ignore[union-attr]
                 raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
             plan = plan_send(call)
-            return methods.stream(plan, methods.start_send(plan, agent, owner))
+            return methods.stream(plan, await methods.start_send(plan, agent, owner))
         if call.operation == "get":
-            return result_response(call.id, methods.get(call, agent, owner))
+            return result_response(call.id, await methods.get(call, agent, owner))
         if call.operation == "cancel":
             return result_response(call.id, await methods.cancel(call, agent, owner))
         if call.operation == "subscribe":
-            return methods.subscribe(call, agent, owner)
+            return await methods.subscribe(call, agent, owner)
         if call.operation == "list":
-            return result_response(call.id, methods.list(call, agent, owner))
+            return result_response(call.id, await methods.list(call, agent, owner))
         raise unsupported(call)
     except RpcError as exc:
         return error_response(call.id, exc)
+    except DatabaseUnavailable as exc:
+        logger.warning("the task store is unavailable: %s", exc)
+        return error_response(call.id, store_unavailable())
     except Exception:
         logger.exception("internal error in %s", call.method)
         return error_response(call.id, RpcError(INTERNAL_ERROR))
@@ -234,14 +265,17 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     """Ready: the database takes writes and the anonymous path's own checks pass."""
     services: Services = request.app.state.services
-    checks = {"database": services.database_writable(), **await services.anonymous.readiness()}
+    checks = {"database": await services.database_writable(), **await services.anonymous.readiness()}
     ready = all(v in ("ok", "not configured") for v in checks.values())
     return JSONResponse({"status": "ready" if ready else "not ready", **checks}, status_code=200 if ready else 503)
 
 
 async def metrics(request: Request) -> Response:
     services: Services = request.app.state.services
-    return services.metrics.endpoint(request)
+    try:
+        return await services.metrics.endpoint(request)
+    except DatabaseUnavailable:
+        return JSONResponse({"detail": "The task store is unavailable"}, status_code=503)
 
 
 # Some libraries raise the interpreter's recursion limit at import (py_ecc, under x402 and
@@ -291,7 +325,7 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
 async def _housekeeping_loop(services: Services) -> None:
     while True:
         try:
-            services.housekeeping()
+            await services.housekeeping()
         except Exception:
             logger.exception("housekeeping failed")
         await asyncio.sleep(HOUSEKEEPING_SECONDS)

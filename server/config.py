@@ -171,6 +171,11 @@ DEMO_PRICE = Price(
 )
 
 
+def is_database_url(database: str) -> bool:
+    """A PostgreSQL URL (replicas sharing one store), not a SQLite path."""
+    return database.startswith(("postgresql://", "postgres://"))
+
+
 def default_settings(database: str = "a2a-gate.db") -> Settings:
     """The embedded defaults: a free echo agent (API keys) and a priced one (x402), one SQLite file.
 
@@ -291,7 +296,7 @@ class _Reader:
         if public_url:
             public_url = self.http_url(public_url, "public_url")
         database = self.get(raw, "database", str, defaults.database, "database")
-        if database != ":memory:" and not os.path.isabs(database):
+        if not is_database_url(database) and database != ":memory:" and not os.path.isabs(database):
             database = str(base_dir / database)
 
         limits = self.table(raw, "limits", "limits")

@@ -28,13 +28,15 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from server.config import is_database_url
+
 Row = dict[str, Any]
 Statements = Sequence[str] | Callable[["Database"], Awaitable[None]]
 
 logger = logging.getLogger("a2a_gate.database")
 
 
-class Unavailable(Exception):
+class DatabaseUnavailable(Exception):
     """The database cannot take the statement now (unreachable, locked, full): try again later."""
 
 
@@ -70,7 +72,7 @@ class Database(ABC):
 
     @abstractmethod
     async def check_writable(self) -> None:
-        """Raise `Unavailable` unless a write could start now (the readiness check)."""
+        """Raise `DatabaseUnavailable` unless a write could start now (the readiness check)."""
 
     @abstractmethod
     def json_text(self, column: str, *path: str) -> str:
@@ -122,7 +124,7 @@ class Database(ABC):
 
 def open_database(location: str) -> Database:
     """The engine for `location`: a ``postgresql://`` URL, else a SQLite path. Call `open()` next."""
-    if location.startswith(("postgresql://", "postgres://")):
+    if is_database_url(location):
         from server.postgres_store import PostgresDatabase
 
         return PostgresDatabase(location)
@@ -146,7 +148,7 @@ async def commit_until_stored(
             async with db.transaction():
                 await write()
             return
-        except Unavailable as exc:
+        except DatabaseUnavailable as exc:
             if time.monotonic() > deadline:
                 raise
             logger.warning("storing %s failed (%s), retrying", what, exc)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.agents import AgentRegistry, AgentReply, AgentRequest, for_agent
-from server.database import commit_until_stored, transaction
+from server.database import commit_until_stored
 from server.dialects import INTERRUPTED_STATES
 from server.tasks import TaskStore, agent_message, new_id, set_status
 
@@ -47,10 +47,10 @@ class Settlement:
     when nothing is to be charged.
     """
 
-    mark_delivered: Callable[[dict[str, Any] | None], None]
+    mark_delivered: Callable[[dict[str, Any] | None], Awaitable[None]]
     delivered: Callable[[dict[str, Any]], Awaitable[Collected]]
     not_delivered: Callable[[dict[str, Any]], Awaitable[None]]
-    saved: Callable[[], None] = lambda: None
+    saved: Callable[[], Awaitable[None]]
     abandoned: Callable[[], None] = lambda: None
     withhold: bool = False  # settle before the answer leaves; unpaid, it never does
 
@@ -157,7 +157,7 @@ class Runner:
         if cancel is None:
             return True
         try:
-            return bool(await cancel(task_id, self.store.backend_ref(task_id)))
+            return bool(await cancel(task_id, await self.store.backend_ref(task_id)))
         except Exception as exc:  # noqa: BLE001 -- a backend bug refuses the cancel, never the request
             logger.warning("agent %s: cancel raised %s", agent, type(exc).__name__)
             return False
@@ -207,7 +207,7 @@ class Runner:
             task_id=task["id"],
             context_id=task["contextId"],
             # a new task (one message) has no backend memory yet; a continued one may
-            backend_ref=self.store.backend_ref(task["id"]) if len(task.get("history") or []) > 1 else {},
+            backend_ref=await self.store.backend_ref(task["id"]) if len(task.get("history") or []) > 1 else {},
         )
         deadline = self.agents.deadline_seconds(execution.agent)
         try:
@@ -223,7 +223,7 @@ class Runner:
             logger.warning("agent %s raised %s", execution.agent, type(exc).__name__)
             return AgentReply.failed("The agent failed.")
         if reply.backend_ref:
-            self.store.save(task, backend_ref=reply.backend_ref)
+            await self.store.save(task, backend_ref=reply.backend_ref)
         return reply
 
     async def _deliver(self, execution: Execution, reply: AgentReply) -> None:
@@ -233,17 +233,17 @@ class Runner:
         if settlement is None:  # the free path: the artifact is saved with the final status
             self._show(execution, artifact)
             set_status(task, "completed", agent_message(task, text))
-            self.store.save(task)
+            await self.store.save(task)
             execution.publish(status_event(task, final=True))
             return
         if settlement.withhold:  # the answer stays out of the task, its streams and the store until paid
-            with transaction(self.store.db):
-                settlement.mark_delivered({"artifact": artifact, "text": text})
+            async with self.store.db.transaction():
+                await settlement.mark_delivered({"artifact": artifact, "text": text})
         else:
             task.setdefault("artifacts", []).append(artifact)
-            with transaction(self.store.db):
-                self.store.save(task)
-                settlement.mark_delivered(None)
+            async with self.store.db.transaction():
+                await self.store.save(task)
+                await settlement.mark_delivered(None)
             execution.publish(artifact_event(task, artifact))
         # shielded: a cancel arriving now must not interrupt a settlement
         collected = await asyncio.shield(settlement.delivered(task))
@@ -267,9 +267,9 @@ class Runner:
         settlement = execution.settlement
         assert settlement is not None
 
-        def write() -> None:
-            self.store.save(execution.task)
-            settlement.saved()
+        async def write() -> None:
+            await self.store.save(execution.task)
+            await settlement.saved()
 
         await commit_until_stored(self.store.db, write, "a settled task")
 
@@ -299,5 +299,5 @@ class Runner:
         task = execution.task
         if execution.settlement is not None:
             await asyncio.shield(execution.settlement.not_delivered(task))
-        self.store.save(task)
+        await self.store.save(task)
         execution.publish(status_event(task, final=True))

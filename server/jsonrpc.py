@@ -85,6 +85,11 @@ class RpcError(Exception):
         self.call_id = call_id  # the request's id, once it is known
 
 
+def store_unavailable() -> RpcError:
+    """The task store cannot be reached now: nothing was done, the same request may be sent again."""
+    return RpcError(INTERNAL_ERROR, "The task store is unavailable", {"code": "store_unavailable", "retryable": True})
+
+
 @dataclass(frozen=True)
 class Call:
     """One parsed JSON-RPC request."""

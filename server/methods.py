@@ -92,15 +92,17 @@ class Methods:
         # material here, before anything is stored, run or echoed.
         self.scrub = scrub
 
-    def start_send(self, plan: SendPlan, agent: str, owner: str, settlement: Settlement | None = None) -> Execution:
+    async def start_send(
+        self, plan: SendPlan, agent: str, owner: str, settlement: Settlement | None = None
+    ) -> Execution:
         """Create the task (or continue an interrupted one of the same owner) and run it."""
         message = self.scrub(plan.message)
         task_id = message.get("taskId")
         if task_id is None:
             task = new_task(message.get("contextId"), message)
-            self.store.create(task, agent=agent, owner=owner)
+            await self.store.create(task, agent=agent, owner=owner)
         else:
-            found = self.store.get(task_id, owner, agent)
+            found = await self.store.get(task_id, owner, agent)
             if found is None:
                 raise RpcError(TASK_NOT_FOUND)
             if found["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
@@ -112,15 +114,15 @@ class Methods:
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
             set_status(task, "submitted")
-            self.store.save(task)
+            await self.store.save(task)
         return self.runner.start(task, agent, message, settlement)
 
-    def start_task(
+    async def start_task(
         self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None = None
     ) -> Execution:
         """Run an existing task on one of its messages (a request paid for after it was made)."""
         set_status(task, "submitted")
-        self.store.save(task)
+        await self.store.save(task)
         return self.runner.start(task, agent, self.scrub(message), settlement)
 
     async def send(self, plan: SendPlan, execution: Execution) -> dict[str, Any]:
@@ -137,11 +139,11 @@ class Methods:
         first = dialects.send_result(copy.deepcopy(trim_history(execution.task, plan.history_length)), call.dialect)
         return sse_response(follow_live(call.id, call.dialect, execution, subscriber, first), headers)
 
-    def subscribe(self, call: Call, agent: str, owner: str) -> StreamingResponse:
+    async def subscribe(self, call: Call, agent: str, owner: str) -> StreamingResponse:
         """Resubscription: the Task now, then every event until it ends, from any worker."""
         if not self.runner.agents.get(agent).streaming:  # type: ignore[union-attr]
             raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
-        task = self.store.get(call.params.get("id"), owner, agent)
+        task = await self.store.get(call.params.get("id"), owner, agent)
         if task is None:
             raise RpcError(TASK_NOT_FOUND)
         live = self.runner.live.get(task["id"])
@@ -161,14 +163,14 @@ class Methods:
             )
         )
 
-    def list(self, call: Call, agent: str, owner: str | None) -> dict[str, Any]:
+    async def list(self, call: Call, agent: str, owner: str | None) -> dict[str, Any]:
         """ListTasks: `owner`'s tasks at this agent, newest first, one page at a time
         (an empty page for a caller who owns nothing here: no owner)."""
         try:
             query, length, with_artifacts = list_query(call.params, call.dialect)
         except InvalidShape as exc:
             raise invalid(exc) from None
-        tasks, total, cursor = self.store.page(owner, agent, query) if owner else ([], 0, None)
+        tasks, total, cursor = await self.store.page(owner, agent, query) if owner else ([], 0, None)
         page = []
         for task in tasks:
             live = self.runner.live.get(task["id"])
@@ -182,12 +184,12 @@ class Methods:
             page.append(dialects.task_out(task, call.dialect))
         return {"tasks": page, "nextPageToken": encode_cursor(cursor), "pageSize": query.size, "totalSize": total}
 
-    def get(self, call: Call, agent: str, owner: str) -> dict[str, Any]:
+    async def get(self, call: Call, agent: str, owner: str) -> dict[str, Any]:
         try:
             length = dialects.history_length(call.params.get("historyLength"))
         except InvalidShape as exc:
             raise invalid(exc) from None
-        task = self.store.get(call.params.get("id"), owner, agent)
+        task = await self.store.get(call.params.get("id"), owner, agent)
         if task is None:
             raise RpcError(TASK_NOT_FOUND)
         live = self.runner.live.get(task["id"])
@@ -196,7 +198,7 @@ class Methods:
         return dialects.task_out(trim_history(task, length), call.dialect)
 
     async def cancel(self, call: Call, agent: str, owner: str) -> dict[str, Any]:
-        task = self.store.get(call.params.get("id"), owner, agent)
+        task = await self.store.get(call.params.get("id"), owner, agent)
         if task is None:
             raise RpcError(TASK_NOT_FOUND)
         live = self.runner.live.get(task["id"])
@@ -210,11 +212,11 @@ class Methods:
         elif task["status"]["state"] in INTERRUPTED_STATES:
             if not await self.runner.backend_agrees_to_cancel(agent, task["id"]):
                 raise RpcError(TASK_NOT_CANCELABLE, "The upstream agent did not agree to cancel the task")
-            task = self.store.get(task["id"], owner, agent)  # as it is after that wait
+            task = await self.store.get(task["id"], owner, agent)  # as it is after that wait
             if task is None or task["status"]["state"] not in INTERRUPTED_STATES or task["id"] in self.runner.live:
                 raise RpcError(TASK_NOT_CANCELABLE, "Task changed while its cancel was forwarded")
             set_status(task, "canceled", agent_message(task, "Canceled by the caller."))
-            self.store.save(task)
+            await self.store.save(task)
         else:
             raise RpcError(TASK_NOT_CANCELABLE, "Task is running in another worker")
         return dialects.task_out(task, call.dialect)

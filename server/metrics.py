@@ -9,6 +9,7 @@ several workers each serves its own counters.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -38,6 +39,10 @@ class Metrics:
             ["agent", "caller", "outcome"],
             registry=self.registry,
         )
+        # gauges of stored state are read from the database (asynchronously) before each scrape
+        self.before_scrape: list[Callable[[], Awaitable[None]]] = []
 
-    def endpoint(self, request: Request) -> Response:
+    async def endpoint(self, request: Request) -> Response:
+        for refresh in self.before_scrape:
+            await refresh()
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

@@ -14,10 +14,10 @@ import secrets
 import time
 from dataclasses import dataclass
 
-import sqlite_utils
 from cachetools import TTLCache
 
 from server.config import ApiKey
+from server.database import Database, Migration
 
 KEY_PREFIX = "a2g_"
 
@@ -57,67 +57,75 @@ def bearer(authorization: str | None) -> str | None:
     return value
 
 
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS api_keys (sha256 TEXT PRIMARY KEY, name TEXT, agents TEXT, revoked INTEGER,"
+    " created_at DOUBLE PRECISION)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS api_keys_name ON api_keys (name)",
+)
+MIGRATIONS = (
+    Migration(sqlite=_TABLES[:1], postgresql=_TABLES[:1]),
+    Migration(sqlite=_TABLES[1:], postgresql=_TABLES[1:]),
+)
+
+
+async def create_tables(db: Database) -> None:
+    await db.migrate("api_keys", MIGRATIONS)
+
+
 class Principals:
     """Looks keys up by digest in the configuration and the database.
 
     Database keys are cached briefly, so a revocation takes effect within
-    `cache_seconds` in every worker without a query on every request.
+    `cache_seconds` in every worker and replica without a query on every request.
     """
 
-    def __init__(
-        self, db: sqlite_utils.Database, configured: tuple[ApiKey, ...] = (), cache_seconds: float = 2.0
-    ) -> None:
+    def __init__(self, db: Database, configured: tuple[ApiKey, ...] = (), cache_seconds: float = 2.0) -> None:
         self.db = db
         self.configured = {k.sha256: Principal(k.name, k.agents, k.revoked) for k in configured}
         self.cache: TTLCache[str, tuple[str, Principal | None]] = TTLCache(maxsize=4096, ttl=cache_seconds)
 
-    def identify(self, authorization: str | None) -> Principal | None:
+    async def identify(self, authorization: str | None) -> Principal | None:
         """The principal for a bearer key, or None for an anonymous caller."""
         key = bearer(authorization)
         if key is None:
             return ANONYMOUS
         wanted = digest(key)
-        stored, principal = self.lookup(wanted)
+        stored, principal = await self.lookup(wanted)
         if principal is None or not hmac.compare_digest(stored, wanted):
             return ANONYMOUS
         return principal
 
-    def lookup(self, wanted: str) -> tuple[str, Principal | None]:
+    async def lookup(self, wanted: str) -> tuple[str, Principal | None]:
         if wanted in self.configured:
             return wanted, self.configured[wanted]
         cached = self.cache.get(wanted)
         if cached is not None:
             return cached
-        row = self.db.conn.execute(
-            "SELECT sha256, name, agents, revoked FROM api_keys WHERE sha256 = ?", (wanted,)
-        ).fetchone()
+        row = await self.db.fetchrow("SELECT sha256, name, agents, revoked FROM api_keys WHERE sha256 = ?", (wanted,))
         found: tuple[str, Principal | None] = ("", None)
         if row is not None:
-            found = (row[0], Principal(row[1], tuple(json.loads(row[2])), bool(row[3])))
+            found = (row["sha256"], Principal(row["name"], tuple(json.loads(row["agents"])), bool(row["revoked"])))
         self.cache[wanted] = found
         return found
 
 
-def create_key(db: sqlite_utils.Database, name: str, agents: list[str]) -> tuple[str, str]:
+async def create_key(db: Database, name: str, agents: list[str]) -> tuple[str, str]:
     """Store a new key; returns (the key, its digest). The key itself is never stored."""
-    if db.conn.execute("SELECT 1 FROM api_keys WHERE name = ?", (name,)).fetchone():
-        raise ValueError(f"a key named {name!r} exists already")
     key = generate_key()
-    db.table("api_keys").insert(
-        {"sha256": digest(key), "name": name, "agents": json.dumps(agents), "revoked": 0, "created_at": time.time()}
+    added = await db.execute(
+        "INSERT INTO api_keys (sha256, name, agents, revoked, created_at) VALUES (?, ?, ?, 0, ?)"
+        " ON CONFLICT DO NOTHING",
+        (digest(key), name, json.dumps(agents), time.time()),
     )
+    if not added:
+        raise ValueError(f"a key named {name!r} exists already")
     return key, digest(key)
 
 
-def revoke_key(db: sqlite_utils.Database, name: str) -> int:
-    return db.conn.execute("UPDATE api_keys SET revoked = 1 WHERE name = ?", (name,)).rowcount
+async def revoke_key(db: Database, name: str) -> int:
+    return await db.execute("UPDATE api_keys SET revoked = 1 WHERE name = ?", (name,))
 
 
-def list_keys(db: sqlite_utils.Database) -> list[dict]:
-    rows = db.conn.execute(
-        "SELECT name, sha256, agents, revoked, created_at FROM api_keys ORDER BY created_at"
-    ).fetchall()
-    return [
-        {"name": r[0], "sha256": r[1], "agents": json.loads(r[2]), "revoked": bool(r[3]), "created_at": r[4]}
-        for r in rows
-    ]
+async def list_keys(db: Database) -> list[dict]:
+    rows = await db.fetch("SELECT name, sha256, agents, revoked, created_at FROM api_keys ORDER BY created_at")
+    return [{**r, "agents": json.loads(r["agents"]), "revoked": bool(r["revoked"])} for r in rows]

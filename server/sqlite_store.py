@@ -19,7 +19,7 @@ from typing import Any
 
 import sqlite_utils
 
-from server.database import Database, Row, Unavailable
+from server.database import Database, DatabaseUnavailable, Row
 
 
 class SQLiteDatabase(Database):
@@ -34,7 +34,7 @@ class SQLiteDatabase(Database):
     @property
     def conn(self) -> sqlite3.Connection:
         if self._db is None:
-            raise Unavailable("the database is not open")
+            raise DatabaseUnavailable("the database is not open")
         return self._db.conn
 
     async def open(self) -> None:
@@ -56,7 +56,7 @@ class SQLiteDatabase(Database):
         try:
             return self.conn.execute(sql, tuple(args)).rowcount
         except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O
-            raise Unavailable(f"sqlite: {exc}") from exc
+            raise DatabaseUnavailable(f"sqlite: {exc}") from exc
 
     async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         try:
@@ -64,7 +64,7 @@ class SQLiteDatabase(Database):
             columns = [c[0] for c in cursor.description]
             return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
         except sqlite3.OperationalError as exc:
-            raise Unavailable(f"sqlite: {exc}") from exc
+            raise DatabaseUnavailable(f"sqlite: {exc}") from exc
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -65,7 +65,7 @@ async def follow_stored(
     call_id: Any,
     dialect: str,
     task: dict[str, Any],
-    reload: Callable[[], dict[str, Any] | None],
+    reload: Callable[[], Awaitable[dict[str, Any] | None]],
     deadline_seconds: float,
 ) -> AsyncIterator[bytes]:
     """The Task, then its changes as they are stored (by another worker, or by the next
@@ -81,7 +81,7 @@ async def follow_stored(
     quiet_since = time.monotonic()
     while time.monotonic() < give_up:
         await asyncio.sleep(STORE_POLL_SECONDS)
-        current = reload()
+        current = await reload()
         if current is None:
             return
         for artifact in current.get("artifacts") or []:

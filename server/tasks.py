@@ -1,4 +1,4 @@
-"""The task store: every Task, its owner and its state, in the shared SQLite file.
+"""The task store: every Task, its owner and its state, in the shared database.
 
 Reads by id always go through the owner, so "does not exist" and "not yours" are
 the same answer by construction. Finished tasks expire after a retention period and
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import sqlite_utils
+from server.database import Database, Migration
 
 PENDING_OWNER = "payment-pending"  # an in-band payment request nobody has paid for yet
 _PENDING_LIKE = PENDING_OWNER + "%"
@@ -90,20 +90,40 @@ class TaskQuery:
     after: tuple[float, str] | None = None
 
 
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, agent TEXT, context_id TEXT, state TEXT,"
+    " owner TEXT,"  # "key:<name>" for a principal, "payer:<address>" for a payer
+    " document TEXT,"  # the Task as JSON, canonical (v0.3) shape
+    " backend_ref TEXT,"  # a backend's memory for the task (an upstream's task id)
+    " created_at DOUBLE PRECISION, updated_at DOUBLE PRECISION, deadline_at DOUBLE PRECISION)",
+    "CREATE INDEX IF NOT EXISTS idx_tasks_state_updated_at ON tasks (state, updated_at)",
+    # requests awaiting payment are counted per caller
+    "CREATE INDEX IF NOT EXISTS idx_tasks_owner_state ON tasks (owner, state)",
+    # ListTasks: one owner's tasks at one agent, newest first
+    "CREATE INDEX IF NOT EXISTS idx_tasks_owner_agent_updated_at ON tasks (owner, agent, updated_at)",
+)
+MIGRATIONS = (Migration(sqlite=_TABLES, postgresql=_TABLES),)
+
+
 class TaskStore:
-    def __init__(self, db: sqlite_utils.Database, *, deadline_seconds: float = 600.0) -> None:
+    def __init__(self, db: Database, *, deadline_seconds: float = 600.0) -> None:
         self.db = db
         self.deadline_seconds = deadline_seconds
+
+    async def create_tables(self) -> None:
+        await self.db.migrate("tasks", MIGRATIONS)
 
     _INSERT = (
         "INSERT INTO tasks (id, agent, context_id, state, owner, document, backend_ref, created_at, updated_at,"
         " deadline_at) VALUES (?, ?, ?, ?, ?, ?, '{}', ?, ?, ?)"
     )
 
-    def create(self, task: dict[str, Any], *, agent: str, owner: str, deadline_seconds: float | None = None) -> None:
+    async def create(
+        self, task: dict[str, Any], *, agent: str, owner: str, deadline_seconds: float | None = None
+    ) -> None:
         now = time.time()
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
-        self.db.conn.execute(
+        await self.db.execute(
             self._INSERT,
             (
                 task["id"],
@@ -118,7 +138,7 @@ class TaskStore:
             ),
         )
 
-    def save(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> None:
+    async def save(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> None:
         document = json.dumps(task, separators=(",", ":"))
         if backend_ref is None:
             sql = "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ?"
@@ -126,22 +146,22 @@ class TaskStore:
         else:
             sql = "UPDATE tasks SET state = ?, document = ?, backend_ref = ?, updated_at = ? WHERE id = ?"
             args = (task["status"]["state"], document, json.dumps(backend_ref), time.time(), task["id"])
-        self.db.conn.execute(sql, args)
+        await self.db.execute(sql, args)
 
-    def backend_ref(self, task_id: str) -> dict[str, Any]:
-        row = self.db.conn.execute("SELECT backend_ref FROM tasks WHERE id = ?", (task_id,)).fetchone()
-        return json.loads(row[0]) if row and row[0] else {}
+    async def backend_ref(self, task_id: str) -> dict[str, Any]:
+        found = await self.db.fetchval("SELECT backend_ref FROM tasks WHERE id = ?", (task_id,))
+        return json.loads(found) if found else {}
 
-    def get(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
+    async def get(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
         """The task when it exists, belongs to `owner` and was made by `agent`; else None."""
         if not isinstance(task_id, str):
             return None
-        row = self.db.conn.execute(
+        document = await self.db.fetchval(
             "SELECT document FROM tasks WHERE id = ? AND owner = ? AND agent = ?", (task_id, owner, agent)
-        ).fetchone()
-        return None if row is None else json.loads(row[0])
+        )
+        return None if document is None else json.loads(document)
 
-    def page(
+    async def page(
         self, owner: str, agent: str, query: TaskQuery
     ) -> tuple[list[dict[str, Any]], int, tuple[float, str] | None]:
         """One page of `owner`'s tasks at `agent`, most recently updated first: the tasks,
@@ -155,41 +175,41 @@ class TaskStore:
             where.append("state = ?")
             args.append(query.state)
         if query.status_after is not None:  # timestamps of one format compare as strings
-            where.append("json_extract(document, '$.status.timestamp') > ?")
+            where.append(f"{self.db.json_text('document', 'status', 'timestamp')} > ?")
             args.append(query.status_after)
         condition = " AND ".join(where)
-        total = self.db.conn.execute(f"SELECT COUNT(*) FROM tasks WHERE {condition}", args).fetchone()[0]
+        total = await self.db.fetchval(f"SELECT COUNT(*) FROM tasks WHERE {condition}", args)
         if query.after is not None:
             condition += " AND (updated_at < ? OR (updated_at = ? AND id < ?))"
             args += [query.after[0], query.after[0], query.after[1]]
-        rows = self.db.conn.execute(
+        rows = await self.db.fetch(
             f"SELECT document, updated_at, id FROM tasks WHERE {condition} ORDER BY updated_at DESC, id DESC LIMIT ?",
             [*args, query.size + 1],
-        ).fetchall()
+        )
         more = len(rows) > query.size
         rows = rows[: query.size]
-        cursor = (rows[-1][1], rows[-1][2]) if more and rows else None
-        return [json.loads(r[0]) for r in rows], total, cursor
+        cursor = (rows[-1]["updated_at"], rows[-1]["id"]) if more and rows else None
+        return [json.loads(r["document"]) for r in rows], int(total), cursor
 
-    def pending(self, task_id: Any, agent: str) -> dict[str, Any] | None:
+    async def pending(self, task_id: Any, agent: str) -> dict[str, Any] | None:
         """A request of `agent` still awaiting its first payment (unexpired), whoever asked."""
         if not isinstance(task_id, str):
             return None
-        row = self.db.conn.execute(
+        document = await self.db.fetchval(
             "SELECT document FROM tasks WHERE id = ? AND agent = ? AND owner LIKE ? AND deadline_at > ?",
             (task_id, agent, _PENDING_LIKE, time.time()),
-        ).fetchone()
-        return None if row is None else json.loads(row[0])
+        )
+        return None if document is None else json.loads(document)
 
-    def count_pending(self, owner: str) -> int:
+    async def count_pending(self, owner: str) -> int:
         """How many unexpired requests of one caller are awaiting payment."""
-        row = self.db.conn.execute(
+        count = await self.db.fetchval(
             "SELECT COUNT(*) FROM tasks WHERE owner = ? AND state = 'input-required' AND deadline_at > ?",
             (owner, time.time()),
-        ).fetchone()
-        return int(row[0])
+        )
+        return int(count)
 
-    def adopt(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
+    async def adopt(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
         """Give a request awaiting its first payment to the payer who paid for it (once).
 
         From now on the task runs, so its deadline becomes an execution's.
@@ -197,28 +217,27 @@ class TaskStore:
         if not isinstance(task_id, str):
             return None
         now = time.time()
-        cursor = self.db.conn.execute(
+        changed = await self.db.execute(
             "UPDATE tasks SET owner = ?, deadline_at = ?, updated_at = ? WHERE id = ? AND agent = ? AND owner LIKE ?"
             " AND state = 'input-required' AND deadline_at > ?",
             (owner, now + self.deadline_seconds, now, task_id, agent, _PENDING_LIKE, now),
         )
-        return self.get(task_id, owner, agent) if cursor.rowcount == 1 else None
+        return await self.get(task_id, owner, agent) if changed == 1 else None
 
-    def expire(self, retention_seconds: float) -> int:
+    async def expire(self, retention_seconds: float) -> int:
         """Delete tasks idle past the retention (finished or waiting on their caller), and
         unpaid in-band payment requests past their deadline; returns how many went."""
         now = time.time()
-        cursor = self.db.conn.execute(
+        return await self.db.execute(
             "DELETE FROM tasks WHERE (state NOT IN ('submitted', 'working') AND updated_at < ?)"
             " OR (owner LIKE ? AND deadline_at < ?)",
             (now - retention_seconds, _PENDING_LIKE, now),
         )
-        return cursor.rowcount
 
-    def stuck(self, limit: int = 100) -> list[dict[str, Any]]:
+    async def stuck(self, limit: int = 100) -> list[dict[str, Any]]:
         """Unfinished tasks past their deadline (not interrupted ones: those wait for the caller)."""
-        rows = self.db.conn.execute(
+        rows = await self.db.fetch(
             "SELECT document FROM tasks WHERE state IN ('submitted', 'working') AND deadline_at < ? LIMIT ?",
             (time.time(), limit),
-        ).fetchall()
-        return [json.loads(r[0]) for r in rows]
+        )
+        return [json.loads(r["document"]) for r in rows]

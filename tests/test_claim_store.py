@@ -1,7 +1,7 @@
 """The claim store and the settlement decision, below the HTTP layer.
 
-The store is what a later PostgreSQL version must match: typed rows, leases instead of
-pids, an additive migration of files written by older versions. The chain decision runs
+Typed rows, leases instead of pids, an additive migration of SQLite files written by
+older versions (tests/test_store_engines.py holds both engines to the same interface). The chain decision runs
 against the development facilitator's real `/rpc` (its simulated chain).
 """
 
@@ -20,11 +20,23 @@ from gate.facilitator import FacilitatorClient
 from gate.payment_log import PaymentLog
 from gate.settlement import Payment, Settler
 from server.config import FacilitatorConfig, NetworkConfig
-from server.database import open_database
+from server.database import Database, open_database
 
 OLD_CLAIMS = """CREATE TABLE claims (token_digest TEXT PRIMARY KEY, nonce_key TEXT, request_digest TEXT, agent TEXT,
  state TEXT, task_id TEXT, payer TEXT, answer TEXT, owner_pid INTEGER, created_at FLOAT, updated_at FLOAT,
  sealed_payment TEXT)"""
+
+
+async def opened(path: Path) -> Database:
+    db = open_database(str(path))
+    await db.open()
+    return db
+
+
+async def claims_on(db: Database, lease_seconds: float = 30.0) -> Claims:
+    claims = Claims(db, lease_seconds=lease_seconds)
+    await claims.create_tables()
+    return claims
 
 
 def test_a_claims_table_from_an_older_version_gains_the_new_columns(tmp_path: Path) -> None:
@@ -36,44 +48,51 @@ def test_a_claims_table_from_an_older_version_gains_the_new_columns(tmp_path: Pa
     )
     conn.commit()
     conn.close()
-    claims = Claims(open_database(str(path)))
-    columns = {row[1] for row in claims.db.conn.execute("PRAGMA table_info(claims)")}
-    assert set(MIGRATED_COLUMNS) <= columns
-    [owed] = claims.due()
-    assert (owed.token_digest, owed.state, owed.settle_unknown, owed.owner_instance) == (
-        "d1",
-        ClaimState.SETTLE_FAILED,
-        False,
-        "",
-    )
-    Claims(claims.db)  # a second worker starting on the same file migrates nothing twice
+
+    async def run() -> None:
+        db = await opened(path)
+        claims = await claims_on(db)
+        columns = {row["name"] for row in await db.fetch("PRAGMA table_info(claims)")}
+        assert set(MIGRATED_COLUMNS) <= columns
+        [owed] = await claims.due()
+        assert (owed.token_digest, owed.state, owed.settle_unknown, owed.owner_instance) == (
+            "d1",
+            ClaimState.SETTLE_FAILED,
+            False,
+            "",
+        )
+        await claims_on(db)  # a second worker starting on the same file migrates nothing twice
+        await claims_on(await opened(path))  # nor does a second process
+        await db.close()
+
+    asyncio.run(run())
 
 
 def test_orphans_are_lapsed_leases_and_renewal_keeps_a_claim(tmp_path: Path) -> None:
-    db = open_database(str(tmp_path / "gate.db"))
-    live, other = Claims(db, lease_seconds=1.0), Claims(db, lease_seconds=1.0)
-    assert live.instance != other.instance  # one id per process start, never a pid
-    assert live.claim("d1", "", "r", "paid", "").kind == "new"
-    assert other.claim("d1", "", "r", "paid", "").kind == "in_flight"
-    time.sleep(0.6)
-    live.renew()
-    time.sleep(0.6)
-    assert other.orphans() == []  # past the first lease, but renewed: its owner is alive
-    time.sleep(1.1)
-    [orphan] = other.orphans()  # not renewed for a lease: whoever finds it may take it
-    assert other.take_orphan(orphan)
-    assert not live.take_orphan(orphan)  # only once
-    live.mark_delivered("d1")
-    assert not live.release("d1")  # a claim whose settle may have been sent is never released
-    assert live.find("d1").state == ClaimState.SETTLING
+    async def run() -> None:
+        db = await opened(tmp_path / "gate.db")
+        live, other = await claims_on(db, lease_seconds=1.0), await claims_on(db, lease_seconds=1.0)
+        assert live.instance != other.instance  # one id per process start, never a pid
+        assert (await live.claim("d1", "", "r", "paid", "")).kind == "new"
+        assert (await other.claim("d1", "", "r", "paid", "")).kind == "in_flight"
+        await asyncio.sleep(0.6)
+        await live.renew()
+        await asyncio.sleep(0.6)
+        assert await other.orphans() == []  # past the first lease, but renewed: its owner is alive
+        await asyncio.sleep(1.1)
+        [orphan] = await other.orphans()  # not renewed for a lease: whoever finds it may take it
+        assert await other.take_orphan(orphan)
+        assert not await live.take_orphan(orphan)  # only once
+        await live.mark_delivered("d1")
+        assert not await live.release("d1")  # a claim whose settle may have been sent is never released
+        assert (await live.find("d1")).state == ClaimState.SETTLING
+        await db.close()
+
+    asyncio.run(run())
 
 
 def test_unused_and_expired_authorization_is_written_off_by_the_chain(tmp_path: Path, facilitator: str) -> None:
     """At the pass cap the chain decides: the authorization was never used and can no longer be."""
-    db = open_database(str(tmp_path / "gate.db"))
-    claims = Claims(db)
-    claims.claim("d1", "", "r", "paid", "")
-    claims.mark_delivered("d1")
     authorization = {
         "from": "0x" + "11" * 20,
         "to": "0x" + "22" * 20,
@@ -102,19 +121,25 @@ def test_unused_and_expired_authorization_is_written_off_by_the_chain(tmp_path: 
     assert Authorization.of(payload, requirements, "eip155:84532") is not None
     httpx.post(f"{facilitator}/dev/faults", json={"settle": "http500"}).raise_for_status()  # no answer, ever
 
-    async def settle():
+    async def settle() -> None:
+        db = await opened(tmp_path / "gate.db")
+        claims, log = await claims_on(db), PaymentLog(db)
+        await log.create_tables()
+        await claims.claim("d1", "", "r", "paid", "")
+        await claims.mark_delivered("d1")
         client = FacilitatorClient(config)
         try:
-            return await Settler(client, claims, PaymentLog(db), config, chain=chain).settle(payment, "t1")
+            collection = await Settler(client, claims, log, config, chain=chain).settle(payment, "t1")
         finally:
             await client.aclose()
             await chain.aclose()
+        assert collection.state == ClaimState.UNSETTLED
+        assert "unused and expired" in collection.metadata["x402.payment.error"]
+        assert (await claims.find("d1")).state == ClaimState.UNSETTLED
+        assert [r["action"] for r in await log.rows()] == ["write_off"]
+        await db.close()
 
-    collection = asyncio.run(settle())
-    assert collection.state == ClaimState.UNSETTLED
-    assert "unused and expired" in collection.metadata["x402.payment.error"]
-    assert claims.find("d1").state == ClaimState.UNSETTLED
-    assert [r["action"] for r in PaymentLog(db).rows()] == ["write_off"]
+    asyncio.run(settle())
 
 
 def test_authorization_of_a_payload_that_is_not_eip3009_is_none() -> None:

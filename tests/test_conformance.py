@@ -28,7 +28,7 @@ from tests.conftest import FREE_CONFIG
 from tests.support import a2a_clients as sdk
 from tests.support.gate_helpers import artifact_texts, bearer, poll, post, rpc, rpc_body, sse_events, v03_message
 from tests.support.gate_process import GateProcess, free_port
-from tests.support.paid import Payer, send_body
+from tests.support.paid import PaidView, Payer, send_body
 from tests.support.serve import serve_app
 
 T = TypeVar("T")
@@ -63,12 +63,38 @@ streaming = false
 """
 
 
-@pytest.fixture
-def gate(write_config: Callable[..., Path], start_gate: Callable[..., GateProcess]) -> Gate:
+# Keys no other test uses, for tests that count or list everything a caller owns.
+OWN_KEYS = [f"a2g_conformance-own-key-{i:02d}-000000000000" for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def module_gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateProcess]:
+    """One gate for the module: tests that list a caller's tasks use a key of their own (`own_keys`)."""
+    folder = tmp_path_factory.mktemp("conformance")
     port = free_port()
     text = FREE_CONFIG.replace("http://gate.example", f"http://127.0.0.1:{port}") + NO_STREAM
     text += keys_table(("conformance", KEY), ("other", OTHER_KEY))
-    return Gate(start_gate(write_config(text), port=port), bearer(KEY))
+    text += keys_table(*((f"own-{i}", key) for i, key in enumerate(OWN_KEYS)))
+    config = folder / "gate.toml"
+    config.write_text(text)
+    with GateProcess(config, folder / "gate.log", port=port) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def unused_keys() -> Iterator[str]:
+    return iter(OWN_KEYS)
+
+
+@pytest.fixture
+def gate(module_gate: GateProcess) -> Gate:
+    return Gate(module_gate, bearer(KEY))
+
+
+@pytest.fixture
+def own_keys(unused_keys: Iterator[str]) -> Callable[[], dict[str, str]]:
+    """Authorization headers of keys no other test has used: the caller's tasks are only this test's."""
+    return lambda: bearer(next(unused_keys))
 
 
 def state(task: dict[str, Any]) -> str:
@@ -205,28 +231,28 @@ def test_subscribe_follows_a_task_another_worker_runs(gate: Gate, start_gate: Ca
 # --- ListTasks --------------------------------------------------------------------------
 
 
-def test_list_tasks_is_scoped_to_the_caller_newest_first(gate: Gate) -> None:
-    url = gate.agent("echo")
-    mine = [run(sdk.send_text(url, f"mine {i}", headers=gate.headers))["task"]["id"] for i in range(3)]
-    theirs = run(sdk.send_text(url, "theirs", headers=bearer(OTHER_KEY)))["task"]["id"]
+def test_list_tasks_is_scoped_to_the_caller_newest_first(gate: Gate, own_keys) -> None:
+    url, me, them = gate.agent("echo"), own_keys(), own_keys()
+    mine = [run(sdk.send_text(url, f"mine {i}", headers=me))["task"]["id"] for i in range(3)]
+    theirs = run(sdk.send_text(url, "theirs", headers=them))["task"]["id"]
 
-    page = run(list_tasks(url, gate.headers))
-    other = run(list_tasks(url, bearer(OTHER_KEY)))
+    page = run(list_tasks(url, me))
+    other = run(list_tasks(url, them))
 
     assert [t["id"] for t in page["tasks"]] == mine[::-1]
     assert page["totalSize"] == 3 and page["nextPageToken"] == "" and page["pageSize"] == 50
     assert [t["id"] for t in other["tasks"]] == [theirs]
-    raw = rpc(url, "ListTasks", {}, {**gate.headers, **V1})["result"]
+    raw = rpc(url, "ListTasks", {}, {**me, **V1})["result"]
     assert all("artifacts" not in t for t in raw["tasks"])  # includeArtifacts defaults to false: omitted
 
 
-def test_list_tasks_pages_with_a_cursor(gate: Gate) -> None:
-    url = gate.agent("echo")
-    sent = [run(sdk.send_text(url, f"t{i}", headers=gate.headers))["task"]["id"] for i in range(5)]
+def test_list_tasks_pages_with_a_cursor(gate: Gate, own_keys) -> None:
+    url, me = gate.agent("echo"), own_keys()
+    sent = [run(sdk.send_text(url, f"t{i}", headers=me))["task"]["id"] for i in range(5)]
 
     seen, token, pages = [], "", 0
     while pages < 5:
-        page = run(list_tasks(url, gate.headers, page_size=2, page_token=token))
+        page = run(list_tasks(url, me, page_size=2, page_token=token))
         assert page["totalSize"] == 5 and page["pageSize"] == 2
         seen += [t["id"] for t in page["tasks"]]
         token, pages = page["nextPageToken"], pages + 1
@@ -236,16 +262,16 @@ def test_list_tasks_pages_with_a_cursor(gate: Gate) -> None:
     assert pages == 3 and seen == sent[::-1]
 
 
-def test_list_tasks_filters(gate: Gate) -> None:
-    url = gate.agent("interrupting")
-    paused = run(sdk.send_text(url, "weather?", headers=gate.headers))["task"]
+def test_list_tasks_filters(gate: Gate, own_keys) -> None:
+    url, me = gate.agent("interrupting"), own_keys()
+    paused = run(sdk.send_text(url, "weather?", headers=me))["task"]
     context = paused["contextId"]
-    asked = run(sdk.send_text(url, "weather?", headers=gate.headers))["task"]
-    done = run(sdk.send_text(url, "Rome", headers=gate.headers, task_id=asked["id"]))["task"]
+    asked = run(sdk.send_text(url, "weather?", headers=me))["task"]
+    done = run(sdk.send_text(url, "Rome", headers=me, task_id=asked["id"]))["task"]
 
-    by_context = run(list_tasks(url, gate.headers, context_id=context))
-    by_state = run(list_tasks(url, gate.headers, status=TaskState.TASK_STATE_COMPLETED, include_artifacts=True))
-    no_history = rpc(url, "ListTasks", {"historyLength": 0}, {**gate.headers, **V1})["result"]
+    by_context = run(list_tasks(url, me, context_id=context))
+    by_state = run(list_tasks(url, me, status=TaskState.TASK_STATE_COMPLETED, include_artifacts=True))
+    no_history = rpc(url, "ListTasks", {"historyLength": 0}, {**me, **V1})["result"]
 
     assert [t["id"] for t in by_context["tasks"]] == [paused["id"]]
     assert [t["id"] for t in by_state["tasks"]] == [done["id"]]
@@ -270,13 +296,13 @@ def test_list_tasks_refuses_bad_parameters(gate: Gate, params: dict[str, Any]) -
     assert doc["error"]["code"] == -32602
 
 
-def test_list_tasks_after_a_timestamp(gate: Gate) -> None:
-    url = gate.agent("echo")
-    old = run(sdk.send_text(url, "old", headers=gate.headers))["task"]
-    new = run(sdk.send_text(url, "new", headers=gate.headers))["task"]
+def test_list_tasks_after_a_timestamp(gate: Gate, own_keys) -> None:
+    url, me = gate.agent("echo"), own_keys()
+    old = run(sdk.send_text(url, "old", headers=me))["task"]
+    new = run(sdk.send_text(url, "new", headers=me))["task"]
 
     params = {"statusTimestampAfter": old["status"]["timestamp"]}
-    page = rpc(url, "ListTasks", params, {**gate.headers, **V1})["result"]
+    page = rpc(url, "ListTasks", params, {**me, **V1})["result"]
 
     assert [t["id"] for t in page["tasks"]] == [new["id"]]
 
@@ -480,6 +506,12 @@ def test_no_extended_card(gate: Gate) -> None:
 # --- the anonymous path: bound to the payer ---------------------------------------------
 
 
+@pytest.fixture
+def paid(shared_paid: PaidView) -> PaidView:
+    """One paid gate for the module's anonymous tests; each pays with payers of its own."""
+    return shared_paid
+
+
 def resubscribe_body(task_id: str) -> dict[str, Any]:
     return rpc_body("tasks/resubscribe", {"id": task_id}, call_id=9)
 
@@ -588,18 +620,20 @@ def task(state: str, artifacts: list | None = None, message: str | None = None) 
     return doc
 
 
-@pytest.fixture
-def fronted(
-    write_config: Callable[..., Path], start_gate: Callable[..., GateProcess]
-) -> Iterator[tuple[Gate, FakeUpstream]]:
+@pytest.fixture(scope="module")
+def fronted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gate, FakeUpstream]]:
+    """One gate and upstream for the module: each test drives an upstream mode no other test uses."""
+    folder = tmp_path_factory.mktemp("fronted")
     upstream = FakeUpstream()
     with serve_app(upstream.app()) as base:
         tables = "".join(
             f'\n[agents.up-{mode}]\nbackend = "upstream"\nurl = "{base}/{mode}"\npoll_interval_seconds = 0.1\n'
             for mode in ("agree", "refuse", "gone", "paused")
         )
-        gate = start_gate(write_config(tables + keys_table(("conformance", KEY))))
-        yield Gate(gate, bearer(KEY)), upstream
+        config = folder / "gate.toml"
+        config.write_text(tables + keys_table(("conformance", KEY)))
+        with GateProcess(config, folder / "gate.log") as gate:
+            yield Gate(gate, bearer(KEY)), upstream
 
 
 def start_upstream_task(gate: Gate, agent: str, upstream: FakeUpstream) -> dict[str, Any]:

@@ -144,7 +144,8 @@ def test_restart_with_the_same_pid_releases_a_running_claim(tmp_path, facilitato
         paid.gate.start()
         # the payer's retry is in_flight only while the dead owner's lease could still be alive
         wait_for(lambda: claim_states(paid.db_path) == [], timeout=15)
-        retry = paid.post("paid-slow", send_body("sleep 30", blocking=False), headers).json()
+        # a short retry: a running one would hold the graceful stop below for its drain timeout
+        retry = paid.post("paid-slow", send_body("sleep 0.2", blocking=False), headers).json()
         assert "result" in retry, retry
         assert [r["action"] for r in paid.payment_rows()][:2] == ["verify", "release"]
     finally:
@@ -185,7 +186,8 @@ def test_gate_as_pid_1_in_its_own_namespace_recovers_after_restart(tmp_path, fac
         wait_for(lambda: claim_states(paid.db_path) == ["settled"], timeout=15)
         assert len(paid.ledger()["settlements"]) == 1
     finally:
-        paid.gate.stop()
+        # unshare does not pass SIGTERM on: a graceful stop would only wait its timeout, then kill
+        paid.gate.kill()
 
 
 def test_reconcile_beside_a_live_server_steals_no_live_claim(tmp_path, facilitator, write_config):

@@ -187,36 +187,41 @@ def test_refusal_reasons_become_a2a_x402_codes(reason, code):
 
 def test_requests_awaiting_payment_expire_with_the_requirements(tmp_path):
     """A pending request lives maxTimeoutSeconds: then it can be neither paid nor counted, and it is deleted."""
-    import time
+    import asyncio
 
     from gate.gate import PaymentGate
     from server.app import Services
     from server.config import default_settings
     from server.tasks import new_task, pending_owner, set_status
 
-    services = Services(default_settings(str(tmp_path / "gate.db")), PaymentGate.from_parts)
-    try:
-        store, owner = services.store, pending_owner("203.0.113.7")
-        tasks = []
-        for ttl in (0.05, 60):
-            task = new_task(None, {"kind": "message", "role": "user", "parts": [{"kind": "text", "text": "q"}]})
-            set_status(task, "input-required")
-            store.create(task, agent="paid-echo", owner=owner, deadline_seconds=ttl)
-            tasks.append(task)
-        assert store.count_pending(owner) == 2
-        time.sleep(0.1)
-        short, long = tasks
-        assert store.pending(short["id"], "paid-echo") is None
-        assert store.adopt(short["id"], "payer:0xabc", "paid-echo") is None
-        assert store.count_pending(owner) == 1
-        services.housekeeping()
-        remaining = {r[0] for r in services.db.conn.execute("SELECT id FROM tasks")}
-        assert remaining == {long["id"]}
-        adopted = store.adopt(long["id"], "payer:0xabc", "paid-echo")
-        assert adopted is not None and store.pending(long["id"], "paid-echo") is None
-        assert store.adopt(long["id"], "payer:0xdef", "paid-echo") is None  # paid for once
-    finally:
-        services.db.conn.close()
+    async def run() -> None:
+        services = Services(default_settings(str(tmp_path / "gate.db")), PaymentGate.from_parts)
+        await services.open_store()
+        await services.anonymous.open_store()
+        try:
+            store, owner = services.store, pending_owner("203.0.113.7")
+            tasks = []
+            for ttl in (0.05, 60):
+                task = new_task(None, {"kind": "message", "role": "user", "parts": [{"kind": "text", "text": "q"}]})
+                set_status(task, "input-required")
+                await store.create(task, agent="paid-echo", owner=owner, deadline_seconds=ttl)
+                tasks.append(task)
+            assert await store.count_pending(owner) == 2
+            await asyncio.sleep(0.1)
+            short, long = tasks
+            assert await store.pending(short["id"], "paid-echo") is None
+            assert await store.adopt(short["id"], "payer:0xabc", "paid-echo") is None
+            assert await store.count_pending(owner) == 1
+            await services.housekeeping()
+            remaining = {r["id"] for r in await services.db.fetch("SELECT id FROM tasks")}
+            assert remaining == {long["id"]}
+            adopted = await store.adopt(long["id"], "payer:0xabc", "paid-echo")
+            assert adopted is not None and await store.pending(long["id"], "paid-echo") is None
+            assert await store.adopt(long["id"], "payer:0xdef", "paid-echo") is None  # paid for once
+        finally:
+            await services.db.close()
+
+    asyncio.run(run())
 
 
 def test_storms_on_one_pending_task_execute_and_charge_once(paid):

@@ -32,7 +32,14 @@ from google.protobuf.struct_pb2 import Struct
 
 from tests.support.gate_helpers import create_key
 from tests.support.in_band import EXTENSION_V02, forge
-from tests.support.paid import Payer
+from tests.support.paid import PaidView, Payer
+
+
+@pytest.fixture
+def paid(shared_paid: PaidView) -> PaidView:
+    """One gate and facilitator for the module; each test counts only its own payer's work."""
+    return shared_paid
+
 
 ORIGINAL = "what is the weather in Lisbon?"
 

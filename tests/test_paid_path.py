@@ -1,7 +1,7 @@
 """The paid path end to end: gate and development facilitator as real servers.
 
 Tokens are signed by the x402 package's client; charges are counted in the
-facilitator's ledger and the gate's payment log.
+facilitator's ledger and the gate's payment log, from the moment each test began.
 """
 
 from __future__ import annotations
@@ -10,9 +10,16 @@ import base64
 import json
 
 import httpx
+import pytest
 
 from devnet.payer import encode_header
-from tests.support.paid import Payer, decode_header, send_body
+from tests.support.paid import PaidView, Payer, decode_header, send_body
+
+
+@pytest.fixture
+def paid(shared_paid: PaidView) -> PaidView:
+    """One gate and facilitator for the module; each test counts only its own payer's work."""
+    return shared_paid
 
 
 def test_no_token_is_a_402_naming_this_door(paid):

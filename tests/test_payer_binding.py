@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from devnet.payer import encode_header
-from tests.support.paid import Payer, send_body
+from tests.support.paid import PaidView, Payer, send_body
+
+
+@pytest.fixture
+def paid(shared_paid: PaidView) -> PaidView:
+    """One gate and facilitator for the module; each test counts only its own payer's work."""
+    return shared_paid
 
 
 def get_body(task_id: str, call_id: int = 7, method: str = "tasks/get") -> dict:

@@ -14,7 +14,14 @@ import json
 
 import pytest
 
-from tests.support.paid import Payer, send_body
+from tests.support.paid import PaidView, Payer, send_body
+
+
+@pytest.fixture
+def paid(shared_paid: PaidView) -> PaidView:
+    """One gate and facilitator for the module; each test counts only its own payer's work."""
+    return shared_paid
+
 
 NOT_FOUND = b'{"jsonrpc":"2.0","id":7,"error":{"code":-32001,"message":"Task not found"}}'
 

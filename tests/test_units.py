@@ -3,9 +3,9 @@ principals, and `a2a-gate check-config` on broken files."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from server import dialects
 from server.config import ApiKey, ConfigError, parse_config
-from server.database import open_database
+from server.database import Database, open_database
 from server.dialects import V03, V10, InvalidShape
 from server.jsonrpc import (
     INVALID_PARAMS,
@@ -30,6 +30,7 @@ from server.principals import (
     Principals,
     bearer,
     create_key,
+    create_tables,
     digest,
     list_keys,
     revoke_key,
@@ -588,29 +589,39 @@ def test_bearer(header: str | None, expected: str | None) -> None:
     assert bearer(header) == expected
 
 
-def test_identify_configured_and_stored_keys() -> None:
+async def keys_database() -> Database:
     db = open_database(":memory:")
-    configured = ApiKey(name="ops", sha256=digest("a2g_ops"), agents=("echo",))
-    gone = ApiKey(name="gone", sha256=digest("a2g_gone"), agents=("*",), revoked=True)
-    key, stored_digest = create_key(db, "svc", ["echo", "slow"])
-    principals = Principals(db, (configured, gone), cache_seconds=0.05)
+    await db.open()
+    await create_tables(db)
+    return db
 
-    assert principals.identify(None) is None
-    assert principals.identify("Bearer a2g_unknown") is None
-    assert principals.identify(f"Basic {key}") is None
-    assert principals.identify("Bearer a2g_ops") == Principal("ops", ("echo",))
-    ops = principals.identify("Bearer a2g_ops")
-    assert ops is not None and ops.may_use("echo") and not ops.may_use("slow") and ops.owner == "key:ops"
-    svc = principals.identify(f"Bearer {key}")
-    assert svc == Principal("svc", ("echo", "slow")) and stored_digest == digest(key)
-    old = principals.identify("Bearer a2g_gone")
-    assert old is not None and old.revoked and not old.may_use("echo")
 
-    assert revoke_key(db, "svc") == 1
-    assert revoke_key(db, "nobody") == 0
-    time.sleep(0.1)  # past the cache
-    refused = principals.identify(f"Bearer {key}")
-    assert refused is not None and refused.revoked and not refused.may_use("echo")
+def test_identify_configured_and_stored_keys() -> None:
+    async def run() -> None:
+        db = await keys_database()
+        configured = ApiKey(name="ops", sha256=digest("a2g_ops"), agents=("echo",))
+        gone = ApiKey(name="gone", sha256=digest("a2g_gone"), agents=("*",), revoked=True)
+        key, stored_digest = await create_key(db, "svc", ["echo", "slow"])
+        principals = Principals(db, (configured, gone), cache_seconds=0.05)
+
+        assert await principals.identify(None) is None
+        assert await principals.identify("Bearer a2g_unknown") is None
+        assert await principals.identify(f"Basic {key}") is None
+        assert await principals.identify("Bearer a2g_ops") == Principal("ops", ("echo",))
+        ops = await principals.identify("Bearer a2g_ops")
+        assert ops is not None and ops.may_use("echo") and not ops.may_use("slow") and ops.owner == "key:ops"
+        svc = await principals.identify(f"Bearer {key}")
+        assert svc == Principal("svc", ("echo", "slow")) and stored_digest == digest(key)
+        old = await principals.identify("Bearer a2g_gone")
+        assert old is not None and old.revoked and not old.may_use("echo")
+
+        assert await revoke_key(db, "svc") == 1
+        assert await revoke_key(db, "nobody") == 0
+        await asyncio.sleep(0.1)  # past the cache
+        refused = await principals.identify(f"Bearer {key}")
+        assert refused is not None and refused.revoked and not refused.may_use("echo")
+
+    asyncio.run(run())
 
 
 def test_wildcard_keys_may_use_any_agent() -> None:
@@ -620,15 +631,18 @@ def test_wildcard_keys_may_use_any_agent() -> None:
 
 
 def test_created_keys_are_stored_only_as_digests() -> None:
-    db = open_database(":memory:")
-    key, _ = create_key(db, "svc", ["*"])
+    async def run() -> None:
+        db = await keys_database()
+        key, _ = await create_key(db, "svc", ["*"])
 
-    assert key.startswith("a2g_") and len(key) > 40
-    rows = db.conn.execute("SELECT * FROM api_keys").fetchall()
-    assert key not in json.dumps(rows)
-    assert list_keys(db)[0]["sha256"] == digest(key)
-    with pytest.raises(ValueError, match="exists already"):
-        create_key(db, "svc", ["*"])
+        assert key.startswith("a2g_") and len(key) > 40
+        rows = await db.fetch("SELECT * FROM api_keys")
+        assert key not in json.dumps(rows)
+        assert (await list_keys(db))[0]["sha256"] == digest(key)
+        with pytest.raises(ValueError, match="exists already"):
+            await create_key(db, "svc", ["*"])
+
+    asyncio.run(run())
 
 
 # --- the CLI on broken files ----------------------------------------------------------------

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.paid import Payer, decode_header, send_body
+from tests.support.paid import PaidView, Payer, decode_header, send_body
+
+
+@pytest.fixture
+def paid(shared_paid: PaidView) -> PaidView:
+    """One gate and facilitator for the module; each test counts only its own payer's work."""
+    return shared_paid
+
 
 V1_PYTHON = Path(os.environ.get("X402_V1_PYTHON", "/tmp/x402v1-venv/bin/python"))
 CLIENT = Path(__file__).parent / "support" / "x402_v1_client.py"

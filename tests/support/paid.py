@@ -202,6 +202,68 @@ class PaidSetup:
         )
 
 
+@dataclass
+class PaidView(PaidSetup):
+    """A setup shared by a module's tests, as one test sees it: only what happened since it began.
+
+    The facilitator's counts and settlements, the payment log and the tasks are all cut at the
+    moment the view was taken, so a test's "exactly one settlement" still means its own one.
+    Each test pays with its own fresh Payer; the faults are reset when the view is taken.
+    """
+
+    settled_before: int = 0
+    verify_before: int = 0
+    settle_before: int = 0
+    payment_id_before: int = 0
+    task_rowid_before: int = 0
+
+    @classmethod
+    def since_now(cls, setup: PaidSetup) -> PaidView:
+        import sqlite3
+
+        setup.faults()
+        whole = setup.ledger()
+        conn = sqlite3.connect(setup.db_path)
+        try:
+            last_payment = conn.execute("SELECT COALESCE(MAX(id), 0) FROM payments").fetchone()[0]
+            last_task = conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM tasks").fetchone()[0]
+        finally:
+            conn.close()
+        return cls(
+            gate=setup.gate,
+            facilitator_url=setup.facilitator_url,
+            db_path=setup.db_path,
+            settled_before=len(whole["settlements"]),
+            verify_before=whole["verify_calls"],
+            settle_before=whole["settle_calls"],
+            payment_id_before=last_payment,
+            task_rowid_before=last_task,
+        )
+
+    def ledger(self) -> dict[str, Any]:
+        whole = super().ledger()
+        return {
+            "settlements": whole["settlements"][self.settled_before :],
+            "verify_calls": whole["verify_calls"] - self.verify_before,
+            "settle_calls": whole["settle_calls"] - self.settle_before,
+        }
+
+    def payment_rows(self, action: str | None = None) -> list[dict[str, Any]]:
+        return [r for r in super().payment_rows(action) if r["id"] > self.payment_id_before]
+
+    def count_tasks(self, agent: str) -> int:
+        import sqlite3
+
+        conn = sqlite3.connect(self.db_path)
+        try:
+            return conn.execute(
+                "SELECT COUNT(*) FROM tasks WHERE agent = ? AND owner LIKE 'payer:%' AND rowid > ?",
+                (agent, self.task_rowid_before),
+            ).fetchone()[0]
+        finally:
+            conn.close()
+
+
 def versioned(body: dict[str, Any], headers: dict[str, str]) -> dict[str, str]:
     """A v1.0 method (`SendMessage`, ...) travels with `A2A-Version: 1.0`, as v1.0 clients send it;
     without the header a call is v0.3 and a v1.0 method answers -32009. An explicit header wins."""
