@@ -13,7 +13,7 @@ that connection; another task (even one started inside) takes a connection of it
 
 What says "try again later" (refused, reset, a terminated backend, a pool with no
 connection free in time, a serialization failure or deadlock, a read-only server) raises
-`Unavailable`; anything else (a constraint, a syntax error) is a bug and raises as is.
+`DatabaseUnavailable`; anything else (a constraint, a syntax error) is a bug and raises as is.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 import select
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -33,10 +34,10 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from server.database import Database, Row, Unavailable
+from server.database import Database, DatabaseUnavailable, Row
 
 CONNECT_TIMEOUT = 5  # seconds for one connection attempt (libpq connect_timeout), unless the URL says
-ACQUIRE_TIMEOUT = 5.0  # seconds a statement waits for a free pool connection before Unavailable
+ACQUIRE_TIMEOUT = 5.0  # seconds a statement waits for a free pool connection before DatabaseUnavailable
 CHECK_TIMEOUT = 2.0  # seconds the readiness check may take
 # seconds one chain of reconnection attempts (backoff 1, 2, 4 s...) goes on before giving up; the
 # next request starts a new one. The pool's default (5 min) lets the backoff grow with the outage,
@@ -83,7 +84,7 @@ def pool_sizes(url: str) -> tuple[str, int, int]:
 
 
 def unavailable(exc: psycopg.Error) -> NoReturn:
-    raise Unavailable(f"postgresql: {type(exc).__name__}: {str(exc).strip() or 'no answer'}") from exc
+    raise DatabaseUnavailable(f"postgresql: {type(exc).__name__}: {str(exc).strip() or 'no answer'}") from exc
 
 
 def retryable(exc: psycopg.Error) -> bool:
@@ -97,18 +98,23 @@ def arguments(args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(int(a) if isinstance(a, bool) else a for a in args)
 
 
-async def still_connected(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The pool's check on each checkout, without a round trip in the common case.
+async def alive(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a connection from the pool still works, without a round trip in the common case.
 
     An idle autocommit connection receives nothing unless its server said something (most
     often: terminating the backend, or shutting down), so only a readable socket is worth a
     real check. asyncpg's pool notices the same through its always-reading protocol.
     """
     if conn.closed:
-        raise psycopg.OperationalError("the connection is closed")
+        return False
     readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-    if readable:
-        await AsyncConnectionPool.check_connection(conn)
+    if not readable:
+        return True
+    try:
+        await conn.execute("")
+    except psycopg.OperationalError:
+        return False
+    return True
 
 
 class PostgresDatabase(Database):
@@ -125,7 +131,7 @@ class PostgresDatabase(Database):
     @property
     def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         if self._pool is None:
-            raise Unavailable("the database is not open")
+            raise DatabaseUnavailable("the database is not open")
         return self._pool
 
     async def open(self) -> None:
@@ -148,7 +154,6 @@ class PostgresDatabase(Database):
             open=False,
             timeout=ACQUIRE_TIMEOUT,
             reconnect_timeout=RECONNECT_TIMEOUT,
-            check=still_connected,
             name="a2a-gate",
         )
         try:
@@ -171,12 +176,34 @@ class PostgresDatabase(Database):
         return None
 
     @asynccontextmanager
+    async def _checkout(self, timeout: float = ACQUIRE_TIMEOUT) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A working connection from the pool, returned to it afterwards.
+
+        A dead one (its backend terminated, its server restarted) goes back at once, and
+        the pool replaces it; the next is tried without the backoff the pool's own `check`
+        would sleep between failures (a second for the first, then 2, 4 ... within the timeout).
+        """
+        pool = self.pool
+        deadline = time.monotonic() + timeout
+        for _ in range(self.max_size + 1):
+            conn = await pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
+            if await alive(conn):
+                break
+            await pool.putconn(conn)  # broken: closed and replaced by the pool
+        else:
+            raise DatabaseUnavailable("postgresql: every pooled connection was broken")
+        try:
+            yield conn
+        finally:
+            await pool.putconn(conn)
+
+    @asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         conn = self._joined()
         if conn is not None:
             yield conn
             return
-        async with self.pool.connection() as conn:
+        async with self._checkout() as conn:
             yield conn
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
@@ -206,7 +233,7 @@ class PostgresDatabase(Database):
             yield
             return
         try:
-            async with self.pool.connection() as conn, conn.transaction():
+            async with self._checkout() as conn, conn.transaction():
                 token = self._held.set((conn, asyncio.current_task()))
                 try:
                     yield
@@ -218,18 +245,18 @@ class PostgresDatabase(Database):
             raise
 
     async def check_writable(self) -> None:
-        """A transaction that could write starts within CHECK_TIMEOUT, or `Unavailable`."""
+        """A transaction that could write starts within CHECK_TIMEOUT, or `DatabaseUnavailable`."""
         try:
             async with asyncio.timeout(CHECK_TIMEOUT):
-                async with self.pool.connection(timeout=CHECK_TIMEOUT) as conn, conn.transaction():
+                async with self._checkout(CHECK_TIMEOUT) as conn, conn.transaction():
                     cursor = await conn.execute("SELECT current_setting('transaction_read_only')")
                     row = await cursor.fetchone()
         except TimeoutError as exc:
-            raise Unavailable(f"postgresql: no answer within {CHECK_TIMEOUT:g}s") from exc
+            raise DatabaseUnavailable(f"postgresql: no answer within {CHECK_TIMEOUT:g}s") from exc
         except psycopg.Error as exc:
             unavailable(exc)
         if row is None or row[0] != "off":
-            raise Unavailable("postgresql: the server is read-only (a standby?)")
+            raise DatabaseUnavailable("postgresql: the server is read-only (a standby?)")
 
     def json_text(self, column: str, *path: str) -> str:
         for element in path:

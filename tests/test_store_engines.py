@@ -4,7 +4,7 @@ Every table owner writes one SQL for both, so what one engine does here the othe
 too: rowcounts, ``ON CONFLICT DO NOTHING`` on a primary key and on a partial unique index,
 transactions that commit whole or not at all and that nested calls join, JSON lookups,
 versioned migrations safe when replicas start at once. PostgreSQL adds its own: a server
-that is down or read-only is `Unavailable`, and a pool whose backends die heals itself.
+that is down or read-only is `DatabaseUnavailable`, and a pool whose backends die heals itself.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from urllib.parse import quote, urlencode
 
 import pytest
 
-from server.database import Database, Migration, Unavailable, open_database
+from server.database import Database, DatabaseUnavailable, Migration, open_database
 from tests.support.gate_process import free_port
 from tests.support.services import OwnPostgres, PostgresSchema
 
@@ -313,10 +313,10 @@ def test_postgresql_unreachable_is_unavailable_quickly() -> None:
     closed = f"postgresql://postgres@127.0.0.1:{free_port()}/test"
     db = open_database(closed)
     began = time.monotonic()
-    with pytest.raises(Unavailable, match=r"(?i)connect"):
+    with pytest.raises(DatabaseUnavailable, match=r"(?i)connect"):
         asyncio.run(db.open())
     assert time.monotonic() - began < 6
-    with pytest.raises(Unavailable):
+    with pytest.raises(DatabaseUnavailable):
         asyncio.run(db.execute("SELECT 1"))  # never opened: still the retryable error
 
 
@@ -324,9 +324,9 @@ def test_postgresql_read_only_is_not_writable(postgres_schema: PostgresSchema) -
     """A standby (or a primary demoted under us) answers reads only: not ready, writes retryable."""
 
     async def body(db: Database) -> None:
-        with pytest.raises(Unavailable, match="read-only"):
+        with pytest.raises(DatabaseUnavailable, match="read-only"):
             await db.check_writable()
-        with pytest.raises(Unavailable):
+        with pytest.raises(DatabaseUnavailable):
             await db.execute(ROWS)
         assert await db.fetchval("SELECT 1") == 1
 
@@ -451,18 +451,18 @@ def test_postgresql_restarted_is_unavailable_meanwhile_and_used_again_at_once(ow
         await asyncio.sleep(0.5)
         gate.set()
         await asyncio.gather(*holders)
-        with pytest.raises(Unavailable):
+        with pytest.raises(DatabaseUnavailable):
             async with db.transaction():
                 await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("cut", 1))
                 own_postgres.stop()  # the other three connections die idle in the pool
                 await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("cut-2", 1))
         down = time.monotonic()
         began = time.monotonic()
-        with pytest.raises(Unavailable):
+        with pytest.raises(DatabaseUnavailable):
             await db.check_writable()
         assert time.monotonic() - began < CHECK_TIMEOUT + 1
         began = time.monotonic()
-        with pytest.raises(Unavailable):
+        with pytest.raises(DatabaseUnavailable):
             await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("lost", 1))
         assert time.monotonic() - began < ACQUIRE_TIMEOUT + 1
         await asyncio.sleep(max(0.0, RECONNECT_TIMEOUT + 1 - (time.monotonic() - down)))
