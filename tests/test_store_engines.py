@@ -477,3 +477,63 @@ def test_postgresql_restarted_is_unavailable_meanwhile_and_used_again_at_once(ow
         assert await db.fetchval("SELECT count(*) FROM t") == 9
 
     with_db(own_postgres.url + "?pool_max_size=4", body)
+
+
+GATE_START = """
+import asyncio, sys, time
+from gate.claims import Claims
+from gate.payment_log import PaymentLog
+from server import principals
+from server.database import open_database
+from server.tasks import TaskStore
+
+async def main(location, start_at):
+    db = open_database(location)
+    await db.open()
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    try:  # what a2a-gate serve and a2a-gate migrate do on start, in their order
+        await TaskStore(db).create_tables()
+        await principals.create_tables(db)
+        await Claims(db).create_tables()
+        await PaymentLog(db).create_tables()
+        rows = await db.fetch("SELECT component, version FROM schema_versions ORDER BY component")
+        print(" ".join(f"{r['component']}={r['version']}" for r in rows))
+    finally:
+        await db.close()
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+def test_three_replicas_creating_the_gates_tables_at_once_all_start(location: str) -> None:
+    """The real tables (tasks, keys, claims, payment log), created by three processes started together."""
+    from gate import claims, payment_log
+    from server import principals, tasks
+
+    start_at = time.time() + 3.0
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", GATE_START, location, str(start_at)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=60) for p in processes]
+    expected = {
+        "api_keys": len(principals.MIGRATIONS),
+        "claims": len(claims.MIGRATIONS),
+        "payments": len(payment_log.MIGRATIONS),
+        "tasks": len(tasks.MIGRATIONS),
+    }
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err
+        assert out.split() == [f"{name}={version}" for name, version in sorted(expected.items())]
+
+    async def body(db: Database) -> None:
+        for table in ("tasks", "api_keys", "claims", "payments"):
+            assert await db.fetchval(f"SELECT count(*) FROM {table}") == 0
+
+    with_db(location, body)
