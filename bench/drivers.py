@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import sys
 import time
 import uuid
@@ -387,6 +388,10 @@ async def run(args: argparse.Namespace, log: Callable[[str], None]) -> list[Resu
     import psycopg
 
     names = [n.strip() for n in args.drivers.split(",") if n.strip()]
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    # SIGTERM ends the run like Ctrl-C does: cancelled, through the finally below (the schema goes)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     admin = await psycopg.AsyncConnection.connect(args.url, autocommit=True, connect_timeout=5)
     schema = f"bench_drivers_{uuid.uuid4().hex[:10]}"
     await admin.execute(f'CREATE SCHEMA "{schema}"')
@@ -470,7 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = [n.strip() for n in args.drivers.split(",") if n.strip()]
     started = time.monotonic()
-    results = asyncio.run(run(args, log=lambda msg: print(msg, file=sys.stderr, flush=True)))
+    try:
+        results = asyncio.run(run(args, log=lambda msg: print(msg, file=sys.stderr, flush=True)))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr)
+        return 130
     packages = ", ".join(f"{p} {version(p)}" for p in ("asyncpg", "psycopg", "psycopg-pool"))
     print(f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}; packages: {packages}")
     print(

@@ -107,8 +107,9 @@ async def alive(conn: psycopg.AsyncConnection[Any]) -> bool:
     """
     if conn.closed:
         return False
-    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-    if not readable:
+    poller = select.poll()  # not select.select: a busy server's descriptors pass 1024
+    poller.register(conn.pgconn.socket, select.POLLIN)
+    if not poller.poll(0):
         return True
     try:
         await conn.execute("")
@@ -145,7 +146,9 @@ class PostgresDatabase(Database):
             first = await psycopg.AsyncConnection.connect(self.conninfo, **extra)
             await first.close()
         except psycopg.Error as exc:
-            unavailable(exc)
+            if retryable(exc):
+                unavailable(exc)
+            raise  # a URL libpq cannot read: the configuration is wrong, waiting will not help
         pool = AsyncConnectionPool(
             self.conninfo,
             min_size=self.min_size,
