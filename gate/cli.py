@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from server.config import ConfigError, Settings, default_settings, load_config
+from server.config import ConfigError, Settings, default_settings, is_database_url, load_config
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -80,6 +80,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    database = args.database or settings.database
+    if is_database_url(database):  # replicas: each needs the key they all share, before it starts
+        from gate.sealing import SealingKeyMissing, load_key
+
+        try:
+            load_key(database)
+        except SealingKeyMissing as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     overrides: dict[str, Any] = {}
     if args.trusted_proxy:
         overrides["trusted_proxies"] = args.trusted_proxy

@@ -4,7 +4,9 @@ Settling after a crash needs the signed payload, and the database must never hol
 token or a signature. So the payload is kept only while a settlement is owed,
 encrypted (AES-GCM, from the `cryptography` package) with a key that lives outside
 the database: the environment variable A2A_GATE_SEALING_KEY, or a key file created
-beside the database with owner-only permissions.
+beside a SQLite database with owner-only permissions. Replicas on PostgreSQL must all
+hold the same key (one may settle what another delivered), so there it comes from the
+environment only.
 """
 
 from __future__ import annotations
@@ -18,13 +20,24 @@ from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from server.config import is_database_url
+
 ENV_KEY = "A2A_GATE_SEALING_KEY"
+
+
+class SealingKeyMissing(Exception):
+    """No key every replica shares: settling another replica's owed work would be impossible."""
 
 
 def load_key(database: str) -> bytes:
     env = os.environ.get(ENV_KEY)
     if env:
         return base64.urlsafe_b64decode(env)
+    if is_database_url(database):
+        raise SealingKeyMissing(
+            f"a PostgreSQL database needs {ENV_KEY} (the same on every replica); make one with:"
+            " python -c 'import os, base64; print(base64.urlsafe_b64encode(os.urandom(32)).decode())'"
+        )
     if database == ":memory:":
         return AESGCM.generate_key(bit_length=256)
     path = Path(database + ".sealing-key")

@@ -72,6 +72,7 @@ class Services:
         )
         self.methods.scrub = self.anonymous.scrub_message  # what the anonymous path says may not stay in a message
         self.started_at = time.time()  # cards come from the configuration read now
+        self.background: list[asyncio.Task[None]] = []
 
     async def open_store(self) -> None:
         """Connect to the database and bring the server's tables up to date."""
@@ -83,9 +84,12 @@ class Services:
         await self.open_store()
         await self.anonymous.open_store()
         await self.anonymous.start()
+        self.background.append(asyncio.create_task(self.runner.follow_cancel_requests()))
 
     async def close(self) -> None:
-        await self.runner.drain(timeout=10.0)
+        for job in self.background:
+            job.cancel()
+        await self.runner.drain(self.settings.http.drain_seconds)
         await self.anonymous.close()
         await self.agents.aclose()
         await self.db.close()

@@ -116,6 +116,7 @@ class HttpConfig:
     body_timeout_seconds: float = 30.0  # the whole body, from the end of the headers
     keep_alive_seconds: float = 5.0  # an idle connection between requests
     max_head_bytes: int = 16_384  # request line and headers together; a larger head is answered 400
+    drain_seconds: float = 10.0  # on SIGTERM: how long requests and running work may finish
 
 
 @dataclass(frozen=True)
@@ -409,7 +410,9 @@ class _Reader:
 
     def http(self, raw: dict[str, Any]) -> HttpConfig:
         self.unknown(
-            raw, {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes"}, "http"
+            raw,
+            {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes", "drain_seconds"},
+            "http",
         )
         d = HttpConfig()
         return HttpConfig(
@@ -423,6 +426,7 @@ class _Reader:
                 raw, "keep_alive_seconds", d.keep_alive_seconds, "http.keep_alive_seconds", float
             ),
             max_head_bytes=self.positive(raw, "max_head_bytes", d.max_head_bytes, "http.max_head_bytes"),
+            drain_seconds=self.positive(raw, "drain_seconds", d.drain_seconds, "http.drain_seconds", float),
         )
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:

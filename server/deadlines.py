@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 import uvicorn
@@ -155,6 +156,7 @@ def server_config(app: Any, http: HttpConfig, **options: Any) -> uvicorn.Config:
         http=HeadDeadlineProtocol,
         ws="none",
         timeout_keep_alive=http.keep_alive_seconds,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=math.ceil(http.drain_seconds),  # open requests, then the lifespan's drain
         h11_max_incomplete_event_size=http.max_head_bytes,
         **options,
     )

@@ -22,6 +22,8 @@ from server.tasks import TaskStore, agent_message, new_id, set_status
 logger = logging.getLogger("a2a_gate.execution")
 
 STREAM_QUEUE_SIZE = 64
+CANCEL_POLL_SECONDS = 0.25  # how soon a cancel asked of another process reaches this one
+STOP_SECONDS = 5.0  # on shutdown, how long undelivered work has to record that it stopped
 UNDELIVERED_STATES = INTERRUPTED_STATES | {"failed", "rejected", "canceled"}
 
 
@@ -77,6 +79,7 @@ class Execution:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     subscribers: list[Subscriber] = field(default_factory=list)
     delivering: bool = False  # past this point the work is delivered and may not be cancelled
+    stopped_by_shutdown: bool = False
     job: asyncio.Task[None] | None = None
 
     def publish(self, event: dict[str, Any]) -> None:
@@ -123,6 +126,8 @@ class Runner:
         self.store = store
         self.agents = agents
         self.live: dict[str, Execution] = {}
+        self.cancels_seen: set[str] = set()  # cancel requests from other processes, acted on once
+        self.cancelling: set[asyncio.Task[str | None]] = set()
 
     def start(
         self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None
@@ -162,11 +167,39 @@ class Runner:
             logger.warning("agent %s: cancel raised %s", agent, type(exc).__name__)
             return False
 
+    async def follow_cancel_requests(self) -> None:
+        """Cancel the tasks running here that another worker or replica was asked to cancel
+        (`tasks/cancel` lands on any of them; the store carries the request)."""
+        while True:
+            await asyncio.sleep(CANCEL_POLL_SECONDS)
+            try:
+                asked = await self.store.cancel_requests([i for i in self.live if i not in self.cancels_seen])
+            except Exception as exc:  # noqa: BLE001 -- a store outage delays cancels, it ends nothing
+                logger.warning("reading cancel requests failed: %s", type(exc).__name__)
+                continue
+            for task_id in asked:
+                execution = self.live.get(task_id)
+                if execution is not None:
+                    self.cancels_seen.add(task_id)
+                    job = asyncio.create_task(self.cancel(execution), name=f"cancel-{task_id}")
+                    self.cancelling.add(job)
+                    job.add_done_callback(self.cancelling.discard)
+
     async def drain(self, timeout: float) -> None:
-        """On shutdown: let running executions (and their settlements) finish."""
+        """On shutdown: let running executions (and their settlements) finish within `timeout`;
+        then stop the undelivered rest, which releases their claims uncharged now rather than
+        after a lease. Delivered work keeps settling; if the process ends first, its claim's
+        lease runs out and another process settles it."""
         jobs = [e.job for e in self.live.values() if e.job is not None]
-        if jobs:
-            await asyncio.wait(jobs, timeout=timeout)
+        if not jobs:
+            return
+        _, unfinished = await asyncio.wait(jobs, timeout=timeout)
+        stopping = [e for e in self.live.values() if e.job in unfinished and not e.delivering]
+        for execution in stopping:
+            execution.stopped_by_shutdown = True
+            execution.job.cancel()  # type: ignore[union-attr]
+        if stopping:
+            await asyncio.wait([e.job for e in stopping if e.job is not None], timeout=STOP_SECONDS)
 
     async def _run(self, execution: Execution, message: dict[str, Any]) -> None:
         task = execution.task
@@ -184,7 +217,8 @@ class Runner:
         except asyncio.CancelledError:
             if execution.delivering:
                 raise  # shutting down mid-settlement: the claim row lets the reconciler finish it
-            set_status(task, "canceled", agent_message(task, "Canceled by the caller."))
+            why = "Stopped by a server shutdown; nothing was charged." if execution.stopped_by_shutdown else None
+            set_status(task, "canceled", agent_message(task, why or "Canceled by the caller."))
             await self._finish_undelivered(execution)
         except Exception:
             logger.exception("execution of task %s failed", task["id"])
@@ -197,6 +231,7 @@ class Runner:
                 await self._finish_undelivered(execution)
         finally:
             self.live.pop(task["id"], None)
+            self.cancels_seen.discard(task["id"])
             execution.done.set()
 
     async def _call_backend(self, execution: Execution, message: dict[str, Any]) -> AgentReply:

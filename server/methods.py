@@ -7,11 +7,13 @@ the task and run it), so the gate can put its payment steps between the two.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import copy
 import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,6 +36,9 @@ from server.jsonrpc import (
 )
 from server.streams import follow_live, follow_stored, sse, sse_response
 from server.tasks import TaskQuery, TaskStore, agent_message, new_id, new_task, set_status, trim_history
+
+CANCEL_WAIT_SECONDS = 10.0  # how long a cancel waits for the process running the task to stop it
+CANCEL_CHECK_SECONDS = 0.1
 
 __all__ = ["Methods", "SendPlan", "plan_send", "sse", "unsupported"]
 
@@ -218,8 +223,24 @@ class Methods:
             set_status(task, "canceled", agent_message(task, "Canceled by the caller."))
             await self.store.save(task)
         else:
-            raise RpcError(TASK_NOT_CANCELABLE, "Task is running in another worker")
+            task = await self.cancel_elsewhere(task, agent, owner)
         return dialects.task_out(task, call.dialect)
+
+    async def cancel_elsewhere(self, task: dict[str, Any], agent: str, owner: str) -> dict[str, Any]:
+        """A task another worker or replica runs: ask it through the store, then wait for the outcome."""
+        await self.store.request_cancel(task["id"])
+        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            await asyncio.sleep(CANCEL_CHECK_SECONDS)
+            current = await self.store.get(task["id"], owner, agent)
+            if current is None:
+                raise RpcError(TASK_NOT_FOUND)
+            state = current["status"]["state"]
+            if state == "canceled":
+                return current
+            if state not in ("submitted", "working"):
+                raise RpcError(TASK_NOT_CANCELABLE, f"Task is {state}")
+        raise RpcError(TASK_NOT_CANCELABLE, "The task did not stop in time (it runs in another process)")
 
 
 def task_answer(plan: SendPlan, task: dict[str, Any], headers: dict[str, str] | None = None) -> Response:

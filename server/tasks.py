@@ -102,7 +102,12 @@ _TABLES = (
     # ListTasks: one owner's tasks at one agent, newest first
     "CREATE INDEX IF NOT EXISTS idx_tasks_owner_agent_updated_at ON tasks (owner, agent, updated_at)",
 )
-MIGRATIONS = (Migration(sqlite=_TABLES, postgresql=_TABLES),)
+# a cancel asked of another process (worker or replica) than the one running the task
+_CANCEL_COLUMN = ("ALTER TABLE tasks ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0",)
+MIGRATIONS = (
+    Migration(sqlite=_TABLES, postgresql=_TABLES),
+    Migration(sqlite=_CANCEL_COLUMN, postgresql=_CANCEL_COLUMN),
+)
 
 
 class TaskStore:
@@ -223,6 +228,21 @@ class TaskStore:
             (owner, now + self.deadline_seconds, now, task_id, agent, _PENDING_LIKE, now),
         )
         return await self.get(task_id, owner, agent) if changed == 1 else None
+
+    async def request_cancel(self, task_id: str) -> bool:
+        """Ask whichever process runs this task to cancel it (`cancel_requests` is how it learns)."""
+        changed = await self.db.execute(
+            "UPDATE tasks SET cancel_requested = 1 WHERE id = ? AND state IN ('submitted', 'working')", (task_id,)
+        )
+        return changed == 1
+
+    async def cancel_requests(self, task_ids: list[str]) -> list[str]:
+        """Which of these tasks (the ones running here) another process was asked to cancel."""
+        if not task_ids:
+            return []
+        marks = ", ".join("?" for _ in task_ids)
+        rows = await self.db.fetch(f"SELECT id FROM tasks WHERE cancel_requested = 1 AND id IN ({marks})", task_ids)
+        return [row["id"] for row in rows]
 
     async def expire(self, retention_seconds: float) -> int:
         """Delete tasks idle past the retention (finished or waiting on their caller), and

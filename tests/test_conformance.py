@@ -228,6 +228,25 @@ def test_subscribe_follows_a_task_another_worker_runs(gate: Gate, start_gate: Ca
     assert events[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
 
 
+def test_cancel_reaches_a_task_another_worker_runs(gate: Gate, start_gate: Callable[..., GateProcess]) -> None:
+    """`tasks/cancel` answered by a process other than the runner: the request travels through
+    the store, the runner stops the work, and both processes then show the task canceled."""
+    second = start_gate(gate.process.config)
+    task = rpc(
+        gate.agent("slow"),
+        "message/send",
+        {"message": v03_message("sleep 30"), "configuration": {"blocking": False}},
+        gate.headers,
+    )["result"]
+
+    canceled = rpc(f"{second.url}/a2a/slow", "tasks/cancel", {"id": task["id"]}, gate.headers)
+
+    assert canceled["result"]["status"]["state"] == "canceled", canceled
+    on_runner = rpc(gate.agent("slow"), "tasks/get", {"id": task["id"]}, gate.headers)["result"]
+    assert on_runner["status"]["state"] == "canceled"
+    assert artifact_texts(on_runner) == []  # the work stopped: nothing was delivered
+
+
 # --- ListTasks --------------------------------------------------------------------------
 
 

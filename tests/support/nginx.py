@@ -26,10 +26,13 @@ http {{
     fastcgi_temp_path {root}/fastcgi;
     uwsgi_temp_path {root}/uwsgi;
     scgi_temp_path {root}/scgi;
+    upstream gates {{
+{servers}
+    }}
     server {{
         listen 127.0.0.1:{port};
         location / {{
-            proxy_pass http://127.0.0.1:{upstream};
+            proxy_pass http://gates;
             proxy_set_header Host $http_host;
             proxy_set_header X-Forwarded-For $remote_addr;
             proxy_set_header X-Forwarded-Proto https;
@@ -46,14 +49,17 @@ def nginx_binary() -> str | None:
 
 
 @contextmanager
-def nginx_in_front(upstream_port: int, root: Path) -> Iterator[str]:
-    """Run nginx proxying to `upstream_port`; yields its URL. It reports the public scheme as https."""
+def nginx_in_front(upstream: int | list[int], root: Path) -> Iterator[str]:
+    """Run nginx proxying to one port, or round-robin over several (replicas); yields its URL.
+    It reports the public scheme as https."""
+    ports = [upstream] if isinstance(upstream, int) else upstream
+    servers = "\n".join(f"        server 127.0.0.1:{p};" for p in ports)
     binary = nginx_binary()
     assert binary, "nginx is not installed (.ci/run installs it with apt-get)"
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     conf = root / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(root=root, port=port, upstream=upstream_port))
+    conf.write_text(NGINX_CONF.format(root=root, port=port, servers=servers))
     process = subprocess.Popen([binary, "-c", str(conf), "-p", str(root)], stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
