@@ -82,6 +82,16 @@ class Database(ABC):
     async def lock_schema(self) -> None:
         """Inside a transaction: hold off every other process migrating the schema until it ends."""
 
+    async def notify(self, channel: str, payload: str) -> None:
+        """Tell the other processes on this database (`listen`); an engine without notifications
+        does nothing, and its listeners find out by polling."""
+        return None
+
+    async def listen(self, channel: str, handler: Callable[[str], None]) -> bool:
+        """Call `handler(payload)` for every notification on `channel` from now on; False when
+        this engine has no notifications (the caller polls instead)."""
+        return False
+
     async def fetchrow(self, sql: str, args: Sequence[Any] = ()) -> Row | None:
         rows = await self.fetch(sql, args)
         return rows[0] if rows else None

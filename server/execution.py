@@ -9,6 +9,7 @@ is sent the final state, it never holds the server up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ from server.tasks import TaskStore, agent_message, new_id, set_status
 logger = logging.getLogger("a2a_gate.execution")
 
 STREAM_QUEUE_SIZE = 64
+CANCEL_CHANNEL = "a2a_gate_cancel"  # notifications of cancel requests, payload: the task id
 CANCEL_POLL_SECONDS = 0.25  # how soon a cancel asked of another process reaches this one
+CANCEL_POLL_NOTIFIED_SECONDS = 2.0  # the same, as a fallback, where notifications come first
 STOP_SECONDS = 5.0  # on shutdown, how long undelivered work has to record that it stopped
 UNDELIVERED_STATES = INTERRUPTED_STATES | {"failed", "rejected", "canceled"}
 
@@ -169,9 +172,15 @@ class Runner:
 
     async def follow_cancel_requests(self) -> None:
         """Cancel the tasks running here that another worker or replica was asked to cancel
-        (`tasks/cancel` lands on any of them; the store carries the request)."""
+        (`tasks/cancel` lands on any of them; the store carries the request). A notification,
+        where the database has them, wakes this at once; polling covers the rest."""
+        hint = asyncio.Event()
+        notified = await self.store.db.listen(CANCEL_CHANNEL, lambda task_id: hint.set())
+        interval = CANCEL_POLL_NOTIFIED_SECONDS if notified else CANCEL_POLL_SECONDS
         while True:
-            await asyncio.sleep(CANCEL_POLL_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(hint.wait(), interval)
+            hint.clear()
             try:
                 asked = await self.store.cancel_requests([i for i in self.live if i not in self.cancels_seen])
             except Exception as exc:  # noqa: BLE001 -- a store outage delays cancels, it ends nothing

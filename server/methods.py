@@ -23,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 
 from server import dialects
 from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES, V10, InvalidShape
-from server.execution import Execution, Runner, Settlement
+from server.execution import CANCEL_CHANNEL, Execution, Runner, Settlement
 from server.jsonrpc import (
     INVALID_PARAMS,
     PUSH_NOT_SUPPORTED,
@@ -228,7 +228,8 @@ class Methods:
 
     async def cancel_elsewhere(self, task: dict[str, Any], agent: str, owner: str) -> dict[str, Any]:
         """A task another worker or replica runs: ask it through the store, then wait for the outcome."""
-        await self.store.request_cancel(task["id"])
+        if await self.store.request_cancel(task["id"]):
+            await self.store.db.notify(CANCEL_CHANNEL, task["id"])
         deadline = time.monotonic() + CANCEL_WAIT_SECONDS
         while time.monotonic() < deadline:
             await asyncio.sleep(CANCEL_CHECK_SECONDS)

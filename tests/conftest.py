@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +38,49 @@ callable = "tests.support.agents:ask_then_answer"
 """
 
 
+# The longest tests and modules (seconds of waiting on leases, timeouts and locks), started
+# first: the workers then end together on short tests instead of one of them running a
+# long test alone at the end. A name missing here only costs time, never a result.
+LONGEST_FIRST = (
+    "tests/test_fault_matrix.py",
+    "tests/test_settlement_truth.py::test_lock_held_when_settle_returns_never_turns_a_charge_into_not_charged",
+    "tests/test_crash_recovery.py",
+    "tests/test_what_buys_work.py::test_a_retry_of_a_settled_request_is_a_replay_after_its_token_expired",
+    "tests/test_facilitator_client.py::test_the_breaker_opens_answers_at_once_then_probes",
+    "tests/test_bench_smoke.py",
+    "tests/test_fuzz_envelope.py",
+    "tests/test_settlement_truth.py",
+    "tests/test_shared_limiter.py",
+    "tests/test_services_fixtures.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first (LONGEST_FIRST, in its order); the rest keep pytest's order. Every
+    xdist worker sorts its collection the same way, as the scheduler requires."""
+
+    def rank(item: pytest.Item) -> int:
+        for index, prefix in enumerate(LONGEST_FIRST):
+            if item.nodeid == prefix or item.nodeid.startswith((prefix + "::", prefix + "[")):
+                return index
+        return len(LONGEST_FIRST)
+
+    items.sort(key=rank)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two workers per available core (at most four more than the cores).
+
+    Most of the suite's time is spent waiting (on leases, timeouts, slow fakes and process
+    starts), not computing: with one worker per core the cores sit idle two thirds of
+    the time. PYTEST_XDIST_AUTO_NUM_WORKERS still overrides, as in pytest-xdist itself.
+    """
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(2 * cores, cores + 4)
+
+
 @pytest.fixture
 def write_config(tmp_path: Path) -> Callable[[str], Path]:
     def write(text: str, name: str = "gate.toml") -> Path:
@@ -59,7 +103,14 @@ def start_gate(tmp_path: Path) -> Iterator[Callable[..., GateProcess]]:
 
     yield start
     for gate in started:
-        gate.stop()
+        gate.stop_later()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """No gate outlives the session: wait for the ones teardowns asked to stop."""
+    from tests.support.gate_process import reap_stopped
+
+    reap_stopped()
 
 
 @pytest.fixture
@@ -68,7 +119,7 @@ def facilitator(tmp_path: Path) -> Iterator[str]:
     from devnet.facilitator import create_facilitator_app
     from tests.support.serve import serve_app
 
-    with serve_app(create_facilitator_app(str(tmp_path / "ledger.db"))) as url:
+    with serve_app(create_facilitator_app(str(tmp_path / "ledger.db")), wait_on_exit=False) as url:
         yield url
 
 
@@ -93,7 +144,7 @@ def module_paid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PaidSetup]
     from tests.support.serve import serve_app
 
     folder = tmp_path_factory.mktemp("paid")
-    with serve_app(create_facilitator_app(str(folder / "ledger.db"))) as facilitator:
+    with serve_app(create_facilitator_app(str(folder / "ledger.db")), wait_on_exit=False) as facilitator:
         port = free_port()
         config = folder / "gate.toml"
         config.write_text(paid_config(f"http://127.0.0.1:{port}", facilitator))

@@ -1,7 +1,10 @@
 """The fault matrix: every facilitator and agent fault, its answer, and what was charged.
 
-One test, printing its table. Each row starts from a fresh token; "charged" counts
-settlements in the development facilitator's ledger caused by that row.
+One case per row, each printing its line of the table. Each row starts from a fresh token
+and payer; "charged" counts settlements in the development facilitator's ledger caused by
+that row (PaidView: only what happened since the row began). The rows share one gate and
+facilitator per worker, as they shared one gate when they ran in sequence; the rows that
+kill a gate or need one without a facilitator start their own.
 """
 
 from __future__ import annotations
@@ -9,21 +12,24 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
+import pytest
 
 from devnet.chain import DEV_NETWORK
 from devnet.ledger import DevLedger
 from devnet.payer import encode_header, sign_payment
-from tests.support.gate_process import free_port
-from tests.support.paid import ASSET, PaidSetup, Payer, decode_header, paid_config, send_body
+from tests.support.gate_process import GateProcess, free_port
+from tests.support.paid import ASSET, PaidSetup, PaidView, Payer, decode_header, paid_config, send_body
 
 LEASE = "claim_lease_seconds = 1.5\n"  # a dead owner's claims are orphans within seconds
 
 
-def in_background(work: Callable[[], None]) -> Callable[[], None]:
-    return lambda: threading.Thread(target=work, daemon=True).start()
+def in_background(work: Callable[[], None]) -> None:
+    threading.Thread(target=work, daemon=True).start()
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 15.0) -> None:
@@ -45,149 +51,218 @@ def answer_of(response) -> str:
     return f"task {task['status']['state']}, {status}"
 
 
-def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
+def print_row(fault: str, answer: str, charged: int, note: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with capsys.disabled():
+        print(f"\n{fault:<42}  {answer:<36} {charged:>7}  {note}")
+
+
+def start_matrix_gate(folder: Path, facilitator: str) -> PaidSetup:
     port = free_port()
     chain = f'\n[networks."{DEV_NETWORK}"]\nrpc_url = "{facilitator}/rpc"\n'
-    gate = start_gate(write_config(LEASE + paid_config(f"http://127.0.0.1:{port}", facilitator) + chain), port=port)
-    paid = PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
-    refused_port = free_port()
-    rows: list[tuple[str, str, int, str]] = []
+    config = folder / "gate.toml"
+    config.write_text(LEASE + paid_config(f"http://127.0.0.1:{port}", facilitator) + chain)
+    gate = GateProcess(config, folder / "gate.log", port=port).start()
+    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=folder / "gate.db")
 
-    def row(
-        fault: str,
-        expected: str,
-        agent: str = "paid",
-        setup: Callable[[], None] = lambda: None,
-        after: Callable[[dict[str, str]], str] | None = None,
-        payer_setup: Callable[[Payer], None] | None = None,
-    ) -> None:
-        before = len(paid.ledger()["settlements"])
-        payer = Payer()
-        headers = payer.header_for(gate.url, agent)
-        setup()
-        if payer_setup is not None:
-            payer_setup(payer)
-        answer = answer_of(paid.post(agent, send_body(fault), headers))
-        paid.faults()
-        note = after(headers) if after else ""
-        charged = len(paid.ledger()["settlements"]) - before
-        rows.append((fault, answer, charged, note))
-        assert answer == expected, (fault, answer)
 
-    row("none", "task completed, payment-completed")
-    row("verify slow past timeout", "-32603 verify_unavailable", setup=lambda: paid.faults(verify="slow:3", count=1))
-    row("verify HTTP 500", "-32603 verify_unavailable", setup=lambda: paid.faults(verify="http500"))
-    row("verify malformed JSON", "-32603 verify_unavailable", setup=lambda: paid.faults(verify="malformed"))
-    row("verify says invalid", "HTTP 403 dev_fault", setup=lambda: paid.faults(verify="invalid"))
-    row(
-        "settle pending (first attempt times out)",
-        "task completed, payment-completed",
-        setup=lambda: paid.faults(settle="slow:2.5", count=1),
-    )
+@dataclass
+class Matrix:
+    setup: PaidSetup
+    ledger_path: Path
 
-    def recover(headers: dict[str, str]) -> str:
-        replay = paid.post("paid", send_body("settle failing then recovering"), headers).json()["result"]
-        return f"retry -> {replay['metadata']['x402.payment.status']}"
 
-    row(
-        "settle failing then recovering",
-        "task completed, payment-verified",
-        setup=lambda: paid.faults(settle="http500"),
-        after=recover,
-    )
-    row("upstream agent down", "task failed, -", agent="paid-upstream-down")
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
+    from devnet.facilitator import create_facilitator_app
+    from tests.support.serve import serve_app
 
-    def hold_lock_after_settle() -> None:
-        wait_until(lambda: len(paid.ledger()["settlements"]) > settled_before[0])
+    folder = tmp_path_factory.mktemp("matrix")
+    with serve_app(create_facilitator_app(str(folder / "ledger.db"))) as facilitator:
+        setup = start_matrix_gate(folder, facilitator)
+        try:
+            yield Matrix(setup, folder / "ledger.db")
+        finally:
+            setup.gate.stop_later()
+
+
+# --- the rows on the shared gate ---------------------------------------------------------
+# Each: (fault, expected answer, agent, what it charges). `setup` runs before the paid
+# request, `after` after it (its note goes in the table).
+
+
+@dataclass
+class Row:
+    fault: str
+    expected: str
+    charges: int
+    agent: str = "paid"
+    setup: Callable[[PaidView, Matrix, Payer], None] = lambda paid, matrix, payer: None
+    after: Callable[[PaidView, dict[str, str]], str] | None = None
+    settles_late_by: float = 0.0  # a slow first settle still running: wait it out before counting
+
+
+def hold_lock_after_settle(paid: PaidView, matrix: Matrix, payer: Payer) -> None:
+    """Once the facilitator has settled, hold the gate's database past its 10 s busy timeout."""
+    paid.faults(settle="late:1", count=1)
+
+    def hold() -> None:
+        wait_until(lambda: len(paid.ledger()["settlements"]) > 0)
         lock = sqlite3.connect(paid.db_path, isolation_level=None)
         lock.execute("BEGIN IMMEDIATE")  # past the gate's 10 s busy timeout, as settle answers
         time.sleep(12)
         lock.execute("ROLLBACK")
         lock.close()
 
-    def logged(_: dict[str, str]) -> str:
-        last = paid.payment_rows()[-1]
-        return f"log: {last['action']} {last['error']}".strip()
+    in_background(hold)
 
-    settled_before = [len(paid.ledger()["settlements"])]
-    row(
+
+def poor_after_verify(paid: PaidView, matrix: Matrix, payer: Payer) -> None:
+    def drain() -> None:
+        wait_until(lambda: len(paid.payment_rows("verify")) > 0)
+        ledger = DevLedger(str(matrix.ledger_path))
+        ledger.set_balance(DEV_NETWORK, ASSET, payer.address, 0)
+        ledger.close()
+
+    in_background(drain)
+
+
+def recover(paid: PaidView, headers: dict[str, str]) -> str:
+    replay = paid.post("paid", send_body("settle failing then recovering"), headers).json()["result"]
+    return f"retry -> {replay['metadata']['x402.payment.status']}"
+
+
+def logged(paid: PaidView, _: dict[str, str]) -> str:
+    last = paid.payment_rows()[-1]
+    return f"log: {last['action']} {last['error']}".strip()
+
+
+ROWS = [
+    Row("none", "task completed, payment-completed", 1),
+    Row(
+        "verify slow past timeout",
+        "-32603 verify_unavailable",
+        0,
+        setup=lambda paid, m, p: paid.faults(verify="slow:3", count=1),
+    ),
+    Row("verify HTTP 500", "-32603 verify_unavailable", 0, setup=lambda paid, m, p: paid.faults(verify="http500")),
+    Row(
+        "verify malformed JSON",
+        "-32603 verify_unavailable",
+        0,
+        setup=lambda paid, m, p: paid.faults(verify="malformed"),
+    ),
+    Row("verify says invalid", "HTTP 403 dev_fault", 0, setup=lambda paid, m, p: paid.faults(verify="invalid")),
+    Row(
+        "settle pending (first attempt times out)",
+        "task completed, payment-completed",
+        1,
+        setup=lambda paid, m, p: paid.faults(settle="slow:2.5", count=1),
+        settles_late_by=2.5,  # the slow first call wakes up later and must not charge twice
+    ),
+    Row(
+        "settle failing then recovering",
+        "task completed, payment-verified",
+        1,
+        setup=lambda paid, m, p: paid.faults(settle="http500"),
+        after=recover,
+    ),
+    Row("upstream agent down", "task failed, -", 0, agent="paid-upstream-down"),
+    Row(
         "database locked when settle returns",
         "task completed, payment-completed",
-        setup=lambda: (paid.faults(settle="late:1", count=1), in_background(hold_lock_after_settle)()),
+        1,
+        setup=hold_lock_after_settle,
         after=logged,
-    )
-    row(
+    ),
+    Row(
         "settle unknown, then landed",
         "task completed, payment-completed",
-        setup=lambda: paid.faults(settle="late:3", count=1),
+        1,
+        setup=lambda paid, m, p: paid.faults(settle="late:3", count=1),
         after=logged,
-    )
-
-    def poor_after_verify(payer: Payer) -> None:
-        def drain() -> None:
-            wait_until(lambda: len(paid.payment_rows("verify")) > verified_before)
-            ledger = DevLedger(str(tmp_path / "ledger.db"))
-            ledger.set_balance(DEV_NETWORK, ASSET, payer.address, 0)
-            ledger.close()
-
-        in_background(drain)()
-
-    verified_before = len(paid.payment_rows("verify"))
-    row(
+    ),
+    Row(
         "settle definitively refused (no funds)",
         "task completed, payment-failed",
+        0,
         agent="paid-slow",
-        payer_setup=poor_after_verify,
+        setup=poor_after_verify,
         after=logged,
-    )
+    ),
+]
 
-    # a restart whose process has the pid the dead one had (pid 1 in a container)
-    before = len(paid.ledger()["settlements"])
-    headers = Payer().header_for(gate.url)
-    paid.faults(settle="slow:15", count=1)
-    threading.Thread(
-        target=lambda: _swallow(lambda: paid.post("paid", send_body("restart"), headers, timeout=10)), daemon=True
-    ).start()
-    wait_until(lambda: _claim_states(paid) == ["settling"])
-    gate.kill()
-    _pretend_owner_is_pid_1(paid)
-    gate.start()
-    wait_until(lambda: "settling" not in _claim_states(paid) and "settle_failed" not in _claim_states(paid), 20)
-    answer = answer_of(paid.post("paid", send_body("restart"), headers))
-    rows.append(
-        (
-            "restart with the same pid, mid-settle",
-            answer,
-            len(paid.ledger()["settlements"]) - before,
-            "replay after restart",
-        )
-    )
-    assert answer == "task completed, payment-completed"
 
-    # a token whose window closes before the work could be settled: refused before any work
-    short = decode_header(httpx.post(f"{gate.url}/a2a/paid", json=send_body("x")).headers["PAYMENT-REQUIRED"])
+@pytest.mark.parametrize("row", ROWS, ids=[r.fault for r in ROWS])
+def test_fault_row(matrix: Matrix, row: Row, capsys: pytest.CaptureFixture[str]) -> None:
+    paid = PaidView.since_now(matrix.setup)
+    payer = Payer()
+    headers = payer.header_for(paid.gate.url, row.agent)
+    started = time.monotonic()
+    row.setup(paid, matrix, payer)
+    answer = answer_of(paid.post(row.agent, send_body(row.fault), headers))
+    paid.faults()
+    note = row.after(paid, headers) if row.after else ""
+    if row.settles_late_by:  # the slow first call wakes up later and must not charge twice
+        time.sleep(max(0.0, started + row.settles_late_by + 1.0 - time.monotonic()))
+    charged = len(paid.ledger()["settlements"])
+    print_row(row.fault, answer, charged, note, capsys)
+    assert answer == row.expected, (row.fault, answer)
+    assert charged == row.charges, row.fault
+
+
+def test_token_window_too_short_to_collect(matrix: Matrix, capsys: pytest.CaptureFixture[str]) -> None:
+    """A token whose window closes before the work could be settled: refused before any work."""
+    paid = PaidView.since_now(matrix.setup)
+    short = decode_header(httpx.post(f"{paid.gate.url}/a2a/paid", json=send_body("x")).headers["PAYMENT-REQUIRED"])
     short["accepts"][0]["maxTimeoutSeconds"] = 7
-    verified = paid.ledger()["verify_calls"]
     answer = answer_of(
         paid.post(
             "paid", send_body("short window"), {"PAYMENT-SIGNATURE": encode_header(sign_payment(short, Payer().key))}
         )
     )
-    rows.append(
-        (
-            "token window too short to collect",
-            answer,
-            0,
-            f"verify calls: {paid.ledger()['verify_calls'] - verified}, no work",
-        )
-    )
-    assert answer == "HTTP 403 payment_window_too_short" and paid.ledger()["verify_calls"] == verified
+    verify_calls = paid.ledger()["verify_calls"]
+    print_row("token window too short to collect", answer, 0, f"verify calls: {verify_calls}, no work", capsys)
+    assert answer == "HTTP 403 payment_window_too_short" and verify_calls == 0
+    assert paid.count_tasks("paid") == 0 and len(paid.ledger()["settlements"]) == 0
 
-    # the facilitator refusing connections: a gate pointed at a port nobody listens on
-    port2 = free_port()
+
+# --- the rows with a gate of their own ---------------------------------------------------
+
+
+def test_restart_with_the_same_pid_mid_settle(
+    tmp_path: Path, facilitator: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A restart whose process has the pid the dead one had (pid 1 in a container)."""
+    paid = start_matrix_gate(tmp_path, facilitator)
+    try:
+        headers = Payer().header_for(paid.gate.url)
+        paid.faults(settle="slow:15", count=1)
+        threading.Thread(
+            target=lambda: _swallow(lambda: paid.post("paid", send_body("restart"), headers, timeout=10)), daemon=True
+        ).start()
+        wait_until(lambda: _claim_states(paid) == ["settling"])
+        paid.gate.kill()
+        _pretend_owner_is_pid_1(paid)
+        paid.gate.start()
+        wait_until(lambda: "settling" not in _claim_states(paid) and "settle_failed" not in _claim_states(paid), 20)
+        answer = answer_of(paid.post("paid", send_body("restart"), headers))
+        charged = len(paid.ledger()["settlements"])
+        print_row("restart with the same pid, mid-settle", answer, charged, "replay after restart", capsys)
+        assert answer == "task completed, payment-completed"
+        assert charged == 1
+    finally:
+        paid.gate.stop_later()
+
+
+def test_facilitator_refusing_connections_then_the_breaker(
+    tmp_path: Path, start_gate, write_config, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A gate pointed at a port nobody listens on; after breaker_failures (5) such failures
+    in a row the breaker opens and answers at once."""
+    port, refused_port = free_port(), free_port()
     down = start_gate(
-        write_config(paid_config(f"http://127.0.0.1:{port2}", f"http://127.0.0.1:{refused_port}"), name="down.toml"),
-        port=port2,
+        write_config(paid_config(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{refused_port}"), name="down.toml"),
+        port=port,
     )
     required = decode_header(httpx.post(f"{down.url}/a2a/paid", json=send_body("x")).headers["PAYMENT-REQUIRED"])
     answer = answer_of(
@@ -197,9 +272,8 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
             headers={"PAYMENT-SIGNATURE": encode_header(sign_payment(required, Payer().key))},
         )
     )
-    rows.append(("facilitator refuses connections", answer, 0, ""))
+    print_row("facilitator refuses connections", answer, 0, "", capsys)
     assert answer == "-32603 verify_unavailable"
-    # after breaker_failures (5) such failures in a row the breaker opens and answers at once
     token = {"PAYMENT-SIGNATURE": encode_header(sign_payment(required, Payer().key))}
     for _ in range(4):
         httpx.post(f"{down.url}/a2a/paid", json=send_body("x"), headers=token)
@@ -207,30 +281,9 @@ def test_fault_matrix(tmp_path, facilitator, start_gate, write_config, capsys):
     response = httpx.post(f"{down.url}/a2a/paid", json=send_body("x"), headers=token)
     elapsed = time.monotonic() - started
     retry_after = response.json()["error"]["data"].get("retry_after")
-    rows.append(
-        ("facilitator breaker open", answer_of(response), 0, f"retry_after {retry_after} s, {elapsed * 1000:.0f} ms")
-    )
+    note = f"retry_after {retry_after} s, {elapsed * 1000:.0f} ms"
+    print_row("facilitator breaker open", answer_of(response), 0, note, capsys)
     assert answer_of(response) == "-32603 verify_unavailable" and retry_after and retry_after > 0
-
-    # settle pending: the slow first call wakes up later and must not charge twice
-    time.sleep(2.0)
-    assert len(paid.ledger()["settlements"]) == 6  # each charged row above, once
-    expected_charges = {
-        "none": 1,
-        "settle pending (first attempt times out)": 1,
-        "settle failing then recovering": 1,
-        "database locked when settle returns": 1,
-        "settle unknown, then landed": 1,
-        "restart with the same pid, mid-settle": 1,
-    }
-    for fault, _, charged, _ in rows:
-        assert charged == expected_charges.get(fault, 0), fault
-
-    width = max(len(r[0]) for r in rows)
-    lines = [f"{'fault':<{width}}  {'answer':<36} charged  note"]
-    lines += [f"{f:<{width}}  {a:<36} {c:>7}  {n}" for f, a, c, n in rows]
-    with capsys.disabled():
-        print("\n" + "\n".join(lines))
 
 
 def _claim_states(paid: PaidSetup) -> list[str]:

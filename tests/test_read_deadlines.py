@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
 
-from tests.support.gate_process import free_port
+from tests.support.gate_process import GateProcess, free_port
 
 HEAD_TIMEOUT = 1.5
 BODY_TIMEOUT = 1.5
@@ -42,9 +43,14 @@ BODY = (
 )
 
 
-@pytest.fixture
-def gate(start_gate, write_config):
-    return start_gate(write_config(DEADLINE_CONFIG), port=free_port())
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateProcess]:
+    """One gate for the module: every test holds connections of its own, and nothing else."""
+    folder = tmp_path_factory.mktemp("deadlines")
+    config = folder / "gate.toml"
+    config.write_text(DEADLINE_CONFIG)
+    with GateProcess(config, folder / "gate.log", port=free_port()) as process:
+        yield process
 
 
 def connect(gate) -> socket.socket:

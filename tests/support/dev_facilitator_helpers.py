@@ -154,7 +154,7 @@ def start(tmp_path) -> Iterator[Any]:
 
         def _start(db_name: str = "ledger.db", **kwargs: Any) -> Facilitator:
             app = create_facilitator_app(str(tmp_path / db_name), **kwargs)
-            url = stack.enter_context(serve_app(app))
+            url = stack.enter_context(serve_app(app, wait_on_exit=False))
             facilitator = Facilitator(url, app)
             stack.callback(facilitator.http.close)
             return facilitator

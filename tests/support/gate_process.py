@@ -17,6 +17,21 @@ from pathlib import Path
 
 import httpx
 
+# Processes asked to stop by a teardown, not yet waited for (see GateProcess.stop_later).
+_stopping: list[subprocess.Popen[bytes]] = []
+
+
+def reap_stopped(timeout: float = 15.0) -> None:
+    """Wait for every process stop_later asked to stop; kill the ones past `timeout`."""
+    deadline = time.monotonic() + timeout
+    while _stopping:
+        process = _stopping.pop()
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -97,6 +112,18 @@ class GateProcess:
             self.process.kill()
             self.process.wait()
 
+    def stop_later(self) -> None:
+        """SIGTERM, without waiting for the exit: for a teardown, which has no use for it.
+
+        uvicorn's graceful stop is about a quarter of a second of its own timers; the tests
+        go on meanwhile, and `reap_stopped` waits for the processes at the end of the session.
+        A test that reads the log or the exit status after a stop calls `stop`, which waits.
+        """
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        _stopping.append(self.process)
+
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
@@ -104,4 +131,4 @@ class GateProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.stop_later()

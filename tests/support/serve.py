@@ -19,11 +19,16 @@ __all__ = ["serve_app"]
 
 
 @contextmanager
-def serve_app(app: Any, *, host: str = "127.0.0.1", startup_timeout: float = 30.0) -> Iterator[str]:
+def serve_app(
+    app: Any, *, host: str = "127.0.0.1", startup_timeout: float = 30.0, wait_on_exit: bool = True
+) -> Iterator[str]:
     """Serve ``app`` on a free port of ``host``; yield its base URL (no trailing slash).
 
     The listening socket is bound here and handed to uvicorn, so no other
     process can grab the port between choosing it and serving on it.
+    With ``wait_on_exit=False`` (a fixture's teardown) the server is told to stop and
+    winds down in the background: uvicorn's own timers are about 0.2 s, more when a
+    handler is stuck in a slow fault, and nothing after a teardown needs it gone.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -52,5 +57,12 @@ def serve_app(app: Any, *, host: str = "127.0.0.1", startup_timeout: float = 30.
         yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
-        thread.join(10)
-        sock.close()
+        if wait_on_exit:
+            _close_when_stopped(thread, sock)
+        else:
+            threading.Thread(target=_close_when_stopped, args=(thread, sock), daemon=True).start()
+
+
+def _close_when_stopped(thread: threading.Thread, sock: socket.socket) -> None:
+    thread.join(10)
+    sock.close()
