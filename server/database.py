@@ -106,11 +106,12 @@ class Database(ABC):
         Safe when several processes or replicas start at once: one migrates under the
         schema lock, the others then find the version current. Returns the version.
         """
-        await self.execute(
-            "CREATE TABLE IF NOT EXISTS schema_versions (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
-        )
         async with self.transaction():
             await self.lock_schema()
+            # under the lock: two PostgreSQL sessions creating the same table at once collide
+            await self.execute(
+                "CREATE TABLE IF NOT EXISTS schema_versions (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+            )
             current = await self.fetchval("SELECT version FROM schema_versions WHERE component = ?", (component,))
             current = current or 0
             for version, step in enumerate(steps, start=1):

@@ -53,7 +53,9 @@ def nginx_in_front(upstream: int | list[int], root: Path) -> Iterator[str]:
     """Run nginx proxying to one port, or round-robin over several (replicas); yields its URL.
     It reports the public scheme as https."""
     ports = [upstream] if isinstance(upstream, int) else upstream
-    servers = "\n".join(f"        server 127.0.0.1:{p};" for p in ports)
+    # max_fails=0: the start-up probe below runs before the gates are up, and a refused upstream
+    # would otherwise be left out for fail_timeout (10 s): every request a 502 "no live upstreams"
+    servers = "\n".join(f"        server 127.0.0.1:{p} max_fails=0;" for p in ports)
     binary = nginx_binary()
     assert binary, "nginx is not installed (.ci/run installs it with apt-get)"
     root.mkdir(parents=True, exist_ok=True)

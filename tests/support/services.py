@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -174,3 +175,83 @@ def postgres_schema() -> Iterator[PostgresSchema]:
     finally:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         conn.close()
+
+
+class OwnPostgres:
+    """A PostgreSQL cluster of the test's own on a free loopback port, to stop and restart (the
+    machine's server is shared with everyone else's tests and must stay up). Run as the
+    `postgres` user when the tests run as root: the server refuses to run as root."""
+
+    def __init__(self, bindir: Path, workdir: Path) -> None:
+        self.bindir = bindir
+        self.workdir = workdir
+        self.data = workdir / "data"
+        self.port = free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def run(self, *command: str) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*prefix, *command], check=True, capture_output=True, timeout=60)
+
+    def init(self) -> OwnPostgres:
+        if os.geteuid() == 0:
+            shutil.chown(self.workdir, "postgres", "postgres")
+        self.run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        )
+        return self
+
+    def start(self) -> OwnPostgres:
+        options = f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self.run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.workdir / "log"),
+            "-w",
+            "start",
+        )
+        return self
+
+    def stop(self) -> None:
+        """A fast shutdown, as a restart does it: every backend is told and disconnected."""
+        self.run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+
+def postgres_bindir() -> Path | None:
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+    return versions[-1].parent if versions else None
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[OwnPostgres]:
+    """A private PostgreSQL cluster (initdb and pg_ctl from the machine's PostgreSQL), removed afterwards.
+
+    Missing binaries skip even in CI, as for `own_redis`: the machine's server may run elsewhere."""
+    bindir = postgres_bindir()
+    if bindir is None or (os.geteuid() == 0 and shutil.which("runuser") is None):
+        pytest.skip("no PostgreSQL server binaries on this machine (apt-get install postgresql)")
+    workdir = Path(tempfile.mkdtemp(prefix="a2a-gate-pg-"))  # not under tmp_path: the postgres user must enter it
+    server = OwnPostgres(bindir, workdir).init().start()
+    try:
+        yield server
+    finally:
+        try:
+            server.stop()
+        except subprocess.CalledProcessError:
+            pass  # stopped already
+        shutil.rmtree(workdir, ignore_errors=True)

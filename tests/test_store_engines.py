@@ -1,0 +1,539 @@
+"""The `Database` contract, held by both engines: SQLite in a file, PostgreSQL in a schema of its own.
+
+Every table owner writes one SQL for both, so what one engine does here the other must do
+too: rowcounts, ``ON CONFLICT DO NOTHING`` on a primary key and on a partial unique index,
+transactions that commit whole or not at all and that nested calls join, JSON lookups,
+versioned migrations safe when replicas start at once. PostgreSQL adds its own: a server
+that is down or read-only is `DatabaseUnavailable`, and a pool whose backends die heals itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import pytest
+
+from server.database import Database, DatabaseUnavailable, Migration, open_database
+from tests.support.gate_process import free_port
+from tests.support.services import OwnPostgres, PostgresSchema
+
+REPO = Path(__file__).parents[1]
+CLAIMS = [
+    "CREATE TABLE claims (digest TEXT PRIMARY KEY, nonce TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)",
+    "CREATE UNIQUE INDEX claims_nonce ON claims (nonce) WHERE nonce != ''",
+]
+ROWS = "CREATE TABLE t (id TEXT PRIMARY KEY, n INTEGER NOT NULL, at DOUBLE PRECISION, doc TEXT)"
+CLAIM = "INSERT INTO claims (digest, nonce, at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+
+
+def schema_url(schema: PostgresSchema, settings: str = "", **params: str) -> str:
+    """The test's PostgreSQL URL, its schema first on the search path (libpq `options`), and more `-c` settings."""
+    options = f"-csearch_path={schema.schema} {settings}".strip()
+    query = urlencode({"options": options, **params}, quote_via=quote)
+    return f"{schema.url}{'&' if '?' in schema.url else '?'}{query}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a store lives: a SQLite file, or a PostgreSQL URL on a fresh schema."""
+    if request.param == "sqlite":
+        return str(tmp_path / "store.db")
+    return schema_url(request.getfixturevalue("postgres_schema"))
+
+
+@pytest.fixture
+def pg_location(postgres_schema: PostgresSchema) -> str:
+    return schema_url(postgres_schema)
+
+
+def with_db(location: str, body: Callable[[Database], Awaitable[Any]]) -> Any:
+    """Open a store at `location`, run `body` on it, close it."""
+
+    async def run() -> Any:
+        db = open_database(location)
+        await db.open()
+        try:
+            return await body(db)
+        finally:
+            await db.close()
+
+    return asyncio.run(run())
+
+
+async def admin(location: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """One statement on a connection of its own, outside the store under test."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(location, autocommit=True) as conn:
+        cursor = await conn.execute(sql, args)
+        return await cursor.fetchall() if cursor.description else []
+
+
+def test_rows_round_trip_as_dicts_with_their_types(location: str) -> None:
+    now = time.time()
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        assert await db.execute("INSERT INTO t (id, n, at, doc) VALUES (?, ?, ?, ?)", ("a", 1, now, "x")) == 1
+        await db.execute("INSERT INTO t (id, n, at, doc) VALUES (?, ?, ?, ?)", ("b", 2, float("inf"), None))
+        await db.execute("INSERT INTO t (id, n, at, doc) VALUES (?, ?, ?, ?)", ("c", True, 0.5, "50%"))
+        rows = await db.fetch("SELECT id, n, at, doc FROM t ORDER BY id")
+        assert rows == [
+            {"id": "a", "n": 1, "at": now, "doc": "x"},
+            {"id": "b", "n": 2, "at": math.inf, "doc": None},
+            {"id": "c", "n": 1, "at": 0.5, "doc": "50%"},
+        ]
+        assert isinstance(rows[0]["at"], float) and rows[0]["at"] == now  # DOUBLE PRECISION, not rounded
+        assert await db.fetchrow("SELECT n FROM t WHERE id = ?", ("zz",)) is None
+        assert await db.fetchval("SELECT count(*) FROM t") == 3
+        # a ? or a % inside a literal is text, not a placeholder
+        assert await db.fetchrow("SELECT '?' AS q, ? AS v, 'a%b' LIKE 'a%' AS l", ("v",)) == {
+            "q": "?",
+            "v": "v",
+            "l": 1 if db.dialect == "sqlite" else True,
+        }
+
+    with_db(location, body)
+
+
+def test_execute_returns_the_rows_an_update_or_delete_changed(location: str) -> None:
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        for i in range(3):
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", (f"r{i}", i))
+        assert await db.execute("UPDATE t SET doc = ? WHERE n >= ?", ("y", 1)) == 2
+        assert await db.execute("UPDATE t SET doc = ? WHERE n > ?", ("y", 99)) == 0
+        assert await db.execute("DELETE FROM t WHERE n = ?", (0,)) == 1
+        assert await db.execute("DELETE FROM t WHERE n = ?", (0,)) == 0
+
+    with_db(location, body)
+
+
+def test_on_conflict_do_nothing_counts_zero_on_a_primary_key_and_on_a_partial_unique_index(location: str) -> None:
+    async def body(db: Database) -> None:
+        for statement in CLAIMS:
+            await db.execute(statement)
+        assert await db.execute(CLAIM, ("d1", "nonce-1", 1.0)) == 1
+        assert await db.execute(CLAIM, ("d1", "nonce-2", 2.0)) == 0  # the same token digest
+        assert await db.execute(CLAIM, ("d2", "nonce-1", 3.0)) == 0  # the same authorization nonce
+        assert await db.execute(CLAIM, ("d3", "", 4.0)) == 1  # no nonce: outside the partial index
+        assert await db.execute(CLAIM, ("d4", "", 5.0)) == 1
+        assert await db.fetch("SELECT digest, nonce, at FROM claims ORDER BY digest") == [
+            {"digest": "d1", "nonce": "nonce-1", "at": 1.0},
+            {"digest": "d3", "nonce": "", "at": 4.0},
+            {"digest": "d4", "nonce": "", "at": 5.0},
+        ]
+
+    with_db(location, body)
+
+
+def test_a_transaction_commits_whole_or_leaves_nothing(location: str) -> None:
+    class Boom(Exception):
+        pass
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        async with db.transaction():
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("kept-1", 1))
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("kept-2", 2))
+        with pytest.raises(Boom):
+            async with db.transaction():
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("lost-1", 1))
+                assert await db.fetchval("SELECT count(*) FROM t WHERE id = ?", ("lost-1",)) == 1
+                raise Boom
+        with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
+            async with db.transaction():
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("lost-2", 1))
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("kept-1", 9))  # fails half-way
+        assert [r["id"] for r in await db.fetch("SELECT id FROM t ORDER BY id")] == ["kept-1", "kept-2"]
+
+    with_db(location, body)
+
+
+def test_a_nested_transaction_joins_the_one_around_it(location: str) -> None:
+    async def record(db: Database, row_id: str) -> None:
+        async with db.transaction():  # a callee that wants its own statements whole
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", (row_id, 1))
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        with pytest.raises(RuntimeError):
+            async with db.transaction():
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("outer", 1))
+                await record(db, "inner")
+                raise RuntimeError("the outer transaction fails after the inner one ended")
+        assert await db.fetch("SELECT id FROM t") == []
+        async with db.transaction():
+            await record(db, "inner")
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("outer", 1))
+        assert await db.fetchval("SELECT count(*) FROM t") == 2
+
+    with_db(location, body)
+
+
+def test_concurrent_tasks_do_not_join_each_others_transactions(location: str) -> None:
+    """One task's failed transaction takes none of another's statements with it, nor blocks them for good."""
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        started = asyncio.Event()
+
+        async def failing() -> None:
+            async with db.transaction():
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("a1", 1))
+                started.set()
+                await asyncio.sleep(0.1)  # the other task runs meanwhile
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("a2", 1))
+                raise RuntimeError("rolled back")
+
+        async def succeeding() -> None:
+            await started.wait()
+            async with db.transaction():
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("b1", 2))
+                await asyncio.sleep(0)
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("b2", 2))
+
+        outcomes = await asyncio.gather(failing(), succeeding(), return_exceptions=True)
+        assert isinstance(outcomes[0], RuntimeError) and outcomes[1] is None
+        assert [r["id"] for r in await db.fetch("SELECT id FROM t ORDER BY id")] == ["b1", "b2"]
+
+    with_db(location, body)
+
+
+def test_postgresql_runs_each_tasks_statements_on_its_own_connection(pg_location: str) -> None:
+    """Inside a transaction every statement is on its connection; another task's, even a child's, are not."""
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        inside = asyncio.Event()
+        done = asyncio.Event()
+        seen: dict[str, Any] = {}
+
+        async def holder() -> None:
+            async with db.transaction():
+                seen["outer"] = await db.fetchval("SELECT pg_backend_pid()")
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("held", 1))
+                async with db.transaction():
+                    seen["nested"] = await db.fetchval("SELECT pg_backend_pid()")
+                # a task started inside the transaction is not in it
+                seen["child"] = await asyncio.create_task(db.fetchval("SELECT pg_backend_pid()"))
+                inside.set()
+                await done.wait()
+                raise RuntimeError("rolled back")
+
+        async def bystander() -> None:
+            await inside.wait()
+            seen["bystander"] = await db.fetchval("SELECT pg_backend_pid()")
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("free", 2))  # commits on its own
+            seen["visible"] = await db.fetchval("SELECT count(*) FROM t WHERE id = ?", ("held",))
+            done.set()
+
+        outcomes = await asyncio.gather(holder(), bystander(), return_exceptions=True)
+        assert isinstance(outcomes[0], RuntimeError), outcomes
+        assert seen["nested"] == seen["outer"]
+        assert seen["child"] != seen["outer"] and seen["bystander"] != seen["outer"]
+        assert seen["visible"] == 0  # uncommitted rows stay in their transaction
+        assert [r["id"] for r in await db.fetch("SELECT id FROM t")] == ["free"]
+
+    with_db(pg_location, body)
+
+
+def test_json_text_reads_inside_a_json_document(location: str) -> None:
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        for row_id, state in (("a", "completed"), ("b", "working")):
+            document = {"id": row_id, "status": {"state": state}, "metadata": {"x402": {"payer": "0xab"}}}
+            await db.execute("INSERT INTO t (id, n, doc) VALUES (?, 0, ?)", (row_id, json.dumps(document)))
+        found = await db.fetch(f"SELECT id FROM t WHERE {db.json_text('doc', 'status', 'state')} = ?", ("working",))
+        assert found == [{"id": "b"}]
+        payer = await db.fetchval(f"SELECT {db.json_text('doc', 'metadata', 'x402', 'payer')} FROM t WHERE id = 'a'")
+        assert payer == "0xab"
+        assert await db.fetchval(f"SELECT {db.json_text('doc', 'missing')} FROM t WHERE id = 'a'") is None
+
+    with_db(location, body)
+
+
+STEPS = [
+    Migration(
+        sqlite=["CREATE TABLE things (id TEXT PRIMARY KEY)", "INSERT INTO applied (step) VALUES (1)"],
+        postgresql=["CREATE TABLE things (id TEXT PRIMARY KEY)", "INSERT INTO applied (step) VALUES (1)"],
+    ),
+    Migration(
+        sqlite=["ALTER TABLE things ADD COLUMN at DOUBLE PRECISION", "INSERT INTO applied (step) VALUES (2)"],
+        postgresql=["ALTER TABLE things ADD COLUMN at DOUBLE PRECISION", "INSERT INTO applied (step) VALUES (2)"],
+    ),
+]
+
+
+async def third(db: Database) -> None:
+    """A step SQL alone cannot say in both dialects: a function."""
+    await db.execute("INSERT INTO things (id, at) VALUES (?, ?)", ("seeded", 1.5))
+    await db.execute("INSERT INTO applied (step) VALUES (3)")
+
+
+def test_migrate_applies_each_version_once(location: str) -> None:
+    async def body(db: Database) -> None:
+        await db.execute("CREATE TABLE applied (step INTEGER NOT NULL)")
+        assert await db.migrate("things", STEPS) == 2
+        assert await db.migrate("things", STEPS) == 2  # a no-op: CREATE TABLE would fail if run again
+        assert await db.migrate("things", [*STEPS, Migration(sqlite=third, postgresql=third)]) == 3
+        assert await db.migrate("other", STEPS[:0]) == 0
+        assert [r["step"] for r in await db.fetch("SELECT step FROM applied ORDER BY step")] == [1, 2, 3]
+        assert await db.fetchrow("SELECT id, at FROM things") == {"id": "seeded", "at": 1.5}
+        assert await db.fetchval("SELECT version FROM schema_versions WHERE component = ?", ("things",)) == 3
+
+    with_db(location, body)
+
+
+def test_two_stores_migrating_at_once_apply_each_step_once(location: str) -> None:
+    async def body(first: Database) -> None:
+        await first.execute("CREATE TABLE applied (step INTEGER NOT NULL)")
+        second = open_database(location)
+        await second.open()
+        try:
+            versions = await asyncio.gather(*(db.migrate("things", STEPS) for db in (first, second, first, second)))
+        finally:
+            await second.close()
+        assert versions == [2, 2, 2, 2]
+        assert [r["step"] for r in await first.fetch("SELECT step FROM applied ORDER BY step")] == [1, 2]
+
+    with_db(location, body)
+
+
+def test_postgresql_unreachable_is_unavailable_quickly() -> None:
+    closed = f"postgresql://postgres@127.0.0.1:{free_port()}/test"
+    db = open_database(closed)
+    began = time.monotonic()
+    with pytest.raises(DatabaseUnavailable, match=r"(?i)connect"):
+        asyncio.run(db.open())
+    assert time.monotonic() - began < 6
+    with pytest.raises(DatabaseUnavailable):
+        asyncio.run(db.execute("SELECT 1"))  # never opened: still the retryable error
+
+
+def test_postgresql_read_only_is_not_writable(postgres_schema: PostgresSchema) -> None:
+    """A standby (or a primary demoted under us) answers reads only: not ready, writes retryable."""
+
+    async def body(db: Database) -> None:
+        with pytest.raises(DatabaseUnavailable, match="read-only"):
+            await db.check_writable()
+        with pytest.raises(DatabaseUnavailable):
+            await db.execute(ROWS)
+        assert await db.fetchval("SELECT 1") == 1
+
+    with_db(schema_url(postgres_schema, "-cdefault_transaction_read_only=on"), body)
+
+
+def test_postgresql_pool_recovers_when_its_backends_are_terminated(postgres_schema: PostgresSchema) -> None:
+    """The server ends every connection (a restart, a failover, an operator): the next statements just work."""
+    name = f"a2a-gate-test-{postgres_schema.schema}"
+    location = schema_url(postgres_schema, application_name=name, pool_max_size="4")
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        gate = asyncio.Event()
+
+        async def hold() -> None:
+            async with db.transaction():
+                await db.fetchval("SELECT 1")
+                await gate.wait()
+
+        holders = [asyncio.create_task(hold()) for _ in range(4)]  # the pool grows to 4 connections
+        while await db_connections(name) < 4:
+            await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(*holders)
+        before = set(await backends(name))
+        await admin(
+            postgres_schema.url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (name,),
+        )
+        deadline = time.monotonic() + 10
+        while set(await backends(name)) & before and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for i in range(8):  # every dead connection is found and replaced, none reaches a caller
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", (f"after-{i}", i))
+        await db.check_writable()
+        async with db.transaction():
+            assert await db.fetchval("SELECT count(*) FROM t") == 8
+        assert not set(await backends(name)) & before
+
+    async def backends(app: str) -> list[int]:
+        rows = await admin(postgres_schema.url, "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app,))
+        return [r[0] for r in rows]
+
+    async def db_connections(app: str) -> int:
+        return len(await backends(app))
+
+    with_db(location, body)
+
+
+MIGRATOR = """
+import asyncio, sys, time
+from server.database import Migration, open_database
+
+async def slow(db):
+    await asyncio.sleep(0.3)  # hold the schema lock while the other process arrives
+    await db.execute("INSERT INTO applied (step) VALUES (2)")
+
+FIRST = [
+    "CREATE TABLE applied (step INTEGER NOT NULL)",
+    "CREATE TABLE things (id TEXT PRIMARY KEY, at DOUBLE PRECISION)",
+    "INSERT INTO applied (step) VALUES (1)",
+]
+STEPS = [Migration(sqlite=FIRST, postgresql=FIRST), Migration(sqlite=slow, postgresql=slow)]
+
+async def main(location, start_at):
+    db = open_database(location)
+    await db.open()
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    try:
+        print(await db.migrate("things", STEPS))
+    finally:
+        await db.close()
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+def test_two_processes_starting_at_once_on_a_fresh_store_both_start(location: str) -> None:
+    """Two replicas started together: one creates the schema, the other waits and finds it current."""
+    start_at = time.time() + 3.0  # both interpreters up and connected well before
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", MIGRATOR, location, str(start_at)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=60) for p in processes]
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err
+        assert out.split() == ["2"]
+
+    async def body(db: Database) -> None:
+        assert [r["step"] for r in await db.fetch("SELECT step FROM applied ORDER BY step")] == [1, 2]
+        assert await db.fetchval("SELECT version FROM schema_versions WHERE component = 'things'") == 2
+
+    with_db(location, body)
+
+
+def test_postgresql_restarted_is_unavailable_meanwhile_and_used_again_at_once(own_postgres: OwnPostgres) -> None:
+    """A restart cuts a transaction (nothing of it stays), fails fast while down, and the pool is back at once.
+
+    The outage outlasts one chain of reconnection attempts, whose backoff would otherwise keep
+    the pool away from the server for about as long again."""
+    from server.postgres_store import ACQUIRE_TIMEOUT, CHECK_TIMEOUT, RECONNECT_TIMEOUT
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        gate = asyncio.Event()
+
+        async def hold() -> None:
+            async with db.transaction():
+                await db.fetchval("SELECT 1")
+                await gate.wait()
+
+        holders = [asyncio.create_task(hold()) for _ in range(4)]  # the pool grows to 4 connections
+        await asyncio.sleep(0.5)
+        gate.set()
+        await asyncio.gather(*holders)
+        with pytest.raises(DatabaseUnavailable):
+            async with db.transaction():
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("cut", 1))
+                own_postgres.stop()  # the other three connections die idle in the pool
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("cut-2", 1))
+        down = time.monotonic()
+        began = time.monotonic()
+        with pytest.raises(DatabaseUnavailable):
+            await db.check_writable()
+        assert time.monotonic() - began < CHECK_TIMEOUT + 1
+        began = time.monotonic()
+        with pytest.raises(DatabaseUnavailable):
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("lost", 1))
+        assert time.monotonic() - began < ACQUIRE_TIMEOUT + 1
+        await asyncio.sleep(max(0.0, RECONNECT_TIMEOUT + 1 - (time.monotonic() - down)))
+        own_postgres.start()
+        began = time.monotonic()
+        await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("back", 1))
+        assert time.monotonic() - began < 1.5
+        for i in range(8):
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", (f"after-{i}", i))
+        await db.check_writable()
+        assert await db.fetchval("SELECT count(*) FROM t WHERE id IN ('cut', 'cut-2', 'lost')") == 0
+        assert await db.fetchval("SELECT count(*) FROM t") == 9
+
+    with_db(own_postgres.url + "?pool_max_size=4", body)
+
+
+GATE_START = """
+import asyncio, sys, time
+from gate.claims import Claims
+from gate.payment_log import PaymentLog
+from server import principals
+from server.database import open_database
+from server.tasks import TaskStore
+
+async def main(location, start_at):
+    db = open_database(location)
+    await db.open()
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    try:  # what a2a-gate serve and a2a-gate migrate do on start, in their order
+        await TaskStore(db).create_tables()
+        await principals.create_tables(db)
+        await Claims(db).create_tables()
+        await PaymentLog(db).create_tables()
+        rows = await db.fetch("SELECT component, version FROM schema_versions ORDER BY component")
+        print(" ".join(f"{r['component']}={r['version']}" for r in rows))
+    finally:
+        await db.close()
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+def test_three_replicas_creating_the_gates_tables_at_once_all_start(location: str) -> None:
+    """The real tables (tasks, keys, claims, payment log), created by three processes started together."""
+    from gate import claims, payment_log
+    from server import principals, tasks
+
+    start_at = time.time() + 3.0
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", GATE_START, location, str(start_at)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=60) for p in processes]
+    expected = {
+        "api_keys": len(principals.MIGRATIONS),
+        "claims": len(claims.MIGRATIONS),
+        "payments": len(payment_log.MIGRATIONS),
+        "tasks": len(tasks.MIGRATIONS),
+    }
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err
+        assert out.split() == [f"{name}={version}" for name, version in sorted(expected.items())]
+
+    async def body(db: Database) -> None:
+        for table in ("tasks", "api_keys", "claims", "payments"):
+            assert await db.fetchval(f"SELECT count(*) FROM {table}") == 0
+
+    with_db(location, body)
