@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -34,7 +34,6 @@ from gate.settlement import (
     with_payment_metadata,
     withheld_metadata,
 )
-from gate.shared_limiter import SharedBuckets, shared_limiters
 from server.agents import AgentRegistry
 from server.anonymous import Parts
 from server.cards import agent_url
@@ -45,6 +44,9 @@ from server.execution import Collected, Settlement
 from server.methods import Methods
 from server.metrics import Metrics
 from server.tasks import TaskStore, agent_message, set_status
+
+if TYPE_CHECKING:
+    from gate.shared_limiter import SharedBuckets  # imports redis
 
 logger = logging.getLogger("a2a_gate.gate")
 
@@ -71,6 +73,8 @@ class PaymentGate:
         self.agent_limiters: RateLimit = own_agents
         self.shared_buckets: SharedBuckets | None = None
         if settings.limiter_redis_url:  # several replicas: the buckets live in Redis
+            from gate.shared_limiter import shared_limiters  # redis is imported only when configured
+
             self.shared_buckets, self.ip_limiter, self.agent_limiters = shared_limiters(
                 settings, own_ip, own_agents, self.metrics
             )
