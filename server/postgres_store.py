@@ -11,6 +11,10 @@ transaction takes one connection from the pool and holds it in a ContextVar, wit
 task that opened it, so every statement that task issues inside, at any depth, runs on
 that connection; another task (even one started inside) takes a connection of its own.
 
+`notify`/`listen` are PostgreSQL's NOTIFY/LISTEN: one connection of its own per process
+listens (outside the pool), and comes back by itself after losing its server; what was sent
+meanwhile is lost, so listeners poll as well. Channels are per database, not per schema.
+
 What says "try again later" (refused, reset, a terminated backend, a pool with no
 connection free in time, a serialization failure or deadlock, a read-only server) raises
 `DatabaseUnavailable`; anything else (a constraint, a syntax error) is a bug and raises as is.
@@ -19,10 +23,12 @@ connection free in time, a serialization failure or deadlock, a read-only server
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import re
 import select
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from functools import lru_cache
@@ -30,6 +36,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -47,6 +54,10 @@ RECONNECT_TIMEOUT = 5.0
 SCHEMA_LOCK = 0x6132_6167_6174_65  # "a2agate"
 READ_ONLY = "25006"  # read_only_sql_transaction: a standby, or a primary demoted under us
 PATH_ELEMENT = re.compile(r"^[A-Za-z0-9_-]+$")
+LISTEN_TURN = 0.5  # seconds between looks for channels newly listened to
+LISTEN_RETRY_MAX = 10.0  # seconds at most between attempts to get the listening connection back
+
+logger = logging.getLogger("a2a_gate.database")
 
 
 @lru_cache(maxsize=1024)
@@ -125,6 +136,9 @@ class PostgresDatabase(Database):
         self.conninfo, self.min_size, self.max_size = pool_sizes(url)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         # (connection, the task whose transaction holds it)
+        self._handlers: dict[str, list[Callable[[str], None]]] = {}
+        self._listener: asyncio.Task[None] | None = None
+        self._listening: dict[str, asyncio.Event] = {}  # set once LISTEN ran for the channel
         self._held: ContextVar[tuple[psycopg.AsyncConnection[Any], asyncio.Task[Any] | None] | None] = ContextVar(
             f"postgres-transaction-{id(self)}", default=None
         )
@@ -135,13 +149,17 @@ class PostgresDatabase(Database):
             raise DatabaseUnavailable("the database is not open")
         return self._pool
 
+    def _connect_arguments(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in conninfo_to_dict(self.conninfo):
+            extra["connect_timeout"] = CONNECT_TIMEOUT
+        return extra
+
     async def open(self) -> None:
         if self._pool is not None:
             return
-        extra: dict[str, Any] = {"autocommit": True}
         try:
-            if "connect_timeout" not in conninfo_to_dict(self.conninfo):
-                extra["connect_timeout"] = CONNECT_TIMEOUT
+            extra = self._connect_arguments()
             # One direct attempt first: a refused or unknown server fails at once, with its reason.
             first = await psycopg.AsyncConnection.connect(self.conninfo, **extra)
             await first.close()
@@ -167,6 +185,11 @@ class PostgresDatabase(Database):
         self._pool = pool
 
     async def close(self) -> None:
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close(timeout=5)
@@ -271,3 +294,42 @@ class PostgresDatabase(Database):
         if self._joined() is None:
             raise RuntimeError("lock_schema() holds the lock until the transaction ends: call it inside one")
         await self.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+
+    async def notify(self, channel: str, payload: str) -> None:
+        """Delivered to every listener on this database; inside a transaction, when it commits."""
+        await self.execute("SELECT pg_notify(?, ?)", (channel, payload))
+
+    async def listen(self, channel: str, handler: Callable[[str], None]) -> bool:
+        """From when this returns (the server up), every notification on `channel` reaches `handler`."""
+        self._handlers.setdefault(channel, []).append(handler)
+        ready = self._listening.setdefault(channel, asyncio.Event())
+        if self._listener is None:
+            self._listener = asyncio.create_task(self._listen(), name="a2a-gate-listen")
+        with contextlib.suppress(TimeoutError):  # the server is away: it listens when back
+            await asyncio.wait_for(ready.wait(), CONNECT_TIMEOUT)
+        return True
+
+    async def _listen(self) -> None:
+        """Hold one connection listening on every channel asked for; reconnect when it goes."""
+        delay = 0.5
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._connect_arguments())
+                async with conn:
+                    listening: set[str] = set()
+                    delay = 0.5
+                    while True:
+                        for channel in [c for c in self._handlers if c not in listening]:
+                            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                            listening.add(channel)
+                            self._listening[channel].set()
+                        async for note in conn.notifies(timeout=LISTEN_TURN):
+                            for handler in self._handlers.get(note.channel, []):
+                                try:
+                                    handler(note.payload)
+                                except Exception:  # a listener's bug loses its notification, not the others'
+                                    logger.exception("a handler of notifications on %s failed", note.channel)
+            except psycopg.OperationalError as exc:
+                logger.warning("listening for notifications: %s; again in %.1fs", type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, LISTEN_RETRY_MAX)

@@ -124,8 +124,18 @@ def facilitator(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def paid(tmp_path: Path, facilitator: str, start_gate, write_config):
+def paid(tmp_path: Path, facilitator: str, start_gate, write_config) -> PaidSetup:
     """A gate with priced agents in front of the development facilitator."""
+    return _paid_setup(tmp_path, facilitator, start_gate, write_config)
+
+
+@pytest.fixture
+def own_paid(tmp_path: Path, facilitator: str, start_gate, write_config) -> PaidSetup:
+    """`paid`, under another name: for a test of a module whose `paid` is shared (`shared_paid`)."""
+    return _paid_setup(tmp_path, facilitator, start_gate, write_config)
+
+
+def _paid_setup(tmp_path: Path, facilitator: str, start_gate, write_config) -> PaidSetup:
     from tests.support.gate_process import free_port
     from tests.support.paid import PaidSetup, paid_config
 

@@ -15,7 +15,15 @@ import httpx
 import pytest
 
 from tests.support.gate_process import free_port
-from tests.support.paid import Payer, paid_config, send_body
+from tests.support.paid import PaidView, Payer, paid_config, send_body
+
+
+@pytest.fixture
+def paid(shared_paid: PaidView) -> PaidView:
+    """One gate for the module, each test with its own payer and counts (PaidView); the
+    reconcile command settles every owed claim of a gate, so its test has a gate of its own."""
+    return shared_paid
+
 
 VERIFY_UNAVAILABLE = {
     "code": -32603,
@@ -86,7 +94,8 @@ def test_settle_failing_then_recovering_settles_exactly_once(paid):
     assert paid.count_tasks("paid") == 1
 
 
-def test_reconcile_command_settles_owed_work_once(paid):
+def test_reconcile_command_settles_owed_work_once(own_paid):
+    paid = own_paid
     headers = Payer().header_for(paid.gate.url)
     paid.faults(settle="http500")
     task = paid.post("paid", send_body("later"), headers).json()["result"]

@@ -10,11 +10,13 @@ that is down or read-only is `DatabaseUnavailable`, and a pool whose backends di
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -535,5 +537,65 @@ def test_three_replicas_creating_the_gates_tables_at_once_all_start(location: st
     async def body(db: Database) -> None:
         for table in ("tasks", "api_keys", "claims", "payments"):
             assert await db.fetchval(f"SELECT count(*) FROM {table}") == 0
+
+    with_db(location, body)
+
+
+def test_notifications_reach_the_other_stores_listening_or_say_they_do_not(location: str) -> None:
+    """PostgreSQL delivers NOTIFY to every listening store (at commit, never from a rollback);
+    SQLite has none, says so, and its listeners poll."""
+    channel = f"a2a_gate_test_{uuid.uuid4().hex[:12]}"  # channels are per database: one per test
+
+    async def body(sender: Database) -> None:
+        receiver = open_database(location)
+        await receiver.open()
+        got: asyncio.Queue[str] = asyncio.Queue()
+        try:
+            listening = await receiver.listen(channel, got.put_nowait)
+            assert listening is (sender.dialect == "postgresql")
+            await sender.notify(channel, "task-1")
+            if not listening:
+                await asyncio.sleep(0.2)
+                assert got.empty()
+                return
+            assert await asyncio.wait_for(got.get(), 5) == "task-1"
+            with pytest.raises(RuntimeError):
+                async with sender.transaction():
+                    await sender.notify(channel, "rolled-back")
+                    raise RuntimeError
+            async with sender.transaction():
+                await sender.notify(channel, "committed")
+                await asyncio.sleep(0.2)
+                assert got.empty()  # not before the commit
+            assert await asyncio.wait_for(got.get(), 5) == "committed"
+            await asyncio.sleep(0.2)
+            assert got.empty()
+        finally:
+            await receiver.close()
+
+    with_db(location, body)
+
+
+def test_postgresql_listening_comes_back_after_its_connection_is_terminated(postgres_schema: PostgresSchema) -> None:
+    name = f"a2a-gate-listen-{postgres_schema.schema}"
+    location = schema_url(postgres_schema, application_name=name)
+    channel = f"a2a_gate_test_{uuid.uuid4().hex[:12]}"
+
+    async def body(db: Database) -> None:
+        got: asyncio.Queue[str] = asyncio.Queue()
+        assert await db.listen(channel, got.put_nowait)
+        killed = await admin(
+            postgres_schema.url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s AND query LIKE 'LISTEN%%'",
+            (name,),
+        )
+        assert killed == [(True,)]
+        deadline = time.monotonic() + 10
+        while True:  # what is sent while it reconnects is lost (listeners poll too); then it arrives again
+            await db.notify(channel, "again")
+            with contextlib.suppress(TimeoutError):
+                assert await asyncio.wait_for(got.get(), 0.5) == "again"
+                break
+            assert time.monotonic() < deadline, "the listener did not come back"
 
     with_db(location, body)

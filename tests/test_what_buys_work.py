@@ -19,7 +19,13 @@ import pytest
 from devnet.payer import encode_header, sign_payment
 from server.config import ConfigError, parse_config
 from tests.support.gate_process import free_port
-from tests.support.paid import PAY_TO, Payer, decode_header, paid_config, send_body
+from tests.support.paid import PAY_TO, PaidView, Payer, decode_header, paid_config, send_body
+
+
+@pytest.fixture
+def paid(shared_paid: PaidView) -> PaidView:
+    """One paid gate for the module; each test counts only its own payer's work (PaidView)."""
+    return shared_paid
 
 
 def price_of(gate_url: str, agent: str = "paid") -> dict:
