@@ -653,6 +653,7 @@ def postgres_row(bench: Bench, path: str, replicas: int) -> Row:
         row = bench.measure("e", key, target, spec, label, reference, also=also, probes=probes)
         row.short = "1 replica" if replicas == 1 else f"{replicas} replicas"
         row.extra = postgres_figures(row, trips.window(), activity.result, totals.window(), replicas)
+        row.extra["schema"] = schema.name
         row.extra["schema_rows"] = schema.table_rows()
     return row
 
