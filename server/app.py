@@ -154,6 +154,7 @@ async def branch(services: Services, request: Request, name: str, info: RequestI
         principal = await services.principals.identify(request.headers.get("authorization"))
     except DatabaseUnavailable as exc:
         logger.warning("the task store is unavailable: %s", exc)
+        info.set("store_unavailable")
         return error_response(None, store_unavailable())
     if principal is None:
         return await services.anonymous.handle(request, name)

@@ -31,6 +31,7 @@ OUTCOMES = frozenset(
         "payment_required",
         "rejected",
         "verify_unavailable",
+        "store_unavailable",
         "in_flight",
         "limited",
         "unauthenticated",

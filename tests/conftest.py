@@ -145,9 +145,10 @@ def _paid_setup(tmp_path: Path, facilitator: str, start_gate, write_config) -> P
     return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
 
 
-@pytest.fixture(scope="module")
-def module_paid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PaidSetup]:
-    """The `paid` setup started once for a module: a gate process start is most of a short test."""
+@pytest.fixture(scope="session")
+def session_paid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PaidSetup]:
+    """The `paid` setup started once per worker, for every module that shares it (`shared_paid`):
+    a gate process start is most of a short test."""
     from devnet.facilitator import create_facilitator_app
     from tests.support.gate_process import free_port
     from tests.support.paid import PaidSetup, paid_config
@@ -163,8 +164,8 @@ def module_paid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PaidSetup]
 
 
 @pytest.fixture
-def shared_paid(module_paid: PaidSetup) -> PaidView:
-    """The module's `paid` setup as this test sees it (PaidView): for tests of their own payer's work."""
+def shared_paid(session_paid: PaidSetup) -> PaidView:
+    """The shared `paid` setup as this test sees it (PaidView): for tests of their own payer's work."""
     from tests.support.paid import PaidView
 
-    return PaidView.since_now(module_paid)
+    return PaidView.since_now(session_paid)

@@ -527,7 +527,7 @@ def test_no_extended_card(gate: Gate) -> None:
 
 @pytest.fixture
 def paid(shared_paid: PaidView) -> PaidView:
-    """One paid gate for the module's anonymous tests; each pays with payers of its own."""
+    """The shared paid gate, for the anonymous tests; each pays with payers of its own (PaidView)."""
     return shared_paid
 
 

@@ -16,7 +16,7 @@ from tests.support.paid import PaidView, Payer, send_body
 
 @pytest.fixture
 def paid(shared_paid: PaidView) -> PaidView:
-    """One gate and facilitator for the module; each test counts only its own payer's work."""
+    """The shared paid gate and facilitator; each test counts only its own payer's work (PaidView)."""
     return shared_paid
 
 

@@ -20,7 +20,7 @@ from tests.support.paid import PaidView, Payer, paid_config, send_body
 
 @pytest.fixture
 def paid(shared_paid: PaidView) -> PaidView:
-    """One gate for the module, each test with its own payer and counts (PaidView); the
+    """The shared paid gate, each test with its own payer and counts (PaidView); the
     reconcile command settles every owed claim of a gate, so its test has a gate of its own."""
     return shared_paid
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ from tests.support.gate_helpers import artifact_texts, sse_events
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.nginx import nginx_in_front
 from tests.support.paid import Payer, paid_config, send_body
-from tests.support.services import PostgresSchema, RedisService
+from tests.support.services import OwnPostgres, PostgresSchema, RedisService
 
 LEASE = 1.5  # short leases: a dead replica's claims are found within seconds
 
@@ -206,3 +207,49 @@ def _swallow(call: Callable[[], Any]) -> None:
         call()
     except Exception:  # noqa: BLE001 -- the call dies with its replica; only the state after counts
         pass
+
+
+def test_postgresql_restarted_mid_run_answers_retryably_and_loses_nothing(
+    tmp_path: Path, facilitator: str, own_postgres: OwnPostgres, redis_service: RedisService
+) -> None:
+    """While PostgreSQL is down: `/readyz` 503, an anonymous send the retryable -32603 (nothing
+    runs without a claim: no verify, no execution), a key's send the same; back up, the same
+    replica serves and settles again, and what was stored before is all there."""
+    port = free_port()
+    config = tmp_path / "gate.toml"
+    public = f"http://127.0.0.1:{port}"
+    config.write_text(
+        replica_config(public, facilitator, own_postgres.url, redis_service, 100000)
+        + f'\n[[keys]]\nname = "ops"\nsha256 = "{hashlib.sha256(b"a2g_ops").hexdigest()}"\nagents = ["*"]\n'
+    )
+    key = base64.urlsafe_b64encode(os.urandom(32)).decode()
+    gate = GateProcess(config, tmp_path / "gate.log", port=port, env={"A2A_GATE_SEALING_KEY": key}).start()
+    ops = {"Authorization": "Bearer a2g_ops"}
+    ledger = lambda: httpx.get(f"{facilitator}/dev/ledger", timeout=10).json()  # noqa: E731
+    try:
+        first = Payer().header_for(public)
+        before = httpx.post(f"{public}/a2a/paid", json=send_body("before"), headers=first, timeout=30).json()
+        assert before["result"]["status"]["state"] == "completed"
+        verifies = ledger()["verify_calls"]
+
+        own_postgres.stop()
+        assert httpx.get(f"{public}/readyz", timeout=10).status_code == 503
+        second = Payer().header_for(public)  # the 402 needs no database
+        down = httpx.post(f"{public}/a2a/paid", json=send_body("down"), headers=second, timeout=30).json()
+        assert down["error"]["code"] == -32603
+        assert down["error"]["data"] == {"code": "store_unavailable", "retryable": True}
+        assert ledger()["verify_calls"] == verifies  # refused before verify: nothing runs without a claim
+        free = httpx.post(f"{public}/a2a/echo", json=send_body("down"), headers=ops, timeout=30).json()
+        assert free["error"]["data"] == {"code": "store_unavailable", "retryable": True}
+
+        own_postgres.start()
+        wait_for(lambda: httpx.get(f"{public}/readyz", timeout=10).status_code == 200)
+        again = httpx.post(f"{public}/a2a/paid", json=send_body("down"), headers=second, timeout=30).json()
+        assert again["result"]["status"]["state"] == "completed"  # the same token, now served
+        assert again["result"]["metadata"]["x402.payment.status"] == "payment-completed"
+        assert len(ledger()["settlements"]) == 2
+        get = {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": before["result"]["id"]}}
+        kept = httpx.post(f"{public}/a2a/paid", json=get, headers=first, timeout=30).json()
+        assert kept["result"]["metadata"]["x402.payment.status"] == "payment-completed"
+    finally:
+        gate.stop()

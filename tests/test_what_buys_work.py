@@ -24,7 +24,7 @@ from tests.support.paid import PAY_TO, PaidView, Payer, decode_header, paid_conf
 
 @pytest.fixture
 def paid(shared_paid: PaidView) -> PaidView:
-    """One paid gate for the module; each test counts only its own payer's work (PaidView)."""
+    """The shared paid gate; each test counts only its own payer's work (PaidView)."""
     return shared_paid
 
 

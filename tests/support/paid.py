@@ -204,7 +204,7 @@ class PaidSetup:
 
 @dataclass
 class PaidView(PaidSetup):
-    """A setup shared by a module's tests, as one test sees it: only what happened since it began.
+    """A setup shared by many tests, as one test sees it: only what happened since it began.
 
     The facilitator's counts and settlements, the payment log and the tasks are all cut at the
     moment the view was taken, so a test's "exactly one settlement" still means its own one.
