@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--postgres",
         default=defaults.postgres_url,
-        help="case e: PostgreSQL URL; each configuration makes a schema there and drops it "
+        help="case e: PostgreSQL URL; each configuration makes a schema there and drops it; the gate's "
+        "pool parameters pass through (?pool_max_size=20) "
         "(default: $A2A_GATE_TEST_POSTGRES_URL or postgresql://postgres@127.0.0.1:5432/test)",
     )
     parser.add_argument(

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import psutil
 
@@ -42,17 +42,24 @@ def unreachable(url: str) -> str:
     except ImportError:
         return "psycopg is not installed"
     try:
-        with psycopg.connect(url, connect_timeout=3, autocommit=True) as conn:
+        with psycopg.connect(libpq(url), connect_timeout=3, autocommit=True) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         return f"PostgreSQL is not answering ({type(exc).__name__})"
     return ""
 
 
+def libpq(url: str) -> str:
+    """The URL without the gate's own pool parameters (``pool_max_size=20``), which libpq refuses."""
+    parts = urlsplit(url)
+    kept = [pair for pair in parts.query.split("&") if pair and not pair.startswith("pool_")]
+    return urlunsplit(parts._replace(query="&".join(kept)))
+
+
 def connect(url: str) -> Any:
     import psycopg
 
-    return psycopg.connect(url, autocommit=True, connect_timeout=5)
+    return psycopg.connect(libpq(url), autocommit=True, connect_timeout=5)
 
 
 class Schema:
@@ -65,12 +72,19 @@ class Schema:
 
     @property
     def gate_url(self) -> str:
-        """The gate's `database`: this schema first on the search path, its connections named."""
-        joiner = "&" if "?" in self.url else "?"
-        return (
-            f"{self.url}{joiner}options={quote(f'-csearch_path={self.name}', safe='')}"
-            f"&application_name={self.application}"
-        )
+        """The gate's `database`: this schema first on the search path, its connections named.
+        `options` already in the URL (``-csynchronous_commit%3Doff``) are kept after the schema's."""
+        parts = urlsplit(self.url)
+        options = [f"-csearch_path={self.name}"]
+        query = []
+        for pair in parts.query.split("&") if parts.query else []:
+            name, _, value = pair.partition("=")
+            if name == "options":
+                options.append(unquote(value))
+            elif name != "application_name":
+                query.append(pair)
+        query += [f"options={quote(' '.join(options), safe='')}", f"application_name={self.application}"]
+        return urlunsplit(parts._replace(query="&".join(query)))
 
     def __enter__(self) -> Schema:
         with connect(self.url) as conn:
