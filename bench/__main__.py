@@ -216,7 +216,8 @@ def postgres_section(bench: Bench, statements: int = 6) -> list[str]:
         out.append(
             f"  {row.key}: {x['round_trips_per_request']:.1f} round trips "
             f"({x['statements_per_request']:.1f} statements, "
-            f"{x['other_round_trips_per_request']:.1f} BEGIN/COMMIT/other), {x['ms_per_round_trip']:.2f} ms each; "
+            f"{x['other_round_trips_per_request']:.1f} BEGIN/COMMIT/other), {x['ms_per_round_trip']:.2f} ms each "
+            f"(of which PostgreSQL busy {x['server_ms_per_round_trip']:.2f}); "
             f"{x['checkouts_per_request']:.1f} pool checkouts, waited {x['pool_wait_ms_per_checkout']:.2f} ms, "
             f"held {x['held_ms_per_checkout']:.2f} ms each; Redis {x['redis_commands_per_request']:.1f} commands"
         )

@@ -642,7 +642,8 @@ def postgres_row(bench: Bench, path: str, replicas: int) -> Row:
         trips = postgres.RoundTrips([(g.process.pid, stats) for g, stats in zip(gates, counted, strict=True)])
         activity = postgres.Activity(p.postgres_url, schema.application)
         totals = postgres.ServerTotals(p.postgres_url)
-        also = [postgres.Backends(p.postgres_url, schema.application), redis]
+        backends = postgres.Backends(p.postgres_url, schema.application)
+        also = [backends, postgres.ServerRest(backends), postgres.Sampler(), redis]
         also += [front] if front else []
         also += [facilitator] if facilitator else []
         sqlite = SQLITE_ROW[path]
@@ -672,6 +673,12 @@ def postgres_figures(
         "statements_per_request": executed / n,
         "other_round_trips_per_request": (trips["round_trips"] - executed) / n,  # BEGIN, COMMIT, ROLLBACK, probes
         "ms_per_round_trip": trips["round_trip_seconds"] / trips["round_trips"] * 1000 if trips["round_trips"] else 0,
+        # Little's law on the sampled backends: of each round trip, the time a backend was busy with it
+        "server_ms_per_round_trip": (
+            activity.active / (trips["round_trips"] / row.result.seconds) * 1000
+            if trips["round_trips"] and row.result.seconds
+            else 0.0
+        ),
         "pool_wait_ms_per_checkout": (
             trips["checkout_seconds"] / trips["checkouts"] * 1000 if trips["checkouts"] else 0.0
         ),

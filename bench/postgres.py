@@ -138,6 +138,39 @@ class Backends:
         return total
 
 
+class ServerRest:
+    """Every other process of the PostgreSQL server on this machine (WAL writer, checkpointer,
+    autovacuum, other clients' backends), measured as one: where the rest of its CPU goes."""
+
+    label = "PostgreSQL's other processes"
+
+    def __init__(self, backends: Backends) -> None:
+        self.backends = backends
+        self.user = next(
+            (p.info["username"] for p in psutil.process_iter(["name", "username"]) if p.info["name"] == "postgres"),
+            None,
+        )
+
+    def cpu_seconds(self) -> float:
+        ours = set(self.backends.pids())
+        total = 0.0
+        for proc in psutil.process_iter(["name", "username", "cpu_times"]):
+            if proc.info["name"] == "postgres" and proc.info["username"] == self.user and proc.pid not in ours:
+                times = proc.info["cpu_times"]
+                total += times.user + times.system if times else 0.0
+        return total
+
+
+class Sampler:
+    """This process (the benchmark's parent: the samplers' queries), measured like a server."""
+
+    label = "bench sampling"
+
+    def cpu_seconds(self) -> float:
+        times = psutil.Process().cpu_times()
+        return times.user + times.system
+
+
 def where(url: str) -> str:
     """host:port of a URL, without any password in it."""
     parts = urlsplit(url)
