@@ -222,7 +222,8 @@ def postgres_section(bench: Bench, statements: int = 6) -> list[str]:
             f"held {x['held_ms_per_checkout']:.2f} ms each; Redis {x['redis_commands_per_request']:.1f} commands"
         )
         out.append(
-            f"      server-wide: {x['server_transactions_per_request']:.1f} transactions per request, "
+            f"      server-wide (statistics PostgreSQL publishes about once a second: approximate): "
+            f"{x['server_transactions_per_request']:.1f} transactions per request, "
             f"{x['server_wal_flushes_per_second']:,.0f} WAL flushes/s, "
             f"{x['server_transactions_per_wal_flush']:.1f} transactions per flush"
         )
