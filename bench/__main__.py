@@ -1,10 +1,11 @@
 """`python -m bench`: run the cases and print one table.
 
-    python -m bench                      # the short run (about a minute)
+    python -m bench                      # the short run (about two minutes)
     python -m bench --long               # durations ×5, 1,000,000 addresses in case d
     python -m bench --cases a,b --duration 10 --concurrency 64
     python -m bench --json results.json  # also write the numbers as JSON
     python -m bench --gate-src ../other-checkout   # benchmark another tree's server/ and gate/
+    python -m bench --cases e --postgres postgresql://postgres@127.0.0.1:5432/test --redis redis://127.0.0.1:6379/0
 
 Every server runs in its own process on a free 127.0.0.1 port and is stopped on exit,
 on Ctrl-C and on errors. The load generator runs in a separate process too.
@@ -34,7 +35,7 @@ NOISY = 0.15  # other processes using this much of a core during a window distur
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = Params()
     parser = argparse.ArgumentParser(prog="python -m bench", description="Compare a2a-gate with reference servers.")
-    parser.add_argument("--cases", default="a,b,c,d", help="which cases to run (default: a,b,c,d)")
+    parser.add_argument("--cases", default="a,b,c,d,e", help="which cases to run (default: a,b,c,d,e)")
     parser.add_argument("--duration", type=float, default=defaults.duration, help="measured seconds per server")
     parser.add_argument("--warmup", type=float, default=defaults.warmup, help="warm-up seconds per server")
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="closed-loop workers")
@@ -57,6 +58,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=servers.REPO,
         help="run a2a-gate from this tree (its server/ and gate/), e.g. a patched copy",
     )
+    parser.add_argument(
+        "--postgres",
+        default=defaults.postgres_url,
+        help="case e: PostgreSQL URL; each configuration makes a schema there and drops it "
+        "(default: $A2A_GATE_TEST_POSTGRES_URL or postgresql://postgres@127.0.0.1:5432/test)",
+    )
+    parser.add_argument(
+        "--redis",
+        default=defaults.redis_url,
+        help="case e: Redis URL for the replicas' limiters (default: $A2A_GATE_TEST_REDIS_URL or redis://127.0.0.1:6379/0)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs, databases)")
     return parser.parse_args(argv)
@@ -72,6 +84,8 @@ def params_from(args: argparse.Namespace) -> Params:
         addresses=args.addresses if args.addresses is not None else (1_000_000 if args.long else defaults.addresses),
         paid_tokens=args.paid_tokens if args.paid_tokens is not None else defaults.paid_tokens * factor,
         gate_src=args.gate_src.resolve(),
+        postgres_url=args.postgres,
+        redis_url=args.redis,
     )
 
 
@@ -94,7 +108,7 @@ def machine() -> str:
 def fmt_ratio(bench: Bench, key: str) -> str:
     row = bench.rows[key]
     parts = [
-        f"{bench.ratio(key, ref):.2f}× {bench.rows[ref].server.split(' ')[0]}"
+        f"{bench.ratio(key, ref):.2f}× {bench.rows[ref].short or bench.rows[ref].server.split(' ')[0]}"
         for ref in row.reference
         if ref in bench.rows
     ]
@@ -152,6 +166,7 @@ def table(bench: Bench, params: Params) -> str:
             f"RSS before {m.rss_before / MIB:.1f} MiB, after {m.rss_after / MIB:.1f} MiB, "
             f"growth {m.growth / MIB:+.1f} MiB, peak {m.peak_rss / MIB:.1f} MiB"
         )
+    out += postgres_section(bench)
     notes = [f"{row.server}: {row.note}" for row in bench.rows.values() if row.note]
     for row in bench.rows.values():
         if row.result.exhausted:
@@ -180,6 +195,48 @@ def table(bench: Bench, params: Params) -> str:
             measured = f"{t.measured:.1f} MiB" if t.unit == "MiB" else f"{t.measured:.2f}×"
             out.append(f"  [{'met' if t.met else 'MISSED':>6}]  {t.case}  {t.text}: measured {measured}")
     return "\n".join(out)
+
+
+def postgres_section(bench: Bench, statements: int = 6) -> list[str]:
+    """Case e's figures besides the load: round trips, pool waits, Redis, backends, statements."""
+    rows = [row for row in bench.rows.values() if row.extra.get("replicas")]
+    if not rows:
+        return []
+    out = [
+        "",
+        "PostgreSQL (case e), per answered request; round trips counted inside each replica (bench/roundtrips.py),",
+        "backends sampled every 50 ms in pg_stat_activity and pg_locks (busy = running a statement; waits in the mean",
+        "number of busy backends; lock waits = ungranted locks):",
+    ]
+    for row in rows:
+        x, a = row.extra, row.extra["activity"]
+        waits = ", ".join(f"{k} {v:.2f}" for k, v in list(a["waiting"].items())[:4]) or "none"
+        cpu = ", ".join(f"{name} {used:.0%}" for name, used in row.also_cpu.items())
+        out.append(
+            f"  {row.key}: {x['round_trips_per_request']:.1f} round trips "
+            f"({x['statements_per_request']:.1f} statements, "
+            f"{x['other_round_trips_per_request']:.1f} BEGIN/COMMIT/other), {x['ms_per_round_trip']:.2f} ms each; "
+            f"{x['checkouts_per_request']:.1f} pool checkouts, waited {x['pool_wait_ms_per_checkout']:.2f} ms, "
+            f"held {x['held_ms_per_checkout']:.2f} ms each; Redis {x['redis_commands_per_request']:.1f} commands"
+        )
+        out.append(
+            f"      server-wide: {x['server_transactions_per_request']:.1f} transactions per request, "
+            f"{x['server_wal_flushes_per_second']:,.0f} WAL flushes/s, "
+            f"{x['server_transactions_per_wal_flush']:.1f} transactions per flush"
+        )
+        out.append(
+            f"      backends open {a['backends']:.1f}, busy {a['active']:.2f} ({waits}); "
+            f"lock waits {a['lock_waits']:.2f} (max {a['max_lock_waits']}) in {a['samples']} samples; "
+            f"CPU: server {row.server_cpu:.0%}, {cpu}, load generator {row.result.client_cpu:.0%}, "
+            f"others {row.other_cpu:.0%}"
+        )
+        for query, samples in a["lock_waiters"].items():
+            out.append(f"      waited on a lock in {samples} samples: {query}")
+        for entry in x["statements"][:statements]:
+            sql = " ".join(entry["sql"].split())
+            sql = sql if len(sql) <= 90 else sql[:87] + "..."
+            out.append(f"      {entry['per_request']:4.2f}× {entry['ms_each']:6.2f} ms  {sql}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

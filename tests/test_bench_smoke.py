@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.services import missing, postgres_url, redis_url, where
+
 pytest.importorskip("fastapi", reason="the benchmark needs its extras: pip install -e '.[bench]'")
 pytest.importorskip("psutil", reason="the benchmark needs its extras: pip install -e '.[bench]'")
 pytest.importorskip("a2a.server.routes", reason="the benchmark needs its extras: pip install -e '.[bench]'")
@@ -33,15 +35,23 @@ ROWS = {
         "gate-paid-real": "real-crypto facilitator",
     },
     "d": {},
+    "e": {
+        "pg-free-r1": "a2a-gate on PostgreSQL, API key, one replica",
+        "pg-free-r2": "a2a-gate on PostgreSQL, API key, 2 replicas behind nginx",
+        "pg-paid-r1": "a2a-gate on PostgreSQL, paid, one replica",
+        "pg-paid-r2": "a2a-gate on PostgreSQL, paid, 2 replicas behind nginx",
+    },
 }
 ADDRESSES = 1000
 # Seconds measured per server: on a busy machine the real-crypto facilitator needs seconds to answer a few.
-DURATION = {"a": "0.5", "b": "0.5", "c": "3", "d": "0.5"}
+DURATION = {"a": "0.5", "b": "0.5", "c": "3", "d": "0.5", "e": "0.5"}
 
 
 @pytest.mark.parametrize("case", sorted(ROWS))
 def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     """One case per test, so a parallel run spreads the servers they start over its workers."""
+    if case == "e":
+        postgres_or_skip()
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [
@@ -62,6 +72,10 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
             "40",
             "--json",
             str(out),
+            "--postgres",
+            postgres_url(),
+            "--redis",
+            redis_url(),
         ],
         cwd=REPO,
         capture_output=True,
@@ -90,7 +104,40 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
         assert sum(int(n) for n in memory["statuses"].values()) >= ADDRESSES * 0.95
         assert "limiter" in table and "RSS before" in table
 
+    if case == "e":
+        assert_postgres_figures(document, table)
+        return
+
     # one target per comparison the issue names, each with a measured number
     assert {t["case"] for t in document["targets"]} == {case}
     assert all(t["measured"] != 0 for t in document["targets"] if t["case"] != "d")
     assert "targets:" in table
+
+
+def postgres_or_skip() -> None:
+    import psycopg
+
+    try:
+        psycopg.connect(postgres_url(), connect_timeout=3).close()
+    except psycopg.Error as exc:
+        missing(f"PostgreSQL at {where(postgres_url())} is not answering ({type(exc).__name__})")
+
+
+def assert_postgres_figures(document: dict, table: str) -> None:
+    """Case e: round trips counted in the replicas, the statements behind them, each schema dropped."""
+    import psycopg
+
+    assert "round trips" in table and "lock waits" in table
+    for key, row in document["rows"].items():
+        extra = row["extra"]
+        assert extra["replicas"] == (2 if key.endswith("r2") else 1)
+        # the free path stores its task (insert, update); the paid path claims, logs and settles too
+        assert extra["round_trips_per_request"] >= (1.5 if "free" in key else 8), (key, extra)
+        assert extra["statements"] and all(s["per_request"] > 0 for s in extra["statements"])
+        assert extra["schema_rows"]["tasks"] > 0, extra["schema_rows"]
+        if "paid" in key:
+            assert extra["schema_rows"]["claims"] > 0 and row["also_cpu"]["facilitator (trusting)"] >= 0
+    schemas = [row["extra"]["schema"] for row in document["rows"].values()]
+    with psycopg.connect(postgres_url(), autocommit=True) as conn:
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (schemas,)).fetchall()
+    assert left == [], "case e left its schemas behind"

@@ -1,0 +1,132 @@
+"""`a2a-gate serve` with its PostgreSQL round trips counted: the benchmark's wrapper, never the product's.
+
+    python bench/roundtrips.py STATS_FILE serve --config ... --port ...
+
+Runs `gate.cli` in this process (from the working directory's tree, as `python -m gate.cli`
+would) after wrapping three psycopg 3 calls:
+
+- `AsyncConnection.wait`: every operation that goes to the server and waits for its answer
+  (a statement, BEGIN, COMMIT, ROLLBACK, the store's liveness probe): one round trip each.
+  psycopg's one-off PREPARE, sent before a statement's sixth use on a connection, rides
+  inside the same wait and is not counted (once per statement and connection);
+- `AsyncCursor.execute`: the statements among them, by SQL text, with the time from the
+  call to its answer as the gate's event loop sees it (the server's work, the network, and
+  the wait for this process's own turn on a busy CPU);
+- `AsyncConnectionPool.getconn` and `putconn`: how long a request waits for a pooled
+  connection, and how long it holds one (its round trips, and its turns on the event loop
+  in between);
+- `redis.asyncio.Redis.execute_command`: the commands the shared limiters send to Redis.
+
+On SIGUSR1 the counters are written to STATS_FILE (a JSON document with a `seq` that goes
+up by one each time, written whole then renamed), so the benchmark can read them as its
+measured window opens and closes. The counting costs a few microseconds a call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+class Counters:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seq = 0
+        self.round_trips = 0
+        self.round_trip_seconds = 0.0
+        self.checkouts = 0
+        self.checkout_seconds = 0.0
+        self.held_seconds = 0.0
+        self.redis_commands = 0
+        self.statements: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # sql: [count, seconds]
+
+    def dump(self, *_: Any) -> None:
+        self.seq += 1
+        document = {
+            "seq": self.seq,
+            "pid": os.getpid(),
+            "round_trips": self.round_trips,
+            "round_trip_seconds": self.round_trip_seconds,
+            "checkouts": self.checkouts,
+            "checkout_seconds": self.checkout_seconds,
+            "held_seconds": self.held_seconds,
+            "redis_commands": self.redis_commands,
+            "statements": {sql: {"count": c, "seconds": s} for sql, (c, s) in self.statements.items()},
+        }
+        partial = self.path.with_suffix(".part")
+        partial.write_text(json.dumps(document))
+        partial.replace(self.path)
+
+
+def install(counters: Counters) -> None:
+    import psycopg
+    import redis.asyncio
+    from psycopg_pool import AsyncConnectionPool
+
+    wait, execute = psycopg.AsyncConnection.wait, psycopg.AsyncCursor.execute
+    getconn, putconn = AsyncConnectionPool.getconn, AsyncConnectionPool.putconn
+    command = redis.asyncio.Redis.execute_command
+    taken: dict[int, float] = {}  # id(connection): when it left the pool
+
+    async def counted_wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await wait(self, gen, *args, **kwargs)
+        finally:
+            counters.round_trips += 1
+            counters.round_trip_seconds += time.perf_counter() - started
+
+    async def timed_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await execute(self, query, *args, **kwargs)
+        finally:
+            entry = counters.statements[query if isinstance(query, str) else repr(query)]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - started
+
+    async def timed_getconn(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        conn = await getconn(self, *args, **kwargs)
+        now = time.perf_counter()
+        counters.checkouts += 1
+        counters.checkout_seconds += now - started
+        taken[id(conn)] = now
+        return conn
+
+    async def timed_putconn(self: Any, conn: Any) -> None:
+        since = taken.pop(id(conn), None)
+        if since is not None:
+            counters.held_seconds += time.perf_counter() - since
+        await putconn(self, conn)
+
+    async def counted_command(self: Any, *args: Any, **options: Any) -> Any:
+        counters.redis_commands += 1
+        return await command(self, *args, **options)
+
+    psycopg.AsyncConnection.wait = counted_wait  # type: ignore[method-assign]
+    psycopg.AsyncCursor.execute = timed_execute  # type: ignore[method-assign]
+    AsyncConnectionPool.getconn = timed_getconn  # type: ignore[method-assign]
+    AsyncConnectionPool.putconn = timed_putconn  # type: ignore[method-assign]
+    redis.asyncio.Redis.execute_command = counted_command  # type: ignore[method-assign]
+
+
+def main() -> int:
+    counters = Counters(Path(sys.argv[1]))
+    install(counters)
+    signal.signal(signal.SIGUSR1, counters.dump)
+    # the tree being benchmarked first, as `python -m gate.cli` would find it (not this script's folder)
+    sys.path[0] = os.getcwd()
+    from gate.cli import main as gate_main
+
+    return gate_main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
