@@ -123,6 +123,11 @@ class PaymentGate:
         return in_band.scrub(message)
 
     @staticmethod
+    def agent_view(message: dict[str, Any]) -> dict[str, Any]:
+        """Handed to the server: an agent sees no payment metadata, on any path."""
+        return in_band.agent_view(message)
+
+    @staticmethod
     def card_extensions(agent: AgentConfig, public_url: str) -> list[dict[str, Any]]:
         """Handed to the server's card: the x402 extensions a priced agent accepts."""
         return in_band.card_extensions(agent.price, agent_url(public_url, agent.name))
