@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gate.sealing import SealingKeyMissing, load_key
 from server.config import ConfigError, Settings, default_settings, is_database_url, load_config
 
 if TYPE_CHECKING:
@@ -81,14 +82,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     database = args.database or settings.database
-    if is_database_url(database):  # replicas: each needs the key they all share, before it starts
-        from gate.sealing import SealingKeyMissing, load_key
-
-        try:
-            load_key(database)
-        except SealingKeyMissing as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    if is_database_url(database):
+        load_key(database)  # replicas: each needs the key they all share, checked before it starts
     overrides: dict[str, Any] = {}
     if args.trusted_proxy:
         overrides["trusted_proxies"] = args.trusted_proxy
@@ -439,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
+        return 2
+    except SealingKeyMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

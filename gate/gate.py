@@ -8,6 +8,7 @@ reconciler, which settles delivered-but-unsettled work exactly once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,6 @@ class PaymentGate:
         self.facilitator = FacilitatorClient(settings.facilitator, self.metrics)
         self.claims = Claims(db, settings.claim_lease_seconds)
         self.log = PaymentLog(db)
-        self.sealer = Sealer(load_key(settings.database))
         self.chain = Chain(settings.networks)
         self.settler = Settler(
             self.facilitator,
@@ -96,6 +96,11 @@ class PaymentGate:
         self.background: list[asyncio.Task[None]] = []
         self.ready: tuple[float, str] = (0.0, "")
         metrics.before_scrape.append(lambda: self.metrics.read_state(self.claims))
+
+    @functools.cached_property
+    def sealer(self) -> Sealer:
+        """Loaded at the first seal or unseal: `a2a-gate migrate` needs no key."""
+        return Sealer(load_key(self.settings.database))
 
     @classmethod
     def from_parts(cls, parts: Parts) -> PaymentGate:
@@ -116,6 +121,11 @@ class PaymentGate:
     def scrub_message(message: dict[str, Any]) -> dict[str, Any]:
         """Handed to the server: a message keeps no signed payment material, on any path."""
         return in_band.scrub(message)
+
+    @staticmethod
+    def agent_view(message: dict[str, Any]) -> dict[str, Any]:
+        """Handed to the server: an agent sees no payment metadata, on any path."""
+        return in_band.agent_view(message)
 
     @staticmethod
     def card_extensions(agent: AgentConfig, public_url: str) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ EXTENSION_V01_CLIENT = "https://github.com/google-a2a/a2a-x402/v0.1"  # what pub
 EXTENSION_URIS = (EXTENSION_V02, EXTENSION_V01, EXTENSION_V01_CLIENT)
 ACTIVATION_HEADERS = ("A2A-Extensions", "X-A2A-Extensions")
 
+PREFIX = "x402."  # every a2a-x402 metadata key
 REQUIRED = "x402.payment.required"
 KEPT_KEYS = frozenset({STATUS})  # what a client's message may keep of the x402 keys
 
@@ -80,18 +82,23 @@ def echo(active: Activation | None) -> dict[str, str]:
 
 def scrub(message: dict[str, Any]) -> dict[str, Any]:
     """The message without signed material: of the x402 keys only the payment status stays."""
+    return _without_metadata(message, lambda key: key.startswith(PREFIX) and key not in KEPT_KEYS)
+
+
+def agent_view(message: dict[str, Any]) -> dict[str, Any]:
+    """The message as an agent sees it: no payment metadata at all (the agent's work is the same paid or not)."""
+    return _without_metadata(message, lambda key: key.startswith(PREFIX))
+
+
+def _without_metadata(message: dict[str, Any], dropped: Callable[[str], bool]) -> dict[str, Any]:
     metadata = message.get("metadata")
-    if not isinstance(metadata, dict) or not any(_dropped(k) for k in metadata):
+    if not isinstance(metadata, dict) or not any(isinstance(k, str) and dropped(k) for k in metadata):
         return message
-    kept = {k: v for k, v in metadata.items() if not _dropped(k)}
+    kept = {k: v for k, v in metadata.items() if not (isinstance(k, str) and dropped(k))}
     out = {k: v for k, v in message.items() if k != "metadata"}
     if kept:
         out["metadata"] = kept
     return out
-
-
-def _dropped(key: Any) -> bool:
-    return isinstance(key, str) and key.startswith("x402.") and key not in KEPT_KEYS
 
 
 def card_extensions(price: Price | None, url: str) -> list[dict[str, Any]]:

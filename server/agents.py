@@ -15,8 +15,6 @@ from typing import Any, Protocol
 
 from server.config import AgentConfig
 
-PAYMENT_METADATA_PREFIX = "x402."
-
 
 @dataclass(frozen=True)
 class AgentRequest:
@@ -51,18 +49,6 @@ class Backend(Protocol):
     async def run(self, request: AgentRequest) -> AgentReply: ...
 
     async def aclose(self) -> None: ...
-
-
-def for_agent(message: dict[str, Any]) -> dict[str, Any]:
-    """The message as a backend may see it: payment metadata removed."""
-    metadata = message.get("metadata")
-    if not metadata:
-        return message
-    clean = {k: v for k, v in metadata.items() if not k.startswith(PAYMENT_METADATA_PREFIX)}
-    out = {k: v for k, v in message.items() if k != "metadata"}
-    if clean:
-        out["metadata"] = clean
-    return out
 
 
 class EchoBackend:

@@ -46,6 +46,9 @@ class AnonymousPath(Protocol):
     def scrub_message(self, message: dict[str, Any]) -> dict[str, Any]:
         """A message as it may be stored, run and echoed (on every path, principals' too)."""
 
+    def agent_view(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A stored message as an agent sees it (on every path, principals' too)."""
+
     def card_extensions(self, agent: AgentConfig, public_url: str) -> list[dict[str, Any]]:
         """Extensions the agent's card declares for this path."""
 
@@ -83,6 +86,9 @@ class KeysOnly:
         return not_authenticated()
 
     def scrub_message(self, message: dict[str, Any]) -> dict[str, Any]:
+        return message
+
+    def agent_view(self, message: dict[str, Any]) -> dict[str, Any]:
         return message
 
     def card_extensions(self, agent: AgentConfig, public_url: str) -> list[dict[str, Any]]:

@@ -71,6 +71,7 @@ class Services:
             Parts(settings, self.db, self.store, self.agents, self.runner, self.methods, self.metrics)
         )
         self.methods.scrub = self.anonymous.scrub_message  # what the anonymous path says may not stay in a message
+        self.runner.agent_view = self.anonymous.agent_view  # ... and what an agent may not see of one
         self.started_at = time.time()  # cards come from the configuration read now
         self.background: list[asyncio.Task[None]] = []
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.agents import AgentRegistry, AgentReply, AgentRequest, for_agent
+from server.agents import AgentRegistry, AgentReply, AgentRequest
 from server.database import commit_until_stored
 from server.dialects import INTERRUPTED_STATES
 from server.tasks import TaskStore, agent_message, new_id, set_status
@@ -129,6 +129,9 @@ class Runner:
         self.store = store
         self.agents = agents
         self.live: dict[str, Execution] = {}
+        # What an agent may see of a stored message: the anonymous path removes its own
+        # vocabulary here (the payment gate: every x402 key), so an agent's work never varies with it.
+        self.agent_view: Callable[[dict[str, Any]], dict[str, Any]] = lambda message: message
         self.cancels_seen: set[str] = set()  # cancel requests from other processes, acted on once
         self.cancelling: set[asyncio.Task[str | None]] = set()
 
@@ -246,8 +249,8 @@ class Runner:
     async def _call_backend(self, execution: Execution, message: dict[str, Any]) -> AgentReply:
         task = execution.task
         request = AgentRequest(
-            message=for_agent(message),
-            history=[for_agent(m) for m in task.get("history", [])],
+            message=self.agent_view(message),
+            history=[self.agent_view(m) for m in task.get("history", [])],
             task_id=task["id"],
             context_id=task["contextId"],
             # a new task (one message) has no backend memory yet; a continued one may

@@ -41,11 +41,16 @@ class SQLiteDatabase(Database):
         if self._db is not None:
             return
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
-        self._db = sqlite_utils.Database(conn)
-        if self.path != ":memory:":
-            self._db.enable_wal()
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=10000")
+        try:
+            db = sqlite_utils.Database(conn)
+            if self.path != ":memory:":
+                db.enable_wal()  # needs the file to itself for a moment: busy while others start too
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=10000")
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            raise DatabaseUnavailable(f"sqlite: {exc}") from exc
+        self._db = db
 
     async def close(self) -> None:
         if self._db is not None:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.support.gate_helpers import create_key
 from tests.support.gate_process import free_port
-from tests.support.paid import Payer, paid_config, send_body
+from tests.support.paid import PaidView, Payer, paid_config, send_body
 
 EXTENSION = "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2"
+
+
+@pytest.fixture
+def paid(shared_paid: PaidView) -> PaidView:
+    """The shared paid gate; each test counts only its own payer's work (PaidView)."""
+    return shared_paid
 
 
 def test_in_band_payment_required_then_paid_with_the_same_task(paid):
@@ -104,7 +111,7 @@ def test_trusted_proxy_forwarded_address_is_the_limiter_key(tmp_path, facilitato
 
 
 def test_principal_on_a_priced_agent_never_touches_the_payment_path(paid, tmp_path):
-    key = create_key(paid.gate.config, "ops", ["paid"])
+    key = create_key(paid.gate.config, "edges-ops", ["paid"])  # a name of its own on the shared gate
     headers = {"Authorization": f"Bearer {key}", **Payer().header_for(paid.gate.url)}
     task = paid.post("paid", send_body("free"), headers).json()["result"]
     assert task["status"]["state"] == "completed"

@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from tests.support.gate_process import free_port
-from tests.support.paid import Payer, paid_config, send_body
+from tests.support.paid import PaidView, Payer, paid_config, send_body
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -19,7 +20,14 @@ def metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def test_metrics_count_requests_payments_and_refusals(paid):
+@pytest.fixture
+def paid(shared_paid: PaidView) -> PaidView:
+    """The shared paid gate; the metrics test counts everything a gate did, so it has its own (own_paid)."""
+    return shared_paid
+
+
+def test_metrics_count_requests_payments_and_refusals(own_paid):
+    paid = own_paid
     payer = Payer()
     paid.post("paid", send_body("x"), payer.header_for(paid.gate.url))
     paid.faults(settle="http500")

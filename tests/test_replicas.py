@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.gate_helpers import artifact_texts, sse_events
+from tests.support.gate_helpers import artifact_texts, cli, sse_events
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.nginx import nginx_in_front
 from tests.support.paid import Payer, paid_config, send_body
@@ -253,3 +253,42 @@ def test_postgresql_restarted_mid_run_answers_retryably_and_loses_nothing(
         assert kept["result"]["metadata"]["x402.payment.status"] == "payment-completed"
     finally:
         gate.stop()
+
+
+def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
+    tmp_path: Path, postgres_schema: PostgresSchema
+) -> None:
+    """`a2a-gate migrate`, the deployment step before replicas start: every table at its newest
+    version; run again (a second deploy), nothing changes."""
+    config = tmp_path / "gate.toml"
+    config.write_text(f'database = "{schema_url(postgres_schema)}"\n')
+    first = cli("migrate", "--config", str(config))
+    again = cli("migrate", "--config", str(config))
+
+    versions = dict(line.split("\tversion ") for line in first.stdout.splitlines())
+    assert versions == {"api_keys": "2", "claims": "1", "payments": "1", "tasks": "2"}
+    assert again.stdout == first.stdout
+    import psycopg
+
+    with psycopg.connect(postgres_schema.url, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY 1",
+            (postgres_schema.schema,),
+        ).fetchall()
+    assert [t[0] for t in tables] == ["api_keys", "claims", "payments", "schema_versions", "tasks"]
+
+
+def test_a_replica_on_postgresql_without_the_shared_sealing_key_refuses_to_start(
+    tmp_path: Path, postgres_schema: PostgresSchema
+) -> None:
+    config = tmp_path / "gate.toml"
+    config.write_text(f'database = "{schema_url(postgres_schema)}"\n')
+    env_key = os.environ.pop("A2A_GATE_SEALING_KEY", None)
+    try:
+        done = cli("serve", "--config", str(config), "--port", str(free_port()), check=False)
+    finally:
+        if env_key is not None:
+            os.environ["A2A_GATE_SEALING_KEY"] = env_key
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: a PostgreSQL database needs A2A_GATE_SEALING_KEY"), done.stderr
+    assert "Traceback" not in done.stderr

@@ -30,20 +30,28 @@ url = "http://127.0.0.1:9"
 
 [agents.echo]
 
+[agents.keys]
+backend = "python"
+callable = "tests.support.agents:metadata_keys"
+
 [agents.priced]
 price = {PRICE}
 """
 
 
-def send(text: str) -> dict:
-    return {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "message/send",
-        "params": {
-            "message": {"kind": "message", "role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": text}]}
-        },
-    }
+def send(text: str, metadata: dict | None = None) -> dict:
+    message = {"kind": "message", "role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": text}]}
+    if metadata:
+        message["metadata"] = metadata
+    return {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
+
+
+PAYMENT_METADATA = {"x402.payment.status": "payment-submitted", "x402.payment.payload": {"x": 1}, "trace": "t1"}
+
+
+def seen_by_agent(client: TestClient) -> str:
+    answer = client.post("/a2a/keys", json=send("hi", PAYMENT_METADATA), headers={"Authorization": f"Bearer {KEY}"})
+    return answer.json()["result"]["artifacts"][0]["parts"][0]["text"]
 
 
 def settings(tmp_path):
@@ -60,6 +68,8 @@ def test_the_server_alone_serves_keys_and_answers_everyone_else_401(tmp_path):
         card = client.get("/a2a/priced/.well-known/agent-card.json").json()
         assert not card["capabilities"].get("extensions")  # no payment vocabulary without the gate
         assert "facilitator" not in client.get("/readyz").json()
+        # no payment vocabulary: x402 keys are just metadata to the server, passed on as they came
+        assert seen_by_agent(client) == "trace x402.payment.payload x402.payment.status"
 
 
 def test_the_a2a_gate_command_plugs_the_payment_gate_in(tmp_path):
@@ -69,3 +79,4 @@ def test_the_a2a_gate_command_plugs_the_payment_gate_in(tmp_path):
         card = client.get("/a2a/priced/.well-known/agent-card.json").json()
         assert card["capabilities"]["extensions"]
         assert "facilitator" in client.get("/readyz").json()
+        assert seen_by_agent(client) == "trace"  # the gate keeps every x402 key from agents, on every path

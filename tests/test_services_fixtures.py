@@ -27,6 +27,8 @@ def run_needing_redis(redis_url: str, ci: str) -> subprocess.CompletedProcess[st
             "no:cacheprovider",
             "-p",
             "no:xdist",
+            "-o",
+            "addopts=",  # the project's options name xdist's
             "tests/test_shared_limiter.py::test_per_agent_limit_holds_across_replicas",
         ],
         cwd=REPO,

@@ -382,6 +382,7 @@ def test_postgresql_pool_recovers_when_its_backends_are_terminated(postgres_sche
 
 MIGRATOR = """
 import asyncio, sys, time
+from server.app import open_until_ready
 from server.database import Migration, open_database
 
 async def slow(db):
@@ -397,8 +398,8 @@ STEPS = [Migration(sqlite=FIRST, postgresql=FIRST), Migration(sqlite=slow, postg
 
 async def main(location, start_at):
     db = open_database(location)
-    await db.open()
     await asyncio.sleep(max(0.0, start_at - time.time()))
+    await open_until_ready(db, 30.0)
     try:
         print(await db.migrate("things", STEPS))
     finally:
@@ -486,13 +487,14 @@ import asyncio, sys, time
 from gate.claims import Claims
 from gate.payment_log import PaymentLog
 from server import principals
+from server.app import open_until_ready
 from server.database import open_database
 from server.tasks import TaskStore
 
 async def main(location, start_at):
     db = open_database(location)
-    await db.open()
     await asyncio.sleep(max(0.0, start_at - time.time()))
+    await open_until_ready(db, 30.0)
     try:  # what a2a-gate serve and a2a-gate migrate do on start, in their order
         await TaskStore(db).create_tables()
         await principals.create_tables(db)

@@ -23,3 +23,9 @@ async def ask_then_answer(request: AgentRequest) -> AgentReply:
 
 async def broken(request: AgentRequest) -> str:
     raise RuntimeError("agent bug")
+
+
+async def metadata_keys(request: AgentRequest) -> str:
+    """Says which metadata keys it was shown, on the message and on the history."""
+    seen = {key for message in [request.message, *request.history] for key in message.get("metadata") or {}}
+    return " ".join(sorted(seen)) or "none"
