@@ -575,10 +575,14 @@ SQLITE_ROW = {"free": "gate", "paid": "gate-paid"}  # the same path on SQLite (c
 def case_e(bench: Bench) -> None:
     p = bench.params
     why = postgres.unreachable(p.postgres_url)
+    why = why and f"{why} at {postgres.where(p.postgres_url)}"
+    if not why:
+        why = postgres.redis_unreachable(p.redis_url)
+        why = why and f"{why} at {postgres.where(p.redis_url)}"
     if not why and servers.nginx_binary() is None:
         why = "nginx is not installed"
     if why:
-        bench.notes.append(f"case e skipped: {why} ({postgres.where(p.postgres_url)})")
+        bench.notes.append(f"case e skipped: {why}")
         bench.log(f"case e skipped: {why}")
         return
     bench.log("case e: PostgreSQL, one replica and two behind nginx: principal send, paid send")

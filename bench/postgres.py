@@ -49,6 +49,20 @@ def unreachable(url: str) -> str:
     return ""
 
 
+def redis_unreachable(url: str) -> str:
+    """Why Redis at `url` cannot be used ("" when it can)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        return f"Redis is not answering ({type(exc).__name__})"
+    finally:
+        client.close()
+    return ""
+
+
 def libpq(url: str) -> str:
     """The URL without the gate's own pool parameters (``pool_max_size=20``), which libpq refuses."""
     parts = urlsplit(url)

@@ -51,7 +51,7 @@ DURATION = {"a": "0.5", "b": "0.5", "c": "3", "d": "0.5", "e": "0.5"}
 def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     """One case per test, so a parallel run spreads the servers they start over its workers."""
     if case == "e":
-        postgres_or_skip()
+        services_or_skip()
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [
@@ -114,13 +114,22 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     assert "targets:" in table
 
 
-def postgres_or_skip() -> None:
+def services_or_skip() -> None:
+    """Case e runs on PostgreSQL and Redis: skip without them (fail in CI)."""
     import psycopg
+    import redis
 
     try:
         psycopg.connect(postgres_url(), connect_timeout=3).close()
     except psycopg.Error as exc:
         missing(f"PostgreSQL at {where(postgres_url())} is not answering ({type(exc).__name__})")
+    client = redis.Redis.from_url(redis_url(), socket_timeout=2.0, socket_connect_timeout=2.0)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        missing(f"Redis at {where(redis_url())} is not answering ({type(exc).__name__})")
+    finally:
+        client.close()
 
 
 def assert_postgres_figures(document: dict, table: str) -> None:
