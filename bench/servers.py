@@ -259,13 +259,21 @@ http {{
             proxy_set_header Connection "";
             proxy_set_header Host $http_host;
             proxy_set_header X-Forwarded-For $remote_addr;
-            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Forwarded-Proto {forwarded_proto};
             proxy_buffering off;
             proxy_read_timeout 1h;
         }}
     }}
 }}
 """
+
+
+def nginx_conf(
+    root: Path, port: int, upstreams: list[int], *, forwarded_proto: str = "$scheme", server_options: str = ""
+) -> str:
+    """The site above (also the tests' nginx), listening on `port`, round-robin over `upstreams`."""
+    servers = "\n".join(f"        server {HOST}:{p}{server_options};" for p in upstreams)
+    return NGINX_CONF.format(root=root, host=HOST, port=port, servers=servers, forwarded_proto=forwarded_proto)
 
 
 def nginx_binary() -> str | None:
@@ -281,9 +289,8 @@ def nginx(upstreams: list[int], root: Path) -> ServerProcess:
     if binary is None:
         raise RuntimeError("nginx is not installed (apt-get install nginx-light)")
     port = free_port()
-    servers = "\n".join(f"        server {HOST}:{p};" for p in upstreams)
     conf = root / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(root=root, host=HOST, port=port, servers=servers))
+    conf.write_text(nginx_conf(root, port, upstreams))
     return ServerProcess("nginx", [binary, "-c", str(conf), "-p", str(root)], port, root / "nginx-log.txt", cwd=root)
 
 

@@ -1,8 +1,8 @@
-"""A real nginx in front of the gate, on loopback, with the README's proxy settings."""
+"""A real nginx in front of the gate, on loopback, with the README's proxy settings (the
+benchmark's site, `bench/servers.py:nginx_conf`, telling the gate the public scheme is https)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -11,41 +11,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.servers import nginx_binary, nginx_conf
 from tests.support.gate_process import free_port
-
-NGINX_CONF = """
-worker_processes 1;
-pid {root}/nginx.pid;
-error_log {root}/error.log warn;
-daemon off;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    client_body_temp_path {root}/body;
-    proxy_temp_path {root}/proxy;
-    fastcgi_temp_path {root}/fastcgi;
-    uwsgi_temp_path {root}/uwsgi;
-    scgi_temp_path {root}/scgi;
-    upstream gates {{
-{servers}
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://gates;
-            proxy_set_header Host $http_host;
-            proxy_set_header X-Forwarded-For $remote_addr;
-            proxy_set_header X-Forwarded-Proto https;
-            proxy_buffering off;
-            proxy_read_timeout 1h;
-        }}
-    }}
-}}
-"""
-
-
-def nginx_binary() -> str | None:
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 
 
 @contextmanager
@@ -53,15 +20,14 @@ def nginx_in_front(upstream: int | list[int], root: Path) -> Iterator[str]:
     """Run nginx proxying to one port, or round-robin over several (replicas); yields its URL.
     It reports the public scheme as https."""
     ports = [upstream] if isinstance(upstream, int) else upstream
-    # max_fails=0: the start-up probe below runs before the gates are up, and a refused upstream
-    # would otherwise be left out for fail_timeout (10 s): every request a 502 "no live upstreams"
-    servers = "\n".join(f"        server 127.0.0.1:{p} max_fails=0;" for p in ports)
     binary = nginx_binary()
     assert binary, "nginx is not installed (.ci/run installs it with apt-get)"
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     conf = root / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(root=root, port=port, servers=servers))
+    # max_fails=0: the start-up probe below runs before the gates are up, and a refused upstream
+    # would otherwise be left out for fail_timeout (10 s): every request a 502 "no live upstreams"
+    conf.write_text(nginx_conf(root, port, ports, forwarded_proto="https", server_options=" max_fails=0"))
     process = subprocess.Popen([binary, "-c", str(conf), "-p", str(root)], stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
