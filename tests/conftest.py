@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,6 +16,34 @@ if TYPE_CHECKING:
 
 # redis_service, own_redis, postgres_schema: the servers scale-out tests run against
 pytest_plugins = ["tests.support.services"]
+
+
+def _one_default_tls_context() -> None:
+    """Every httpx client of the tests shares one default TLS context.
+
+    `httpx.post(...)` builds a client per call, and each client a TLS context from the CA
+    bundle: about 15 ms of CPU per request, though the tests only speak plain HTTP to
+    loopback. Thousands of such calls made that a good part of the suite's CPU time on two
+    cores. Only the test process is changed; the gate and its facilitators are untouched.
+    """
+    import functools
+
+    import httpx._transports.default as transports
+
+    build = getattr(transports, "create_ssl_context", None)
+    if build is None:  # another httpx: the tests only run slower
+        return
+    shared = functools.lru_cache(maxsize=1)(lambda: build())
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is True and cert is None and trust_env:
+            return shared()
+        return build(verify=verify, cert=cert, trust_env=trust_env)
+
+    transports.create_ssl_context = create_ssl_context
+
+
+_one_default_tls_context()
 
 FREE_CONFIG = """
 public_url = "http://gate.example"
