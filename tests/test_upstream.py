@@ -114,19 +114,21 @@ def agent_table(name: str, url: str, **extra: Any) -> str:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """One gate in front of every kind of upstream, for the module (each upstream stops in the
+    background at the end: the hanging one holds its server for the 1 s grace)."""
     folder = tmp_path_factory.mktemp("upstream")
     recorder = Recorder()
     with (
-        serve_app(build_upstream_app("echo")) as echo,
-        serve_app(build_upstream_app("slow")) as slow,
-        serve_app(build_upstream_app("input-required")) as asking,
-        serve_app(build_upstream_app("fail")) as fail,
-        serve_app(build_upstream_app("hang")) as hang,
-        serve_app(build_upstream_app("garbage")) as garbage,
-        serve_app(build_upstream_app("garbage-json")) as garbage_json,
-        serve_app(build_upstream_app("http500")) as http500,
-        serve_app(recorder.app()) as recording,
-        serve_app(odd_upstream()) as odd,
+        serve_app(build_upstream_app("echo"), wait_on_exit=False) as echo,
+        serve_app(build_upstream_app("slow"), wait_on_exit=False) as slow,
+        serve_app(build_upstream_app("input-required"), wait_on_exit=False) as asking,
+        serve_app(build_upstream_app("fail"), wait_on_exit=False) as fail,
+        serve_app(build_upstream_app("hang"), wait_on_exit=False) as hang,
+        serve_app(build_upstream_app("garbage"), wait_on_exit=False) as garbage,
+        serve_app(build_upstream_app("garbage-json"), wait_on_exit=False) as garbage_json,
+        serve_app(build_upstream_app("http500"), wait_on_exit=False) as http500,
+        serve_app(recorder.app(), wait_on_exit=False) as recording,
+        serve_app(odd_upstream(), wait_on_exit=False) as odd,
     ):
         upstreams = {
             "echo": echo,
