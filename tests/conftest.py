@@ -70,13 +70,17 @@ callable = "tests.support.agents:ask_then_answer"
 # first: the workers then end together on short tests instead of one of them running a
 # long test alone at the end. A name missing here only costs time, never a result.
 LONGEST_FIRST = (
-    "tests/test_fault_matrix.py",
+    "tests/test_replicas.py::test_postgresql_restarted_mid_run_answers_retryably_and_loses_nothing",
     "tests/test_settlement_truth.py::test_lock_held_when_settle_returns_never_turns_a_charge_into_not_charged",
+    "tests/test_fault_matrix.py::test_fault_row[database locked when settle returns]",
+    "tests/test_fault_matrix.py",
+    "tests/test_bench_smoke.py",
     "tests/test_crash_recovery.py",
     "tests/test_what_buys_work.py::test_a_retry_of_a_settled_request_is_a_replay_after_its_token_expired",
-    "tests/test_facilitator_client.py::test_the_breaker_opens_answers_at_once_then_probes",
-    "tests/test_bench_smoke.py",
     "tests/test_fuzz_envelope.py",
+    "tests/test_facilitator_client.py::test_the_breaker_opens_answers_at_once_then_probes",
+    "tests/test_replicas.py",
+    "tests/test_store_engines.py::test_postgresql_restarted_is_unavailable_meanwhile_and_used_again_at_once",
     "tests/test_settlement_truth.py",
     "tests/test_shared_limiter.py",
     "tests/test_services_fixtures.py",
