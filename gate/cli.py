@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,6 +28,7 @@ from server.config import ConfigError, Settings, default_settings, is_database_u
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from server.app import Services
     from server.database import Database
 
 CONFIG_ENV = "A2A_GATE_CONFIG"
@@ -231,12 +232,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings(args: argparse.Namespace) -> Settings:
+    """The configuration a management command works on: `--config`, with `--database` over it."""
+    settings = load_settings(args.config)
+    return replace(settings, database=args.database) if args.database else settings
+
+
 def _with_database(args: argparse.Namespace, work: Callable[[Database], Awaitable[T]]) -> T:
     """Run `work` against the configured database (or `--database`), opened for it and closed after."""
     from server.database import open_database
 
     async def run() -> T:
-        db = open_database(args.database or load_settings(args.config).database)
+        db = open_database(_settings(args).database)
         await db.open()
         try:
             return await work(db)
@@ -244,6 +251,22 @@ def _with_database(args: argparse.Namespace, work: Callable[[Database], Awaitabl
             await db.close()
 
     return asyncio.run(run())
+
+
+@contextlib.asynccontextmanager
+async def _opened_services(args: argparse.Namespace) -> AsyncIterator[Services]:
+    """The server and its gate on the configured database, every table up to date; nothing served."""
+    from gate.gate import PaymentGate
+    from server.app import Services
+
+    services = Services(_settings(args), PaymentGate.from_parts)
+    try:
+        await services.open_store()
+        yield services
+    finally:
+        await services.anonymous.close()
+        await services.agents.aclose()
+        await services.db.close()
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -298,49 +321,23 @@ def cmd_payments(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Create or bring up to date every table, then stop (a deployment step before replicas start)."""
-    from gate.gate import PaymentGate
-    from server.app import Services
 
-    settings = load_settings(args.config)
-    if args.database:
-        settings = replace(settings, database=args.database)
+    async def run() -> list[dict[str, Any]]:
+        async with _opened_services(args) as services:
+            return await services.db.fetch("SELECT component, version FROM schema_versions ORDER BY component")
 
-    async def run() -> dict[str, int]:
-        services = Services(settings, PaymentGate.from_parts)
-        try:
-            await services.open_store()
-            await services.anonymous.open_store()
-            rows = await services.db.fetch("SELECT component, version FROM schema_versions ORDER BY component")
-            return {row["component"]: row["version"] for row in rows}
-        finally:
-            await services.agents.aclose()
-            await services.db.close()
-
-    for component, version in asyncio.run(run()).items():
-        print(f"{component}\tversion {version}")
+    for row in asyncio.run(run()):
+        print(f"{row['component']}\tversion {row['version']}")
     return 0
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from gate.gate import PaymentGate
-    from server.app import Services
-
-    settings = load_settings(args.config)
-    if args.database:
-        settings = replace(settings, database=args.database)
 
     async def run() -> list[dict[str, Any]]:
-        services = Services(settings, PaymentGate.from_parts)
-        gate = services.anonymous
-        assert isinstance(gate, PaymentGate)
-        try:
-            await services.open_store()
-            await gate.open_store()
-            return await gate.reconcile_once()
-        finally:
-            await gate.close()
-            await services.agents.aclose()
-            await services.db.close()
+        async with _opened_services(args) as services:
+            assert isinstance(services.anonymous, PaymentGate)
+            return await services.anonymous.reconcile_once()
 
     outcomes = asyncio.run(run())
     for outcome in outcomes:

@@ -76,14 +76,14 @@ class Services:
         self.background: list[asyncio.Task[None]] = []
 
     async def open_store(self) -> None:
-        """Connect to the database and bring the server's tables up to date."""
+        """Connect to the database and bring every table up to date: the server's, then the anonymous path's."""
         await open_until_ready(self.db, DATABASE_START_SECONDS)
         await self.store.create_tables()
         await create_tables(self.db)
+        await self.anonymous.open_store()
 
     async def start(self) -> None:
         await self.open_store()
-        await self.anonymous.open_store()
         await self.anonymous.start()
         self.background.append(asyncio.create_task(self.runner.follow_cancel_requests()))
 

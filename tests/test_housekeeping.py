@@ -23,7 +23,6 @@ def test_stuck_tasks_fail_and_old_finished_tasks_expire(tmp_path):
     async def run() -> None:
         services = Services(settings, PaymentGate.from_parts)
         await services.open_store()
-        await services.anonymous.open_store()
         try:
             store = services.store
             stuck = new_task(None, message("stuck"))

@@ -197,7 +197,6 @@ def test_requests_awaiting_payment_expire_with_the_requirements(tmp_path):
     async def run() -> None:
         services = Services(default_settings(str(tmp_path / "gate.db")), PaymentGate.from_parts)
         await services.open_store()
-        await services.anonymous.open_store()
         try:
             store, owner = services.store, pending_owner("203.0.113.7")
             tasks = []
