@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gate_helpers import cli
+from tests.support.gate_helpers import cli, swallow, wait_for
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import PaidSetup, Payer, paid_config, send_body
 
@@ -24,13 +24,6 @@ def claim_states(db: Path) -> list[str]:
         return [r[0] for r in conn.execute("SELECT state FROM claims")]
     finally:
         conn.close()
-
-
-def wait_for(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 LEASE = "claim_lease_seconds = 1.5\n"  # short leases, so an orphan is found within seconds
@@ -61,7 +54,7 @@ def test_kill_between_delivery_and_settlement_settles_once_after_restart(tmp_pat
         headers = Payer().header_for(paid.gate.url)
         paid.faults(settle="slow:15", count=1)  # the first settle hangs past our kill
         sender = threading.Thread(
-            target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
+            target=lambda: swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
         )
         sender.start()
         wait_for(lambda: claim_states(paid.db_path) == ["settling"])
@@ -117,7 +110,7 @@ def test_restart_with_the_same_pid_settles_a_settling_claim(tmp_path, facilitato
         headers = Payer().header_for(paid.gate.url)
         paid.faults(settle="slow:15", count=1)
         sender = threading.Thread(
-            target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
+            target=lambda: swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
         )
         sender.start()
         wait_for(lambda: claim_states(paid.db_path) == ["settling"])
@@ -176,7 +169,7 @@ def test_gate_as_pid_1_in_its_own_namespace_recovers_after_restart(tmp_path, fac
         headers = Payer().header_for(paid.gate.url)
         paid.faults(settle="slow:15", count=1)
         sender = threading.Thread(
-            target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
+            target=lambda: swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
         )
         sender.start()
         wait_for(lambda: claim_states(paid.db_path) == ["settling"])
@@ -221,7 +214,7 @@ def test_a_worker_killed_mid_settle_is_recovered_by_the_workers_that_follow(tmp_
         headers = Payer().header_for(paid.gate.url)
         paid.faults(settle="slow:15", count=1)
         sender = threading.Thread(
-            target=lambda: _swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
+            target=lambda: swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
         )
         sender.start()
         wait_for(lambda: claim_states(paid.db_path) == ["settling"])
@@ -241,10 +234,3 @@ def test_a_worker_killed_mid_settle_is_recovered_by_the_workers_that_follow(tmp_
         assert len(paid.ledger()["settlements"]) == 1
     finally:
         paid.gate.stop()
-
-
-def _swallow(call) -> None:
-    try:
-        call()
-    except Exception:  # noqa: BLE001 -- the call is expected to fail in any way; only the state after counts
-        pass

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
+from tests.support.gate_helpers import wait_for
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import PaidSetup, Payer, paid_config, send_body
-from tests.test_crash_recovery import claim_states, wait_for
+from tests.test_crash_recovery import claim_states
 
 DRAIN = "[http]\ndrain_seconds = 1\n"
 

@@ -22,6 +22,7 @@ import pytest
 from devnet.chain import DEV_NETWORK
 from devnet.ledger import DevLedger
 from devnet.payer import encode_header, sign_payment
+from tests.support.gate_helpers import swallow
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import ASSET, PaidSetup, PaidView, Payer, decode_header, paid_config, send_body
 
@@ -238,7 +239,7 @@ def test_restart_with_the_same_pid_mid_settle(
         headers = Payer().header_for(paid.gate.url)
         paid.faults(settle="slow:15", count=1)
         threading.Thread(
-            target=lambda: _swallow(lambda: paid.post("paid", send_body("restart"), headers, timeout=10)), daemon=True
+            target=lambda: swallow(lambda: paid.post("paid", send_body("restart"), headers, timeout=10)), daemon=True
         ).start()
         wait_until(lambda: _claim_states(paid) == ["settling"])
         paid.gate.kill()
@@ -301,10 +302,3 @@ def _pretend_owner_is_pid_1(paid: PaidSetup) -> None:
         conn.commit()
     finally:
         conn.close()
-
-
-def _swallow(call: Callable[[], object]) -> None:
-    try:
-        call()
-    except Exception:  # noqa: BLE001 -- the call is expected to fail in any way; only the state after counts
-        pass

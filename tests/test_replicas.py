@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.gate_helpers import artifact_texts, cli, sse_events
+from tests.support.gate_helpers import artifact_texts, cli, sse_events, swallow, wait_for
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.nginx import nginx_in_front
 from tests.support.paid import Payer, paid_config, send_body
@@ -97,13 +97,6 @@ def start_fleet(
             return Fleet(replicas, url, facilitator, postgres_schema)
 
         yield start
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def requests_served(gate: GateProcess) -> float:
@@ -186,7 +179,7 @@ def test_a_replica_killed_between_delivery_and_settlement_is_settled_once_by_ano
     headers = Payer().header_for(fleet.url, "paid")
     fleet.faults(settle="slow:15", count=1)  # the first settle hangs past the kill
 
-    sender = threading.Thread(target=lambda: _swallow(lambda: fleet.post(victim.url, "paid", send_body("x"), headers)))
+    sender = threading.Thread(target=lambda: swallow(lambda: fleet.post(victim.url, "paid", send_body("x"), headers)))
     sender.start()
     wait_for(lambda: fleet.claim_states() == ["settling"])
     victim.kill()
@@ -200,13 +193,6 @@ def test_a_replica_killed_between_delivery_and_settlement_is_settled_once_by_ano
     task = fleet.post(fleet.url, "paid", get, headers).json()["result"]
     assert task["status"]["state"] == "completed"
     assert task["metadata"]["x402.payment.status"] == "payment-completed"
-
-
-def _swallow(call: Callable[[], Any]) -> None:
-    try:
-        call()
-    except Exception:  # noqa: BLE001 -- the call dies with its replica; only the state after counts
-        pass
 
 
 def test_postgresql_restarted_mid_run_answers_retryably_and_loses_nothing(

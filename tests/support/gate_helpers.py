@@ -127,6 +127,22 @@ def poll(
         time.sleep(interval)
 
 
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> None:
+    """Wait until `condition()` holds; the test fails if it does not within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(interval)
+
+
+def swallow(call: Callable[[], object]) -> None:
+    """Make a call expected to fail in any way (its server is killed under it): only the state after counts."""
+    try:
+        call()
+    except Exception:  # noqa: BLE001 -- see above
+        pass
+
+
 def texts(parts: list[dict[str, Any]]) -> list[str]:
     return [p["text"] for p in parts if "text" in p]
 
