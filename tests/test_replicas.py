@@ -29,11 +29,6 @@ from tests.support.services import OwnPostgres, PostgresSchema, RedisService
 LEASE = 1.5  # short leases: a dead replica's claims are found within seconds
 
 
-def schema_url(postgres: PostgresSchema) -> str:
-    joiner = "&" if "?" in postgres.url else "?"
-    return f"{postgres.url}{joiner}options=-csearch_path%3D{postgres.schema}"
-
-
 def replica_config(public_url: str, facilitator: str, database: str, redis: RedisService, per_ip: int) -> str:
     text = paid_config(public_url, facilitator, per_ip=per_ip, reconcile=0.5)
     text = text.replace('database = "gate.db"', f'database = "{database}"\nclaim_lease_seconds = {LEASE}')
@@ -89,7 +84,7 @@ def start_fleet(
                 home = tmp_path / f"replica{i}"
                 home.mkdir()
                 config = home / "gate.toml"
-                database = schema_url(postgres_schema)
+                database = postgres_schema.store_url()
                 config.write_text(replica_config(url, facilitator, database, redis_service, per_ip))
                 gate = GateProcess(config, home / "gate.log", port=port, env={"A2A_GATE_SEALING_KEY": key})
                 stack.callback(gate.stop)
@@ -247,7 +242,7 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
     """`a2a-gate migrate`, the deployment step before replicas start: every table at its newest
     version; run again (a second deploy), nothing changes."""
     config = tmp_path / "gate.toml"
-    config.write_text(f'database = "{schema_url(postgres_schema)}"\n')
+    config.write_text(f'database = "{postgres_schema.store_url()}"\n')
     first = cli("migrate", "--config", str(config))
     again = cli("migrate", "--config", str(config))
 
@@ -268,7 +263,7 @@ def test_a_replica_on_postgresql_without_the_shared_sealing_key_refuses_to_start
     tmp_path: Path, postgres_schema: PostgresSchema
 ) -> None:
     config = tmp_path / "gate.toml"
-    config.write_text(f'database = "{schema_url(postgres_schema)}"\n')
+    config.write_text(f'database = "{postgres_schema.store_url()}"\n')
     env_key = os.environ.pop("A2A_GATE_SEALING_KEY", None)
     try:
         done = cli("serve", "--config", str(config), "--port", str(free_port()), check=False)

@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
 
 import pytest
 
@@ -37,24 +36,17 @@ ROWS = "CREATE TABLE t (id TEXT PRIMARY KEY, n INTEGER NOT NULL, at DOUBLE PRECI
 CLAIM = "INSERT INTO claims (digest, nonce, at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
 
 
-def schema_url(schema: PostgresSchema, settings: str = "", **params: str) -> str:
-    """The test's PostgreSQL URL, its schema first on the search path (libpq `options`), and more `-c` settings."""
-    options = f"-csearch_path={schema.schema} {settings}".strip()
-    query = urlencode({"options": options, **params}, quote_via=quote)
-    return f"{schema.url}{'&' if '?' in schema.url else '?'}{query}"
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Where a store lives: a SQLite file, or a PostgreSQL URL on a fresh schema."""
     if request.param == "sqlite":
         return str(tmp_path / "store.db")
-    return schema_url(request.getfixturevalue("postgres_schema"))
+    return request.getfixturevalue("postgres_schema").store_url()
 
 
 @pytest.fixture
 def pg_location(postgres_schema: PostgresSchema) -> str:
-    return schema_url(postgres_schema)
+    return postgres_schema.store_url()
 
 
 def with_db(location: str, body: Callable[[Database], Awaitable[Any]]) -> Any:
@@ -332,13 +324,13 @@ def test_postgresql_read_only_is_not_writable(postgres_schema: PostgresSchema) -
             await db.execute(ROWS)
         assert await db.fetchval("SELECT 1") == 1
 
-    with_db(schema_url(postgres_schema, "-cdefault_transaction_read_only=on"), body)
+    with_db(postgres_schema.store_url("-cdefault_transaction_read_only=on"), body)
 
 
 def test_postgresql_pool_recovers_when_its_backends_are_terminated(postgres_schema: PostgresSchema) -> None:
     """The server ends every connection (a restart, a failover, an operator): the next statements just work."""
     name = f"a2a-gate-test-{postgres_schema.schema}"
-    location = schema_url(postgres_schema, application_name=name, pool_max_size="4")
+    location = postgres_schema.store_url(application_name=name, pool_max_size="4")
 
     async def body(db: Database) -> None:
         await db.execute(ROWS)
@@ -380,6 +372,26 @@ def test_postgresql_pool_recovers_when_its_backends_are_terminated(postgres_sche
     with_db(location, body)
 
 
+def started_together(script: str, location: str, count: int) -> list[str]:
+    """Run `script` in `count` processes that start their work at one instant (their interpreters
+    up and connected well before); each must exit 0. Their outputs."""
+    start_at = time.time() + 3.0
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, location, str(start_at)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    outputs = [p.communicate(timeout=60) for p in processes]
+    for process, (_, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err
+    return [out for out, _ in outputs]
+
+
 MIGRATOR = """
 import asyncio, sys, time
 from server.app import open_until_ready
@@ -411,20 +423,7 @@ asyncio.run(main(sys.argv[1], float(sys.argv[2])))
 
 def test_two_processes_starting_at_once_on_a_fresh_store_both_start(location: str) -> None:
     """Two replicas started together: one creates the schema, the other waits and finds it current."""
-    start_at = time.time() + 3.0  # both interpreters up and connected well before
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", MIGRATOR, location, str(start_at)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    outputs = [p.communicate(timeout=60) for p in processes]
-    for process, (out, err) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, err
+    for out in started_together(MIGRATOR, location, 2):
         assert out.split() == ["2"]
 
     async def body(db: Database) -> None:
@@ -514,26 +513,14 @@ def test_three_replicas_creating_the_gates_tables_at_once_all_start(location: st
     from gate import claims, payment_log
     from server import principals, tasks
 
-    start_at = time.time() + 3.0
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", GATE_START, location, str(start_at)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
-    ]
-    outputs = [p.communicate(timeout=60) for p in processes]
+    outputs = started_together(GATE_START, location, 3)
     expected = {
         "api_keys": len(principals.MIGRATIONS),
         "claims": len(claims.MIGRATIONS),
         "payments": len(payment_log.MIGRATIONS),
         "tasks": len(tasks.MIGRATIONS),
     }
-    for process, (out, err) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, err
+    for out in outputs:
         assert out.split() == [f"{name}={version}" for name, version in sorted(expected.items())]
 
     async def body(db: Database) -> None:
@@ -580,7 +567,7 @@ def test_notifications_reach_the_other_stores_listening_or_say_they_do_not(locat
 
 def test_postgresql_listening_comes_back_after_its_connection_is_terminated(postgres_schema: PostgresSchema) -> None:
     name = f"a2a-gate-listen-{postgres_schema.schema}"
-    location = schema_url(postgres_schema, application_name=name)
+    location = postgres_schema.store_url(application_name=name)
     channel = f"a2a_gate_test_{uuid.uuid4().hex[:12]}"
 
     async def body(db: Database) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import pytest
 import redis
@@ -157,6 +157,13 @@ class PostgresSchema:
 
     url: str
     schema: str
+
+    def store_url(self, settings: str = "", **params: str) -> str:
+        """The URL a store (or a gate's `database`) uses: this schema first on the search path
+        (libpq `options`), more `-c` settings, more URL parameters."""
+        options = f"-csearch_path={self.schema} {settings}".strip()
+        query = urlencode({"options": options, **params}, quote_via=quote)
+        return f"{self.url}{'&' if '?' in self.url else '?'}{query}"
 
 
 @pytest.fixture
