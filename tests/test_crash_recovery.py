@@ -4,27 +4,16 @@ delivered work is settled exactly once after a restart, and no log row is lost."
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.gate_helpers import cli, swallow, wait_for
+from tests.support.gate_helpers import cli, wait_for
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import PaidSetup, Payer, paid_config, send_body
-
-
-def claim_states(db: Path) -> list[str]:
-    conn = sqlite3.connect(db)
-    try:
-        return [r[0] for r in conn.execute("SELECT state FROM claims")]
-    finally:
-        conn.close()
-
 
 LEASE = "claim_lease_seconds = 1.5\n"  # short leases, so an orphan is found within seconds
 
@@ -38,33 +27,18 @@ def setup(
     return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
 
 
-def pretend_owner_is_pid_1(db: Path) -> None:
-    """What a container restart looks like to a pid check: the recorded owner is pid 1, "alive"."""
-    conn = sqlite3.connect(db)
-    try:
-        conn.execute("UPDATE claims SET owner_pid = 1")
-        conn.commit()
-    finally:
-        conn.close()
-
-
 def test_kill_between_delivery_and_settlement_settles_once_after_restart(tmp_path, facilitator, write_config):
     paid = setup(tmp_path, facilitator, write_config)
     try:
         headers = Payer().header_for(paid.gate.url)
-        paid.faults(settle="slow:15", count=1)  # the first settle hangs past our kill
-        sender = threading.Thread(
-            target=lambda: swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
-        )
-        sender.start()
-        wait_for(lambda: claim_states(paid.db_path) == ["settling"])
+        sender = paid.send_while_settle_held(headers)  # its first settle hangs past our kill
         paid.gate.kill()
         sender.join()
         assert paid.ledger()["settlements"] == []
 
         paid.gate.start()  # same database: the claim is owed and the reconciler settles it
         wait_for(lambda: len(paid.ledger()["settlements"]) == 1)
-        wait_for(lambda: claim_states(paid.db_path) == ["settled"])
+        wait_for(lambda: paid.claim_states() == ["settled"])
         time.sleep(1.5)  # a few more reconciler passes: still exactly one charge
         assert len(paid.ledger()["settlements"]) == 1
         assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle"]
@@ -85,11 +59,11 @@ def test_claim_left_running_by_a_killed_process_is_released_uncharged(tmp_path, 
     try:
         headers = Payer().header_for(paid.gate.url, "paid-slow")
         task = paid.post("paid-slow", send_body("sleep 30", blocking=False), headers).json()["result"]
-        wait_for(lambda: claim_states(paid.db_path) == ["running"])
+        wait_for(lambda: paid.claim_states() == ["running"])
         paid.gate.kill()
         paid.gate.start()
         # found at start if the dead owner's lease already ran out, else by the reconciler within one lease
-        wait_for(lambda: claim_states(paid.db_path) == [], timeout=15)
+        wait_for(lambda: paid.claim_states() == [], timeout=15)
         assert [r["action"] for r in paid.payment_rows()] == ["verify", "release"]
         body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": task["id"]}}
         # the claim is gone, so ownership is proven by the token verifying to the payer again
@@ -108,17 +82,12 @@ def test_restart_with_the_same_pid_settles_a_settling_claim(tmp_path, facilitato
     paid = setup(tmp_path, facilitator, write_config)
     try:
         headers = Payer().header_for(paid.gate.url)
-        paid.faults(settle="slow:15", count=1)
-        sender = threading.Thread(
-            target=lambda: swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
-        )
-        sender.start()
-        wait_for(lambda: claim_states(paid.db_path) == ["settling"])
+        sender = paid.send_while_settle_held(headers)  # its first settle hangs past our kill
         paid.gate.kill()
         sender.join()
-        pretend_owner_is_pid_1(paid.db_path)
+        paid.pretend_owner_is_pid_1()
         paid.gate.start()
-        wait_for(lambda: claim_states(paid.db_path) == ["settled"], timeout=15)
+        wait_for(lambda: paid.claim_states() == ["settled"], timeout=15)
         assert len(paid.ledger()["settlements"]) == 1
         replay = paid.post("paid", send_body("x"), headers).json()["result"]
         assert replay["metadata"]["x402.payment.status"] == "payment-completed"
@@ -131,12 +100,12 @@ def test_restart_with_the_same_pid_releases_a_running_claim(tmp_path, facilitato
     try:
         headers = Payer().header_for(paid.gate.url, "paid-slow")
         paid.post("paid-slow", send_body("sleep 30", blocking=False), headers)
-        wait_for(lambda: claim_states(paid.db_path) == ["running"])
+        wait_for(lambda: paid.claim_states() == ["running"])
         paid.gate.kill()
-        pretend_owner_is_pid_1(paid.db_path)
+        paid.pretend_owner_is_pid_1()
         paid.gate.start()
         # the payer's retry is in_flight only while the dead owner's lease could still be alive
-        wait_for(lambda: claim_states(paid.db_path) == [], timeout=15)
+        wait_for(lambda: paid.claim_states() == [], timeout=15)
         # a short retry: a running one would hold the graceful stop below for its drain timeout
         retry = paid.post("paid-slow", send_body("sleep 0.2", blocking=False), headers).json()
         assert "result" in retry, retry
@@ -167,16 +136,11 @@ def test_gate_as_pid_1_in_its_own_namespace_recovers_after_restart(tmp_path, fac
     paid = setup(tmp_path, facilitator, write_config, prefix=UNSHARE)
     try:
         headers = Payer().header_for(paid.gate.url)
-        paid.faults(settle="slow:15", count=1)
-        sender = threading.Thread(
-            target=lambda: swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
-        )
-        sender.start()
-        wait_for(lambda: claim_states(paid.db_path) == ["settling"])
+        sender = paid.send_while_settle_held(headers)  # its first settle hangs past our kill
         paid.gate.kill()
         sender.join()
         paid.gate.start()
-        wait_for(lambda: claim_states(paid.db_path) == ["settled"], timeout=15)
+        wait_for(lambda: paid.claim_states() == ["settled"], timeout=15)
         assert len(paid.ledger()["settlements"]) == 1
     finally:
         # unshare does not pass SIGTERM on: a graceful stop would only wait its timeout, then kill
@@ -188,12 +152,12 @@ def test_reconcile_beside_a_live_server_steals_no_live_claim(tmp_path, facilitat
     try:
         headers = Payer().header_for(paid.gate.url, "paid-slow")
         task = paid.post("paid-slow", send_body("sleep 10", blocking=False), headers).json()["result"]
-        wait_for(lambda: claim_states(paid.db_path) == ["running"])
+        wait_for(lambda: paid.claim_states() == ["running"])
         time.sleep(2.0)  # past one lease: only renewal keeps it alive
         cli("reconcile", "--config", str(paid.gate.config))  # exits 0, or the test fails with its output
-        assert claim_states(paid.db_path) == ["running"]
+        assert paid.claim_states() == ["running"]
         assert "release" not in [r["action"] for r in paid.payment_rows()]
-        wait_for(lambda: claim_states(paid.db_path) == ["settled"], timeout=20)
+        wait_for(lambda: paid.claim_states() == ["settled"], timeout=20)
         body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": task["id"]}}
         after = paid.post("paid-slow", body, headers).json()["result"]
         assert after["metadata"]["x402.payment.status"] == "payment-completed"
@@ -212,12 +176,7 @@ def test_a_worker_killed_mid_settle_is_recovered_by_the_workers_that_follow(tmp_
     paid = PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
     try:
         headers = Payer().header_for(paid.gate.url)
-        paid.faults(settle="slow:15", count=1)
-        sender = threading.Thread(
-            target=lambda: swallow(lambda: paid.post("paid", send_body("x"), headers, timeout=10))
-        )
-        sender.start()
-        wait_for(lambda: claim_states(paid.db_path) == ["settling"])
+        sender = paid.send_while_settle_held(headers)  # its first settle hangs past our kill
         workers = psutil.Process(gate.process.pid).children(recursive=True)
         owner = [
             w
@@ -230,7 +189,7 @@ def test_a_worker_killed_mid_settle_is_recovered_by_the_workers_that_follow(tmp_
         assert len(owner) == 1, "the worker that is settling"
         owner[0].kill()
         sender.join()
-        wait_for(lambda: claim_states(paid.db_path) == ["settled"], timeout=20)
+        wait_for(lambda: paid.claim_states() == ["settled"], timeout=20)
         assert len(paid.ledger()["settlements"]) == 1
     finally:
         paid.gate.stop()

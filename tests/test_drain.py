@@ -8,7 +8,6 @@ import time
 from tests.support.gate_helpers import wait_for
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import PaidSetup, Payer, paid_config, send_body
-from tests.test_crash_recovery import claim_states
 
 DRAIN = "[http]\ndrain_seconds = 1\n"
 
@@ -21,14 +20,14 @@ def test_sigterm_stops_undelivered_work_and_releases_its_claim_uncharged(tmp_pat
     paid = PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
     headers = Payer().header_for(gate.url, "paid-slow")
     task = paid.post("paid-slow", send_body("sleep 30", blocking=False), headers).json()["result"]
-    wait_for(lambda: claim_states(paid.db_path) == ["running"])
+    wait_for(lambda: paid.claim_states() == ["running"])
 
     started = time.monotonic()
     gate.stop()  # SIGTERM
     assert gate.process is not None and gate.process.returncode == 143  # a graceful exit on SIGTERM
     assert time.monotonic() - started < 10  # the drain, not the 30 s of work
 
-    assert claim_states(paid.db_path) == []  # released by the drain, not left for a lease
+    assert paid.claim_states() == []  # released by the drain, not left for a lease
     assert [r["action"] for r in paid.payment_rows()] == ["verify", "release"]
     assert paid.ledger()["settle_calls"] == 0
     gate.start()

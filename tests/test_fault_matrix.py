@@ -22,7 +22,6 @@ import pytest
 from devnet.chain import DEV_NETWORK
 from devnet.ledger import DevLedger
 from devnet.payer import encode_header, sign_payment
-from tests.support.gate_helpers import swallow
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import ASSET, PaidSetup, PaidView, Payer, decode_header, paid_config, send_body
 
@@ -237,15 +236,11 @@ def test_restart_with_the_same_pid_mid_settle(
     paid = start_matrix_gate(tmp_path, facilitator)
     try:
         headers = Payer().header_for(paid.gate.url)
-        paid.faults(settle="slow:15", count=1)
-        threading.Thread(
-            target=lambda: swallow(lambda: paid.post("paid", send_body("restart"), headers, timeout=10)), daemon=True
-        ).start()
-        wait_until(lambda: _claim_states(paid) == ["settling"])
+        paid.send_while_settle_held(headers, "restart")
         paid.gate.kill()
-        _pretend_owner_is_pid_1(paid)
+        paid.pretend_owner_is_pid_1()
         paid.gate.start()
-        wait_until(lambda: "settling" not in _claim_states(paid) and "settle_failed" not in _claim_states(paid), 20)
+        wait_until(lambda: not {"settling", "settle_failed"} & set(paid.claim_states()), 20)
         answer = answer_of(paid.post("paid", send_body("restart"), headers))
         charged = len(paid.ledger()["settlements"])
         print_row("restart with the same pid, mid-settle", answer, charged, "replay after restart", capsys)
@@ -285,20 +280,3 @@ def test_facilitator_refusing_connections_then_the_breaker(
     note = f"retry_after {retry_after} s, {elapsed * 1000:.0f} ms"
     print_row("facilitator breaker open", answer_of(response), 0, note, capsys)
     assert answer_of(response) == "-32603 verify_unavailable" and retry_after and retry_after > 0
-
-
-def _claim_states(paid: PaidSetup) -> list[str]:
-    conn = sqlite3.connect(paid.db_path)
-    try:
-        return [r[0] for r in conn.execute("SELECT state FROM claims WHERE state NOT IN ('settled', 'unsettled')")]
-    finally:
-        conn.close()
-
-
-def _pretend_owner_is_pid_1(paid: PaidSetup) -> None:
-    conn = sqlite3.connect(paid.db_path)
-    try:
-        conn.execute("UPDATE claims SET owner_pid = 1")
-        conn.commit()
-    finally:
-        conn.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 
 from devnet.payer import encode_header, new_private_key, sign_payment, sign_payment_v1
+from tests.support.gate_helpers import swallow, wait_for
 from tests.support.gate_process import GateProcess
 
 PAY_TO = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
@@ -182,6 +184,38 @@ class PaidSetup:
             return [dict(r) for r in conn.execute(sql + " ORDER BY id", args)]
         finally:
             conn.close()
+
+    def claim_states(self) -> list[str]:
+        import sqlite3
+
+        conn = sqlite3.connect(self.db_path)
+        try:
+            return [r[0] for r in conn.execute("SELECT state FROM claims ORDER BY created_at")]
+        finally:
+            conn.close()
+
+    def pretend_owner_is_pid_1(self) -> None:
+        """What a container restart looks like to a pid check: the recorded owner is pid 1, "alive"."""
+        import sqlite3
+
+        conn = sqlite3.connect(self.db_path)
+        try:
+            conn.execute("UPDATE claims SET owner_pid = 1")
+            conn.commit()
+        finally:
+            conn.close()
+
+    def send_while_settle_held(self, headers: dict[str, str], text: str = "x") -> threading.Thread:
+        """A paid send whose first settle the facilitator holds for 15 s, made in the background;
+        returns once its work is delivered and its settle sent (the claim is `settling`). The
+        sender's call dies with the gate a test kills then: join the thread after."""
+        self.faults(settle="slow:15", count=1)
+        sender = threading.Thread(
+            target=lambda: swallow(lambda: self.post("paid", send_body(text), headers, timeout=10)), daemon=True
+        )
+        sender.start()
+        wait_for(lambda: self.claim_states() == ["settling"])
+        return sender
 
     def count_tasks(self, agent: str) -> int:
         import sqlite3
