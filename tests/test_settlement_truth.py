@@ -17,7 +17,7 @@ import pytest
 from devnet.chain import DEV_NETWORK
 from tests.support import gate_helpers
 from tests.support.gate_process import free_port
-from tests.support.paid import ASSET, PaidSetup, Payer, make_poor_after_verify, paid_config, send_body
+from tests.support.paid import ASSET, PaidSetup, Payer, paid_config, send_body, send_refused_at_settle
 
 
 def gate_with(
@@ -99,14 +99,8 @@ def test_settle_definitively_refused_is_written_off(tmp_path, facilitator, start
     paid = gate_with(tmp_path, facilitator, start_gate, write_config)
     payer = Payer()
     headers = payer.header_for(paid.gate.url, "paid-slow")
-    answer: dict = {}
-    sender = threading.Thread(
-        target=lambda: answer.update(paid.post("paid-slow", send_body("sleep 1.5"), headers).json())
-    )
-    sender.start()
-    make_poor_after_verify(paid, tmp_path / "ledger.db", payer)  # spent elsewhere while the agent works
-    sender.join(30)
-    task = answer["result"]
+    # spent elsewhere while the agent works
+    task = send_refused_at_settle(paid, "paid-slow", "sleep 1.5", headers, tmp_path / "ledger.db", payer)["result"]
     assert task["status"]["state"] == "completed"  # deliver (the default): the work was delivered
     assert task["metadata"]["x402.payment.status"] == "payment-failed"
     assert task["metadata"]["x402.payment.error"] == "invalid_exact_evm_insufficient_balance"

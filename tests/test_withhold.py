@@ -16,7 +16,16 @@ import httpx
 
 from tests.support.gate_helpers import sse_events
 from tests.support.gate_process import free_port
-from tests.support.paid import ASSET, PAY_TO, PaidSetup, Payer, make_poor_after_verify, paid_config, send_body
+from tests.support.paid import (
+    ASSET,
+    PAY_TO,
+    PaidSetup,
+    Payer,
+    make_poor_after_verify,
+    paid_config,
+    send_body,
+    send_refused_at_settle,
+)
 
 WITHHOLDING = f"""
 [agents.withheld]
@@ -86,14 +95,7 @@ def test_refused_settlement_withholds_the_answer_everywhere(tmp_path, facilitato
     paid = withholding_gate(tmp_path, facilitator, start_gate, write_config)
     payer = Payer()
     headers = payer.header_for(paid.gate.url, "withheld")
-    answer: dict = {}
-    sender = threading.Thread(
-        target=lambda: answer.update(paid.post("withheld", send_body("sleep 1.5"), headers).json())
-    )
-    sender.start()
-    make_poor_after_verify(paid, tmp_path / "ledger.db", payer)
-    sender.join(30)
-    task = answer["result"]
+    task = send_refused_at_settle(paid, "withheld", "sleep 1.5", headers, tmp_path / "ledger.db", payer)["result"]
     assert_no_paid_surface(task)
     fetched = paid.post(
         "withheld", {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task["id"]}}, headers

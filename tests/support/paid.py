@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -312,9 +311,20 @@ def make_poor_after_verify(paid: PaidSetup, ledger_path: Path, payer: Payer) -> 
     from devnet.chain import DEV_NETWORK
     from devnet.ledger import DevLedger
 
-    deadline = time.monotonic() + 10
-    while not paid.payment_rows("verify") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: bool(paid.payment_rows("verify")), timeout=10)
     ledger = DevLedger(str(ledger_path))
     ledger.set_balance(DEV_NETWORK, ASSET, payer.address, 0)
     ledger.close()
+
+
+def send_refused_at_settle(
+    paid: PaidSetup, agent: str, text: str, headers: dict[str, str], ledger_path: Path, payer: Payer
+) -> dict[str, Any]:
+    """Send `text` (a blocking send) and, once it is verified, spend the payer's funds elsewhere
+    while the agent works: the answer of a request whose settle is refused."""
+    answer: dict[str, Any] = {}
+    sender = threading.Thread(target=lambda: answer.update(paid.post(agent, send_body(text), headers).json()))
+    sender.start()
+    make_poor_after_verify(paid, ledger_path, payer)
+    sender.join(30)
+    return answer
