@@ -27,7 +27,7 @@ from starlette.routing import Route
 from tests.conftest import FREE_CONFIG
 from tests.support import a2a_clients as sdk
 from tests.support.gate_helpers import artifact_texts, bearer, poll, post, rpc, rpc_body, sse_events, v03_message
-from tests.support.gate_process import GateProcess, free_port
+from tests.support.gate_process import Gate, GateProcess, free_port
 from tests.support.paid import PaidView, Payer, send_body
 from tests.support.serve import serve_app
 
@@ -46,15 +46,6 @@ def keys_table(*keys: tuple[str, str]) -> str:
         f'\n[[keys]]\nname = "{name}"\nsha256 = "{hashlib.sha256(key.encode()).hexdigest()}"\nagents = ["*"]\n'
         for name, key in keys
     )
-
-
-@dataclass
-class Gate:
-    process: GateProcess
-    headers: dict[str, str]
-
-    def agent(self, name: str) -> str:
-        return f"{self.process.url}/a2a/{name}"
 
 
 NO_STREAM = """

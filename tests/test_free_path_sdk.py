@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from tests.conftest import FREE_CONFIG
 from tests.support import a2a_clients as sdk
 from tests.support.gate_helpers import artifact_texts, bearer, poll
-from tests.support.gate_process import GateProcess, free_port
+from tests.support.gate_process import Gate, GateProcess, free_port
 
 T = TypeVar("T")
 KEY = "a2g_test-sdk-principal-key-0123456789"
@@ -26,15 +25,6 @@ KEY = "a2g_test-sdk-principal-key-0123456789"
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
-
-
-@dataclass
-class Gate:
-    process: GateProcess
-    headers: dict[str, str]
-
-    def agent(self, name: str) -> str:
-        return f"{self.process.url}/a2a/{name}"
 
 
 @pytest.fixture(scope="module")

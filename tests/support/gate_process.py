@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -132,3 +133,14 @@ class GateProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_later()
+
+
+@dataclass
+class Gate:
+    """A running gate and the headers its test's calls carry (an API key)."""
+
+    process: GateProcess
+    headers: dict[str, str]
+
+    def agent(self, name: str) -> str:
+        return f"{self.process.url}/a2a/{name}"
