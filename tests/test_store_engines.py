@@ -327,6 +327,26 @@ def test_postgresql_read_only_is_not_writable(postgres_schema: PostgresSchema) -
     with_db(postgres_schema.store_url("-cdefault_transaction_read_only=on"), body)
 
 
+async def grow_pool(db: Database, size: int, connections: Callable[[], Awaitable[int]] | None = None) -> None:
+    """Make the pool open `size` connections (as many transactions held at once), then let them go
+    idle in it; `connections` counts them on the server, else half a second is taken as enough."""
+    gate = asyncio.Event()
+
+    async def hold() -> None:
+        async with db.transaction():
+            await db.fetchval("SELECT 1")
+            await gate.wait()
+
+    holders = [asyncio.create_task(hold()) for _ in range(size)]
+    if connections is None:
+        await asyncio.sleep(0.5)
+    else:
+        while await connections() < size:
+            await asyncio.sleep(0.05)
+    gate.set()
+    await asyncio.gather(*holders)
+
+
 def test_postgresql_pool_recovers_when_its_backends_are_terminated(postgres_schema: PostgresSchema) -> None:
     """The server ends every connection (a restart, a failover, an operator): the next statements just work."""
     name = f"a2a-gate-test-{postgres_schema.schema}"
@@ -334,18 +354,7 @@ def test_postgresql_pool_recovers_when_its_backends_are_terminated(postgres_sche
 
     async def body(db: Database) -> None:
         await db.execute(ROWS)
-        gate = asyncio.Event()
-
-        async def hold() -> None:
-            async with db.transaction():
-                await db.fetchval("SELECT 1")
-                await gate.wait()
-
-        holders = [asyncio.create_task(hold()) for _ in range(4)]  # the pool grows to 4 connections
-        while await db_connections(name) < 4:
-            await asyncio.sleep(0.05)
-        gate.set()
-        await asyncio.gather(*holders)
+        await grow_pool(db, 4, lambda: db_connections(name))
         before = set(await backends(name))
         await admin(
             postgres_schema.url,
@@ -442,17 +451,7 @@ def test_postgresql_restarted_is_unavailable_meanwhile_and_used_again_at_once(ow
 
     async def body(db: Database) -> None:
         await db.execute(ROWS)
-        gate = asyncio.Event()
-
-        async def hold() -> None:
-            async with db.transaction():
-                await db.fetchval("SELECT 1")
-                await gate.wait()
-
-        holders = [asyncio.create_task(hold()) for _ in range(4)]  # the pool grows to 4 connections
-        await asyncio.sleep(0.5)
-        gate.set()
-        await asyncio.gather(*holders)
+        await grow_pool(db, 4)
         with pytest.raises(DatabaseUnavailable):
             async with db.transaction():
                 await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("cut", 1))
