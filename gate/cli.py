@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gate.sealing import SealingKeyMissing, load_key
+from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
 from server.config import ConfigError, Settings, default_settings, is_database_url, load_config
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     database = args.database or settings.database
     if is_database_url(database):
         load_key(database)  # replicas: each needs the key they all share, checked before it starts
+    _check_sealing_key(database)
     overrides: dict[str, Any] = {}
     if args.trusted_proxy:
         overrides["trusted_proxies"] = args.trusted_proxy
@@ -223,6 +224,22 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0)
     raise SystemExit(f"error: {url} did not come up within {timeout:g}s")
 
 
+def _check_sealing_key(database: str) -> None:
+    """Before serving: a key other than the one the database was sealed with stops here, in one line."""
+    from gate.sealing import Sealer
+    from server.database import open_database
+
+    async def run() -> None:
+        db = open_database(database)
+        await db.open()
+        try:
+            await Sealer(load_key(database)).check(db)
+        finally:
+            await db.close()
+
+    asyncio.run(run())
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_config(args.config)
     for warning in settings.warnings:
@@ -337,6 +354,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     async def run() -> list[dict[str, Any]]:
         async with _opened_services(args) as services:
             assert isinstance(services.anonymous, PaymentGate)
+            if args.reopen is not None:
+                await services.anonymous.check_sealing_key()
+                task_id = None if args.reopen == "all" else args.reopen
+                reopened = await services.anonymous.claims.reopen(task_id)
+                print(f"{reopened} settlement(s) needing attention re-opened")
             return await services.anonymous.reconcile_once()
 
     outcomes = asyncio.run(run())
@@ -414,6 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile = sub.add_parser("reconcile", help="settle delivered-but-unsettled work now")
     reconcile.add_argument("--config")
     reconcile.add_argument("--database")
+    reconcile.add_argument(
+        "--reopen",
+        nargs="?",
+        const="all",
+        metavar="TASK_ID",
+        help="first put settlements needing attention (all, or one task's) back to owed with a fresh"
+        " budget, e.g. after adding the network's rpc_url",
+    )
     reconcile.set_defaults(func=cmd_reconcile)
 
     migrate = sub.add_parser("migrate", help="create or update the database's tables, then exit")
@@ -432,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except SealingKeyMissing as exc:
+    except (SealingKeyMissing, SealingKeyMismatch) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

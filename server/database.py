@@ -50,6 +50,9 @@ class Migration:
 
 class Database(ABC):
     dialect: ClassVar[str]
+    # The database's own clock, in epoch seconds, as a SQL expression: lease arithmetic is
+    # written with it so every process judges a lease by one clock, never by its own.
+    clock_sql: ClassVar[str]
 
     @abstractmethod
     async def open(self) -> None:

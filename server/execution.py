@@ -30,6 +30,12 @@ STOP_SECONDS = 5.0  # on shutdown, how long undelivered work has to record that 
 UNDELIVERED_STATES = INTERRUPTED_STATES | {"failed", "rejected", "canceled"}
 
 
+class OwnershipLost(Exception):
+    """Raised by a `Settlement` hook: the anonymous path no longer holds this execution's
+    right to deliver or record (another process took it over). Nothing more is delivered,
+    saved or published as this execution's outcome."""
+
+
 @dataclass(frozen=True)
 class Collected:
     """What settling delivered work came to: metadata for the final status, and whether it is paid."""
@@ -49,7 +55,9 @@ class Settlement:
     raises (its `Collected.metadata` goes on the final status message); `saved` runs inside
     the transaction that stores the final task; `abandoned` when that store gave up
     (the reconciler repairs the task from the recorded outcome); `not_delivered` runs
-    when nothing is to be charged.
+    when nothing is to be charged. Any hook may raise `OwnershipLost`; `revoke` is filled
+    in by the runner at the start, for the anonymous path to stop the work when it learns
+    the right to deliver is gone.
     """
 
     mark_delivered: Callable[[dict[str, Any] | None], Awaitable[None]]
@@ -58,6 +66,7 @@ class Settlement:
     saved: Callable[[], Awaitable[None]]
     abandoned: Callable[[], None] = lambda: None
     withhold: bool = False  # settle before the answer leaves; unpaid, it never does
+    revoke: Callable[[], None] = lambda: None
 
 
 @dataclass
@@ -83,6 +92,7 @@ class Execution:
     subscribers: list[Subscriber] = field(default_factory=list)
     delivering: bool = False  # past this point the work is delivered and may not be cancelled
     stopped_by_shutdown: bool = False
+    revoked: bool = False  # the anonymous path took back the right to deliver
     job: asyncio.Task[None] | None = None
 
     def publish(self, event: dict[str, Any]) -> None:
@@ -141,7 +151,18 @@ class Runner:
         execution = Execution(task=task, agent=agent, settlement=settlement)
         self.live[task["id"]] = execution
         execution.job = asyncio.create_task(self._run(execution, message), name=f"task-{task['id']}")
+        if settlement is not None:
+            settlement.revoke = lambda: self.revoke(execution)
         return execution
+
+    def revoke(self, execution: Execution) -> None:
+        """The right to deliver is gone: undelivered work stops here and now (its outcome is
+        another process's to record); delivered work goes on, and its hooks record nothing."""
+        if execution.revoked or execution.done.is_set():
+            return
+        execution.revoked = True
+        if not execution.delivering and execution.job is not None:
+            execution.job.cancel()
 
     async def cancel(self, execution: Execution) -> str | None:
         """Cancel before delivery; None when canceled, else why not (delivered, or the
@@ -226,7 +247,12 @@ class Runner:
                 await self._deliver(execution, reply)
             else:
                 await self._end_undelivered(execution, reply)
+        except OwnershipLost:
+            self._lose(execution)
         except asyncio.CancelledError:
+            if execution.revoked and not execution.delivering:
+                self._lose(execution)
+                return
             if execution.delivering:
                 raise  # shutting down mid-settlement: the claim row lets the reconciler finish it
             why = "Stopped by a server shutdown; nothing was charged." if execution.stopped_by_shutdown else None
@@ -283,14 +309,19 @@ class Runner:
             await self.store.save(task)
             execution.publish(status_event(task, final=True))
             return
-        if settlement.withhold:  # the answer stays out of the task, its streams and the store until paid
-            async with self.store.db.transaction():
-                await settlement.mark_delivered({"artifact": artifact, "text": text})
-        else:
-            task.setdefault("artifacts", []).append(artifact)
-            async with self.store.db.transaction():
-                await self.store.save(task)
-                await settlement.mark_delivered(None)
+        try:
+            if settlement.withhold:  # the answer stays out of the task, its streams and the store until paid
+                async with self.store.db.transaction():
+                    await settlement.mark_delivered({"artifact": artifact, "text": text})
+            else:
+                task.setdefault("artifacts", []).append(artifact)
+                async with self.store.db.transaction():
+                    await self.store.save(task)
+                    await settlement.mark_delivered(None)
+        except OwnershipLost:  # the transaction rolled back: nothing was delivered
+            execution.delivering = False
+            raise
+        if not settlement.withhold:
             execution.publish(artifact_event(task, artifact))
         # shielded: a cancel arriving now must not interrupt a settlement
         collected = await asyncio.shield(settlement.delivered(task))
@@ -303,6 +334,23 @@ class Runner:
                 task, "failed", agent_message(task, "Payment failed: the answer is withheld.", collected.metadata)
             )
         await self._save_final(execution)
+        execution.publish(status_event(task, final=True))
+
+    def _lose(self, execution: Execution) -> None:
+        """Ownership went elsewhere: this execution delivers, saves and charges nothing; its
+        subscribers learn it ended here (the stored task is the new owner's to tell)."""
+        task = execution.task
+        execution.revoked = True
+        logger.warning("task %s stopped: its payment claim is owned by another process now", task["id"])
+        if not execution.delivering or task["status"]["state"] not in ("completed", "failed"):
+            task["artifacts"] = [a for a in task.get("artifacts") or [] if a.get("name") != "result"]
+            set_status(
+                task,
+                "failed",
+                agent_message(
+                    task, "Stopped: this request's payment is handled by another server; nothing was charged here."
+                ),
+            )
         execution.publish(status_event(task, final=True))
 
     def _show(self, execution: Execution, artifact: dict[str, Any]) -> None:
@@ -345,6 +393,10 @@ class Runner:
     async def _finish_undelivered(self, execution: Execution) -> None:
         task = execution.task
         if execution.settlement is not None:
-            await asyncio.shield(execution.settlement.not_delivered(task))
+            try:
+                await asyncio.shield(execution.settlement.not_delivered(task))
+            except OwnershipLost:  # the new owner released the claim and tells the task's end
+                self._lose(execution)
+                return
         await self.store.save(task)
         execution.publish(status_event(task, final=True))

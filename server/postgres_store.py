@@ -131,6 +131,8 @@ async def alive(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 class PostgresDatabase(Database):
     dialect = "postgresql"
+    # The server's clock, read afresh per statement (now() would be the transaction's start).
+    clock_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
     def __init__(self, url: str) -> None:
         self.conninfo, self.min_size, self.max_size = pool_sizes(url)

@@ -24,6 +24,8 @@ from server.database import Database, DatabaseUnavailable, Row
 
 class SQLiteDatabase(Database):
     dialect = "sqlite"
+    # One machine, one clock: the same wall clock every process on it reads, in SQL.
+    clock_sql = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def __init__(self, path: str) -> None:
         self.path = path
