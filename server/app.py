@@ -51,7 +51,6 @@ from server.tasks import TaskStore, agent_message, set_status
 
 logger = logging.getLogger("a2a_gate")
 
-HOUSEKEEPING_SECONDS = 60.0
 DATABASE_START_SECONDS = 30.0  # how long a starting process waits for its database
 
 
@@ -334,4 +333,4 @@ async def _housekeeping_loop(services: Services) -> None:
             await services.housekeeping()
         except Exception:
             logger.exception("housekeeping failed")
-        await asyncio.sleep(HOUSEKEEPING_SECONDS)
+        await asyncio.sleep(services.settings.housekeeping_interval_seconds)
