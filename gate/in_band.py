@@ -27,9 +27,10 @@ from starlette.responses import Response
 from gate import pricing
 from gate.settlement import ERROR, RECEIPTS, STATUS
 from server.config import AgentConfig, Price
+from server.dialects import TERMINAL_STATES
 from server.execution import Execution, Settlement
 from server.jsonrpc import TASK_NOT_FOUND, RpcError
-from server.methods import SendPlan, task_answer
+from server.methods import SendPlan, finished, task_answer
 from server.tasks import agent_message, new_task, pending_owner, set_status
 
 if TYPE_CHECKING:
@@ -121,9 +122,10 @@ def error_code(reason: str) -> str:
 
 @dataclass(frozen=True)
 class Pending:
-    """A request awaiting its first payment: the task, and the original message it asked with."""
+    """A request awaiting its first payment: the task (with the original message it asked with), and its agent."""
 
     task: dict[str, Any]
+    agent: str
 
     @property
     def id(self) -> str:
@@ -135,9 +137,33 @@ class Pending:
 
 
 async def find_pending(gate: PaymentGate, plan: SendPlan, agent: AgentConfig) -> Pending | None:
-    """The pending request this message continues (pays for, or declines), if any."""
-    task = await gate.store.pending(plan.message.get("taskId"), agent.name)
-    return Pending(task) if task is not None else None
+    """The request awaiting payment this message continues (pays for, or declines), if any.
+
+    One that ended unpaid (declined) is a finished task, answered as every finished task
+    is: it is never asked for payment again, so it never counts against the cap again.
+    """
+    task = await gate.store.unpaid(plan.message.get("taskId"), agent.name)
+    if task is None:
+        return None
+    if task["status"]["state"] in TERMINAL_STATES:
+        raise finished(task)
+    return Pending(task, agent.name)
+
+
+async def store_pending(gate: PaymentGate, pending: Pending) -> None:
+    """Store a request awaiting payment as it now stands, unless it changed meanwhile
+    (paid for, declined, expired): then nothing is written and the caller is told why."""
+    if not await gate.store.save_unpaid(pending.task):
+        raise await no_longer_pending(gate, pending)
+
+
+async def no_longer_pending(gate: PaymentGate, pending: Pending) -> RpcError:
+    """The answer for a request that stopped awaiting payment under us: finished, or gone
+    (another payer adopted it, or it expired), the same -32001 as for any task not ours."""
+    task = await gate.store.unpaid(pending.id, pending.agent)
+    if task is not None and task["status"]["state"] in TERMINAL_STATES:
+        return finished(task)
+    return RpcError(TASK_NOT_FOUND)
 
 
 def client_status(plan: SendPlan) -> Any:
@@ -181,7 +207,7 @@ async def payment_required(
         await store.create(task, agent=agent.name, owner=owner, deadline_seconds=max_timeout(price, resource))
         return task_answer(plan, task, active.echo())
     ask(task, price, resource, agent.description, {STATUS: "payment-required"})
-    await store.save(task)
+    await store_pending(gate, pending)
     return task_answer(plan, task, active.echo())
 
 
@@ -209,17 +235,17 @@ async def refused(
     failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
     task = pending.task
     ask(task, price, resource, agent.description, failure, f"Payment failed ({code}); pay again to use this agent.")
-    await gate.store.save(task)
+    await store_pending(gate, pending)
     return task_answer(plan, task, echo(active))
 
 
 async def declined(gate: PaymentGate, plan: SendPlan, pending: Pending, active: Activation | None) -> Response:
-    """The client declined to pay (`payment-rejected`): the task ends, canceled, uncharged."""
+    """The client declined to pay (`payment-rejected`): the task ends, canceled, uncharged, for good."""
     task = pending.task
     metadata = {STATUS: "payment-rejected"}
     set_status(task, "canceled", agent_message(task, "Payment declined by the client; nothing was charged.", metadata))
     task["metadata"] = metadata
-    await gate.store.save(task)
+    await store_pending(gate, pending)
     return task_answer(plan, task, echo(active))
 
 
@@ -228,8 +254,8 @@ async def start_paid(
 ) -> Execution:
     """The payment is verified: the payer adopts the task and the agent runs the ORIGINAL message."""
     task = await gate.store.adopt(pending.id, owner, agent.name)
-    if task is None:  # paid for by someone else a moment ago, or expired
-        raise RpcError(TASK_NOT_FOUND)
+    if task is None:  # paid for by someone else a moment ago, declined, or expired
+        raise await no_longer_pending(gate, pending)
     task.pop("metadata", None)
     return await gate.methods.start_task(task, agent.name, task["history"][0], settlement)
 

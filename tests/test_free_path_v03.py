@@ -150,7 +150,7 @@ def test_cancel_an_input_required_task(gate: GateProcess) -> None:
     assert canceled["status"]["state"] == "canceled"
     assert (
         code_of(gate, "message/send", {"message": v03_message("Rome", taskId=task["id"])}, agent="interrupting")
-        == -32602
+        == -32004
     )
 
 
@@ -200,10 +200,12 @@ def test_continue_an_input_required_task_with_its_task_id(gate: GateProcess) -> 
     assert artifact_texts(second) == ["weather in Lisbon: sunny"]
 
 
-def test_continuing_a_completed_task_is_invalid_params(gate: GateProcess) -> None:
+def test_continuing_a_completed_task_is_unsupported_operation(gate: GateProcess) -> None:
+    """A2A 3.1.1: a message to a task in a terminal state is refused with UnsupportedOperationError."""
     task = send(gate, "echo", v03_message("once"))
 
-    assert code_of(gate, "message/send", {"message": v03_message("twice", taskId=task["id"])}) == -32602
+    assert code_of(gate, "message/send", {"message": v03_message("twice", taskId=task["id"])}) == -32004
+    assert get(gate, "echo", task["id"])["status"]["state"] == "completed"
 
 
 def test_continuing_an_unknown_task_is_task_not_found(gate: GateProcess) -> None:
