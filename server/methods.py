@@ -123,12 +123,17 @@ class Methods:
                 raise RpcError(
                     INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued"
                 )
-            task = found
+            task, interrupted = found, found["status"]["state"]
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
             set_status(task, "submitted")
-            await self.store.save(task)
+            # the turn starts now, and so does its deadline; unless another message or a cancel came first
+            if not await self.store.start_turn(task, interrupted):
+                now = await self.store.get(task_id, owner, agent)
+                if now is not None and now["status"]["state"] in TERMINAL_STATES:
+                    raise finished(now)
+                raise RpcError(INVALID_PARAMS, "Task changed meanwhile: only an interrupted task can be continued")
         return self.runner.start(task, agent, message, settlement)
 
     async def start_task(
