@@ -196,6 +196,8 @@ async def payment_required(
     settings, store = gate.settings, gate.store
     if pending is not None:
         task = pending.task
+    elif client_status(plan) == "payment-rejected":  # it names nothing awaiting payment: nothing to decline
+        raise RpcError(TASK_NOT_FOUND)
     else:
         message = scrub({k: v for k, v in plan.message.items() if k != "taskId"})
         owner = pending_owner(caller)

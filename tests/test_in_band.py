@@ -353,3 +353,14 @@ def test_a_decline_while_the_payment_is_verified_stays_declined(paid, signature)
         conn.close()
     assert state == "canceled" and held_unpaid(paid) == 0
     assert paid.ledger()["settlements"] == []
+
+
+def test_declining_what_awaits_no_payment_asks_for_nothing(paid):
+    """payment-rejected naming a task that awaits no payment here (unknown, expired, paid for) is
+    -32001: it declines nothing, and never becomes a new request awaiting payment."""
+    task = ask(paid, "pay this one")
+    paid.post("paid", paying_body(PAYMENT_MESSAGE, task["id"], Payer().sign_v1(offer_v1(task))), ACTIVATE)
+    for task_id in ("no-such-task", task["id"]):
+        answer = decline(paid, task_id)
+        assert answer.get("error", {}).get("code") == -32001, answer
+    assert held_unpaid(paid) == 0
