@@ -202,11 +202,16 @@ async def payment_required(
         message = scrub({k: v for k, v in plan.message.items() if k != "taskId"})
         owner = pending_owner(caller)
         too_big = len(json.dumps(message, separators=(",", ":"))) > settings.in_band_max_message_bytes
-        if too_big or await store.count_pending(owner) >= settings.in_band_pending_per_ip:
-            return gate.answers_402.response(agent.name, price, resource, agent.description)
         task = new_task(message.get("contextId"), message)
         ask(task, price, resource, agent.description, {STATUS: "payment-required"})
-        await store.create(task, agent=agent.name, owner=owner, deadline_seconds=max_timeout(price, resource))
+        if too_big or not await store.create_pending(
+            task,
+            agent=agent.name,
+            owner=owner,
+            deadline_seconds=max_timeout(price, resource),
+            cap=settings.in_band_pending_per_ip,
+        ):
+            return gate.answers_402.response(agent.name, price, resource, agent.description)
         return task_answer(plan, task, active.echo())
     ask(task, price, resource, agent.description, {STATUS: "payment-required"})
     await store_pending(gate, pending)

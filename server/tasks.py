@@ -143,6 +143,19 @@ class TaskStore:
             ),
         )
 
+    async def create_pending(
+        self, task: dict[str, Any], *, agent: str, owner: str, deadline_seconds: float, cap: int
+    ) -> bool:
+        """Create a request awaiting payment unless its owner (one caller) already has `cap` of them
+        awaiting it: counted and created as one step, however many requests of that caller arrive
+        at once, on any process or replica. False, and nothing created, at the cap."""
+        async with self.db.transaction():
+            await self.db.lock(owner)
+            if await self.count_pending(owner) >= cap:
+                return False
+            await self.create(task, agent=agent, owner=owner, deadline_seconds=deadline_seconds)
+        return True
+
     async def save(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> None:
         document = json.dumps(task, separators=(",", ":"))
         if backend_ref is None:

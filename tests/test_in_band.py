@@ -364,3 +364,40 @@ def test_declining_what_awaits_no_payment_asks_for_nothing(paid):
         answer = decline(paid, task_id)
         assert answer.get("error", {}).get("code") == -32001, answer
     assert held_unpaid(paid) == 0
+
+
+def test_a_burst_of_unpaid_requests_holds_at_most_the_cap_on_postgresql(
+    tmp_path, facilitator, start_gate, write_config, postgres_schema
+):
+    """20 unpaid requests of one caller at once, on a store where each request's count and insert
+    interleave with the others': at most the cap (5) are held awaiting payment, the rest get the 402."""
+    import asyncio
+    import base64
+    import os
+
+    import psycopg
+
+    port = free_port()
+    text = paid_config(f"http://127.0.0.1:{port}", facilitator).replace(
+        'database = "gate.db"', f'database = "{postgres_schema.store_url()}"'
+    )
+    key = base64.urlsafe_b64encode(os.urandom(32)).decode()
+    gate = start_gate(write_config(text), port=port, env={"A2A_GATE_SEALING_KEY": key})
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(f"{gate.url}/a2a/paid", json=send_body(f"burst {i}"), headers=ACTIVATE)
+                    for i in range(20)
+                )
+            )
+
+    answers = asyncio.run(burst())
+    with psycopg.connect(postgres_schema.url, autocommit=True) as conn:
+        conn.execute(f'SET search_path = "{postgres_schema.schema}"')
+        [(held,)] = conn.execute(
+            "SELECT COUNT(*) FROM tasks WHERE owner LIKE 'payment-pending%%' AND state = 'input-required'"
+        ).fetchall()
+    assert held <= 5, f"{held} unpaid input-required tasks held, cap 5"
+    assert sorted(r.status_code for r in answers) == [200] * held + [402] * (20 - held)
