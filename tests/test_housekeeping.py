@@ -18,6 +18,7 @@ from server.config import default_settings
 from server.tasks import PENDING_OWNER, new_task, set_status
 from tests.support.gate_helpers import artifact_texts, bearer, status_text, wait_for
 from tests.support.gate_process import GateProcess, free_port
+from tests.support.in_band import ACTIVATE, offer_v1, paying_body, payment_metadata, task_of
 from tests.support.paid import ASSET, PAY_TO, PaidSetup, Payer, paid_config, send_body
 
 
@@ -120,6 +121,25 @@ def test_a_continued_turn_gets_a_deadline_of_its_own(turns: PaidSetup, path: str
         assert task["status"]["message"]["metadata"]["x402.payment.status"] == "payment-completed"
         charged = [s for s in turns.ledger()["settlements"] if s["from_address"].lower() == payer.address.lower()]
         assert len(charged) == 1
+
+
+def test_an_in_band_task_continued_after_its_deadline_gets_a_deadline_of_its_own(turns: PaidSetup) -> None:
+    """Paid in-band: the first paid turn asks for more, the next one (paid again, after the first
+    turn's deadline passed) works for less than a deadline and completes, charged once."""
+    agent, payer = "paid-asks-then-works", Payer()
+    asked = task_of(turns.post(agent, send_body("start"), ACTIVATE).json()["result"])
+    offer = offer_v1(asked)
+    paying = paying_body("paying", asked["id"], payer.sign_v1(offer))
+    first = task_of(turns.post(agent, paying, ACTIVATE).json()["result"])
+    assert first["status"]["state"] == "input-required"  # the agent asks; nothing charged
+    time.sleep(TURN_DEADLINE + 1.0)
+    next_turn = paying_body("sleep 1.5", asked["id"], payer.sign_v1(offer))
+    task = task_of(turns.post(agent, next_turn, ACTIVATE).json()["result"])
+    assert task["status"]["state"] == "completed", status_text(task)
+    assert artifact_texts(task) == ["slept 1.5"]
+    assert payment_metadata(task)["x402.payment.status"] == "payment-completed"
+    charged = [s for s in turns.ledger()["settlements"] if s["from_address"].lower() == payer.address.lower()]
+    assert len(charged) == 1
 
 
 def test_a_continued_turn_past_its_own_deadline_is_failed(turns: PaidSetup) -> None:
