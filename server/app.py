@@ -31,7 +31,7 @@ from server.cards import agent_card
 from server.config import Settings
 from server.database import Database, DatabaseUnavailable, open_database
 from server.deadlines import BodyDeadline
-from server.execution import Runner
+from server.execution import PAST_DEADLINE, Runner
 from server.jsonrpc import (
     INTERNAL_ERROR,
     UNSUPPORTED_OPERATION,
@@ -51,7 +51,6 @@ from server.tasks import TaskStore, agent_message, set_status
 
 logger = logging.getLogger("a2a_gate")
 
-HOUSEKEEPING_SECONDS = 60.0
 DATABASE_START_SECONDS = 30.0  # how long a starting process waits for its database
 
 
@@ -103,16 +102,15 @@ class Services:
         return "ok"
 
     async def housekeeping(self) -> None:
-        """Expire old finished tasks and fail the ones stuck past their deadline (uncharged)."""
+        """Expire old finished tasks and fail the turns running past their own deadline (uncharged)."""
         await self.store.expire(self.settings.task_retention_days * 86400)
         await self.anonymous.expire(self.settings.task_retention_days * 86400)
         for task in await self.store.stuck():
             execution = self.runner.live.get(task["id"])
             if execution is not None:
-                if not execution.delivering and execution.job is not None:
-                    execution.job.cancel()
+                self.runner.stop_past_deadline(execution)
                 continue
-            set_status(task, "failed", agent_message(task, "The task passed its deadline."))
+            set_status(task, "failed", agent_message(task, PAST_DEADLINE))
             await self.store.save(task)
 
 
@@ -334,4 +332,4 @@ async def _housekeeping_loop(services: Services) -> None:
             await services.housekeeping()
         except Exception:
             logger.exception("housekeeping failed")
-        await asyncio.sleep(HOUSEKEEPING_SECONDS)
+        await asyncio.sleep(services.settings.housekeeping_interval_seconds)

@@ -137,6 +137,7 @@ class Settings:
     max_body_bytes: int = 1_048_576
     task_retention_days: float = 7.0
     task_deadline_seconds: float = 600.0
+    housekeeping_interval_seconds: float = 60.0  # how often stuck tasks are failed and old ones deleted
     per_ip_per_minute: int = 30
     per_agent_per_minute: int = 120
     limiter_max_entries: int = 100_000
@@ -280,6 +281,7 @@ class _Reader:
             "max_body_bytes",
             "task_retention_days",
             "task_deadline_seconds",
+            "housekeeping_interval_seconds",
             "limits",
             "proxy",
             "facilitator",
@@ -353,6 +355,13 @@ class _Reader:
             ),
             task_deadline_seconds=self.positive(
                 raw, "task_deadline_seconds", defaults.task_deadline_seconds, "task_deadline_seconds", float
+            ),
+            housekeeping_interval_seconds=self.positive(
+                raw,
+                "housekeeping_interval_seconds",
+                defaults.housekeeping_interval_seconds,
+                "housekeeping_interval_seconds",
+                float,
             ),
             per_ip_per_minute=self.positive(
                 limits, "per_ip_per_minute", defaults.per_ip_per_minute, "limits.per_ip_per_minute"

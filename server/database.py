@@ -85,6 +85,11 @@ class Database(ABC):
     async def lock_schema(self) -> None:
         """Inside a transaction: hold off every other process migrating the schema until it ends."""
 
+    @abstractmethod
+    async def lock(self, name: str) -> None:
+        """Inside a transaction: hold off every other transaction taking the lock of this name
+        (in any process or replica) until it ends: a read, then a write that depends on it, is one step."""
+
     async def notify(self, channel: str, payload: str) -> None:
         """Tell the other processes on this database (`listen`); an engine without notifications
         does nothing, and its listeners find out by polling."""

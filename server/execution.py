@@ -28,6 +28,7 @@ CANCEL_POLL_SECONDS = 0.25  # how soon a cancel asked of another process reaches
 CANCEL_POLL_NOTIFIED_SECONDS = 2.0  # the same, as a fallback, where notifications come first
 STOP_SECONDS = 5.0  # on shutdown, how long undelivered work has to record that it stopped
 UNDELIVERED_STATES = INTERRUPTED_STATES | {"failed", "rejected", "canceled"}
+PAST_DEADLINE = "The task passed its deadline."  # a turn failed by housekeeping, uncharged
 
 
 class OwnershipLost(Exception):
@@ -92,6 +93,7 @@ class Execution:
     subscribers: list[Subscriber] = field(default_factory=list)
     delivering: bool = False  # past this point the work is delivered and may not be cancelled
     stopped_by_shutdown: bool = False
+    stopped_by_deadline: bool = False
     revoked: bool = False  # the anonymous path took back the right to deliver
     job: asyncio.Task[None] | None = None
 
@@ -183,6 +185,14 @@ class Runner:
         await execution.done.wait()
         return None
 
+    def stop_past_deadline(self, execution: Execution) -> None:
+        """Housekeeping found this turn past its deadline: stop it, undelivered (it ends failed,
+        uncharged); delivered work is past stopping and settles."""
+        if execution.delivering or execution.job is None:
+            return
+        execution.stopped_by_deadline = True
+        execution.job.cancel()
+
     async def backend_agrees_to_cancel(self, agent: str, task_id: str) -> bool:
         """A backend that runs the task elsewhere (an upstream agent) is asked first."""
         cancel = getattr(self.agents.backend(agent), "cancel", None)
@@ -255,8 +265,11 @@ class Runner:
                 return
             if execution.delivering:
                 raise  # shutting down mid-settlement: the claim row lets the reconciler finish it
-            why = "Stopped by a server shutdown; nothing was charged." if execution.stopped_by_shutdown else None
-            set_status(task, "canceled", agent_message(task, why or "Canceled by the caller."))
+            if execution.stopped_by_deadline:  # not the caller's doing: the turn failed
+                set_status(task, "failed", agent_message(task, PAST_DEADLINE))
+            else:
+                why = "Stopped by a server shutdown; nothing was charged." if execution.stopped_by_shutdown else None
+                set_status(task, "canceled", agent_message(task, why or "Canceled by the caller."))
             await self._finish_undelivered(execution)
         except Exception:
             logger.exception("execution of task %s failed", task["id"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import select
@@ -296,6 +297,12 @@ class PostgresDatabase(Database):
         if self._joined() is None:
             raise RuntimeError("lock_schema() holds the lock until the transaction ends: call it inside one")
         await self.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+
+    async def lock(self, name: str) -> None:
+        if self._joined() is None:
+            raise RuntimeError("lock() holds the lock until the transaction ends: call it inside one")
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)  # a bigint
+        await self.execute("SELECT pg_advisory_xact_lock(?)", (key,))
 
     async def notify(self, channel: str, payload: str) -> None:
         """Delivered to every listener on this database; inside a transaction, when it commits."""

@@ -29,3 +29,10 @@ async def metadata_keys(request: AgentRequest) -> str:
     """Says which metadata keys it was shown, on the message and on the history."""
     seen = {key for message in [request.message, *request.history] for key in message.get("metadata") or {}}
     return " ".join(sorted(seen)) or "none"
+
+
+async def ask_then_work(request: AgentRequest) -> AgentReply | str:
+    """Interrupts for more input on the first turn; on the second it works as `slow` does ('sleep 1.5')."""
+    if len([m for m in request.history if m.get("role") == "user"]) < 2:
+        return AgentReply(state="input-required", text="What should I do?")
+    return await slow(request)
