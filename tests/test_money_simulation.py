@@ -236,9 +236,25 @@ class MoneyWorld(RuleBasedStateMachine):
             self.run(self.reconcile_on(replica))
 
     async def reconcile_on(self, replica: Replica) -> None:
+        """One reconciler pass; a live claim it takes over must have run out of lease by the
+        database's clock (not by the replica's own, which may be off)."""
+        db = self.world.replicas[0].services.db
+        live = {
+            r["token_digest"]: r
+            for r in await db.fetch(
+                "SELECT token_digest, fence, lease_until FROM claims WHERE state IN ('running', 'settling')"
+            )
+        }
+        now = self.world.now
         await replica.gate.recover()
         await replica.gate.reconcile()
         await self.quiet()
+        after = {r["token_digest"]: r["fence"] for r in await db.fetch("SELECT token_digest, fence FROM claims")}
+        for digest, before in live.items():
+            if after.get(digest) != before["fence"]:
+                assert before["lease_until"] < now, (
+                    f"a live claim was taken over {before['lease_until'] - now:.0f}s before its lease ran out"
+                )
 
     @rule(pick=st.integers(0, 7))
     def stall(self, pick: int) -> None:
@@ -358,13 +374,15 @@ class MoneyWorld(RuleBasedStateMachine):
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def world_on(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[type[MoneyWorld]]:
+def world_on(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[type[MoneyWorld]]:
     if request.param == "postgresql":
         schema = request.getfixturevalue("postgres_schema")
         database = schema.store_url()
     else:
         database = "sqlite"
-    os.environ.setdefault("A2A_GATE_SEALING_KEY", "Vf0zQw4Jm9q8u4C7bJ9oZr2H1s0xk3L5n6p7r8t9v0w=")
+    monkeypatch.setenv("A2A_GATE_SEALING_KEY", "Vf0zQw4Jm9q8u4C7bJ9oZr2H1s0xk3L5n6p7r8t9v0w=")
     machine = type("MoneyWorldOn", (MoneyWorld,), {"database": database, "workdir": tmp_path})
     yield machine
 
