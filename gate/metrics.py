@@ -52,6 +52,11 @@ class GateMetrics:
             "Times Redis stopped answering and the limiters fell back to this replica's own buckets",
             registry=registry,
         )
+        self.facilitator_reachable = Gauge(
+            "a2a_gate_facilitator_reachable",
+            "1 when the facilitator answered the last readiness check (GET /readyz, at most every 10 s), else 0",
+            registry=registry,
+        )
         self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling", registry=registry)
         self.reconciler_backlog = Gauge(
             "a2a_gate_reconciler_backlog", "Delivered work awaiting settlement", registry=registry

@@ -47,17 +47,36 @@ def test_metrics_count_requests_payments_and_refusals(own_paid):
 def test_health_and_readiness(paid):
     assert httpx.get(f"{paid.gate.url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{paid.gate.url}/readyz")
-    assert ready.status_code == 200 and ready.json() == {"status": "ready", "database": "ok", "facilitator": "ok"}
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ready", "database": "ok", "facilitator": "ok", "facilitator_breaker": "closed"}
 
 
-def test_readiness_fails_when_the_facilitator_is_unreachable(tmp_path, start_gate, write_config):
+def test_readiness_is_the_replicas_own_the_facilitator_only_reported(start_gate, write_config, own_postgres):
+    """A facilitator that does not answer leaves the replica ready (its free path serves; its paid
+    path answers verify_unavailable itself) and says so in /readyz and the metrics; a store that
+    does not answer is what makes it unready."""
+    import base64
+    import os
+
     port = free_port()
-    gate = start_gate(
-        write_config(paid_config(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}")), port=port
-    )
-    ready = httpx.get(f"{gate.url}/readyz")
-    assert ready.status_code == 503
-    assert ready.json()["facilitator"].startswith("unavailable")
+    text = paid_config(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}")  # a closed port
+    text = text.replace('database = "gate.db"', f'database = "{own_postgres.url}"')
+    key = base64.urlsafe_b64encode(os.urandom(32)).decode()
+    gate = start_gate(write_config(text), port=port, env={"A2A_GATE_SEALING_KEY": key})
+    ready = httpx.get(f"{gate.url}/readyz", timeout=10)
+    assert ready.status_code == 200, ready.text
+    body = ready.json()
+    assert body["status"] == "ready" and body["database"] == "ok"
+    assert body["facilitator"].startswith("unavailable") and body["facilitator_breaker"] == "closed"
+    text = httpx.get(f"{gate.url}/metrics").text
+    assert metric(text, "a2a_gate_facilitator_reachable") == 0
+    assert "a2a_gate_facilitator_breaker_state 0.0" in text
+    paid = httpx.post(f"{gate.url}/a2a/paid", json=send_body("x"), headers=Payer().header_for(gate.url), timeout=30)
+    assert paid.json()["error"]["data"]["code"] == "verify_unavailable"
+
+    own_postgres.stop()
+    unready = httpx.get(f"{gate.url}/readyz", timeout=10)
+    assert unready.status_code == 503 and unready.json()["database"].startswith("error")
 
 
 def test_json_log_lines_name_the_request_and_never_the_token(tmp_path, facilitator, start_gate, write_config):
