@@ -3,8 +3,12 @@
 The composition root: the one place that puts the A2A server (`server/`) and the
 payment gate (its anonymous path) together, in `build_app`.
 
-A bad configuration stops with one line per problem and exit status 2, never a
-traceback.
+Every subcommand finds its configuration the same way: `--config FILE`, before or after
+the subcommand, else the file A2A_GATE_CONFIG names, else the embedded defaults (the
+database `a2a-gate.db` in the working directory, which the command names on stderr). A
+command that only reads never creates a database it did not find: run from the wrong
+directory it says so instead of answering from an empty one. A bad configuration stops
+with one line per problem and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -32,7 +36,16 @@ if TYPE_CHECKING:
     from server.database import Database
 
 CONFIG_ENV = "A2A_GATE_CONFIG"
+CONFIG_HELP = (
+    f"TOML configuration file, before or after the subcommand (default: the file ${CONFIG_ENV} names, "
+    "else the embedded defaults: a2a-gate.db in the working directory)"
+)
+DATABASE_HELP = "SQLite file or postgresql:// URL (overrides the configuration)"
 T = TypeVar("T")
+
+
+class NoDatabase(Exception):
+    """A command that needs an existing database found none where its configuration points."""
 
 
 def load_settings(path: str | None) -> Settings:
@@ -224,18 +237,49 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    settings = load_config(args.config)
+    path = args.file or args.config or os.environ.get(CONFIG_ENV)
+    if not path:
+        print(f"error: no configuration file: give FILE or --config FILE, or set {CONFIG_ENV}", file=sys.stderr)
+        return 2
+    settings = load_config(path)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     priced = [a.name for a in settings.agents.values() if a.price]
-    print(f"{args.config}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")
+    print(f"{path}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")
     return 0
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    """The configuration a management command works on: `--config`, with `--database` over it."""
+    """The configuration a management command works on: `--config`, with `--database` over it.
+
+    Its SQLite file must exist unless the command may create it (`keys create`, `migrate`);
+    on the embedded defaults the command says which file it uses."""
     settings = load_settings(args.config)
-    return replace(settings, database=args.database) if args.database else settings
+    if args.database:
+        settings = replace(settings, database=args.database)
+    if is_database_url(settings.database):
+        return settings
+    path = os.path.abspath(settings.database)
+    found = os.path.exists(path)
+    if not found and not args.may_create:
+        raise NoDatabase(
+            f"no database at {path} ({_source(args)}); run this where the server runs, "
+            f"or give the server's configuration with --config FILE or {CONFIG_ENV}"
+        )
+    if not (args.config or args.database or os.environ.get(CONFIG_ENV)):
+        print(f"note: no --config or {CONFIG_ENV}: using {path}{'' if found else ' (new)'}", file=sys.stderr)
+    return settings
+
+
+def _source(args: argparse.Namespace) -> str:
+    """Where a command's database came from, for its messages."""
+    if args.database:
+        return "from --database"
+    if args.config:
+        return f"from --config {args.config}"
+    if os.environ.get(CONFIG_ENV):
+        return f"from {CONFIG_ENV}={os.environ[CONFIG_ENV]}"
+    return f"the embedded defaults; no --config or {CONFIG_ENV} given"
 
 
 def _with_database(args: argparse.Namespace, work: Callable[[Database], Awaitable[T]]) -> T:
@@ -281,7 +325,7 @@ async def _keys(args: argparse.Namespace, db: Database) -> int:
         try:
             key, digest = await principals.create_key(db, args.name, args.agent or ["*"])
         except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {exc}; choose another name (`a2a-gate keys list` shows the names taken)", file=sys.stderr)
             return 2
         print(f"key (shown once, keep it secret): {key}")
         print("stored form, for a [[keys]] entry in a configuration file:")
@@ -350,18 +394,31 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="a2a-gate", description="An A2A server with an x402 payment gate.")
+    parser = argparse.ArgumentParser(
+        prog="a2a-gate",
+        description="An A2A server with an x402 payment gate.",
+        epilog=f"Every subcommand takes --config FILE (before or after it) or reads ${CONFIG_ENV}.",
+    )
+    parser.add_argument("--config", help=CONFIG_HELP)
+    parser.add_argument("--database", help=DATABASE_HELP)
+    parser.set_defaults(may_create=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the server")
-    serve.add_argument("--config", help="TOML configuration file (default: embedded defaults, or $A2A_GATE_CONFIG)")
+    def command(parent: Any, name: str, help: str, *, may_create: bool = False) -> argparse.ArgumentParser:
+        """A subcommand taking --config and --database like every other (unset here: the top level's stay)."""
+        child: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
+        child.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
+        child.add_argument("--database", default=argparse.SUPPRESS, help=DATABASE_HELP)
+        child.set_defaults(may_create=may_create)
+        return child
+
+    serve = command(sub, "serve", "run the server")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--workers", type=int, default=1, help="worker processes (they share the SQLite file)")
     serve.add_argument(
         "--trusted-proxy", action="append", help="peer address whose X-Forwarded-* headers count (repeatable)"
     )
-    serve.add_argument("--database", help="SQLite file or postgresql:// URL (overrides the configuration)")
     serve.add_argument(
         "--dev-facilitator",
         type=int,
@@ -372,25 +429,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-json", action="store_true", help="one JSON object per log line")
     serve.set_defaults(func=cmd_serve)
 
-    check = sub.add_parser("check-config", help="validate a configuration file and print every problem")
-    check.add_argument("config")
+    check = command(sub, "check-config", "validate a configuration file and print every problem")
+    check.add_argument("file", nargs="?", help="the file (or --config FILE, or $A2A_GATE_CONFIG)")
     check.set_defaults(func=cmd_check_config)
 
-    keys = sub.add_parser("keys", help="create, list and revoke API keys")
-    keys.add_argument("--config")
-    keys.add_argument("--database")
+    keys = command(sub, "keys", "create, list and revoke API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    create = keys_sub.add_parser("create", help="create a key; prints it once, with its stored form")
+    create = command(keys_sub, "create", "create a key; prints it once, with its stored form", may_create=True)
     create.add_argument("name")
     create.add_argument("--agent", action="append", help="agent the key may use (repeatable; default: all)")
-    keys_sub.add_parser("list", help="list keys (never the keys themselves)")
-    revoke = keys_sub.add_parser("revoke", help="revoke a key by name")
+    command(keys_sub, "list", "list keys (never the keys themselves)")
+    revoke = command(keys_sub, "revoke", "revoke a key by name")
     revoke.add_argument("name")
     keys.set_defaults(func=cmd_keys)
 
-    payments = sub.add_parser("payments", help="recent payment log rows")
-    payments.add_argument("--config")
-    payments.add_argument("--database")
+    payments = command(sub, "payments", "recent payment log rows")
     payments.add_argument("--agent")
     payments.add_argument("--payer")
     payments.add_argument(
@@ -411,14 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     payments.add_argument("--limit", type=int, default=50)
     payments.set_defaults(func=cmd_payments)
 
-    reconcile = sub.add_parser("reconcile", help="settle delivered-but-unsettled work now")
-    reconcile.add_argument("--config")
-    reconcile.add_argument("--database")
+    reconcile = command(sub, "reconcile", "settle delivered-but-unsettled work now")
     reconcile.set_defaults(func=cmd_reconcile)
 
-    migrate = sub.add_parser("migrate", help="create or update the database's tables, then exit")
-    migrate.add_argument("--config")
-    migrate.add_argument("--database", help="SQLite file or postgresql:// URL (overrides the configuration)")
+    migrate = command(sub, "migrate", "create or update the database's tables, then exit", may_create=True)
     migrate.set_defaults(func=cmd_migrate)
 
     return parser
@@ -432,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except SealingKeyMissing as exc:
+    except (SealingKeyMissing, NoDatabase) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
