@@ -147,13 +147,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _unwind_on_sigterm() -> None:
-    """Let SIGTERM unwind the stack like Ctrl-C does, so cleanup (`finally`, `with`) runs.
+    """Let SIGTERM (and SIGHUP) unwind the stack like Ctrl-C does, so cleanup (`finally`, `with`) runs.
 
-    uvicorn handles SIGTERM itself, shuts down, then raises the signal again; with the
-    default action the process ended right there, before the development facilitator
-    was stopped. Exit status 143 (128 + SIGTERM) is what a supervisor expects.
+    uvicorn handles SIGTERM itself (the server drains SIGHUP the same way: `server.shutdown`),
+    shuts down, then raises the signal again; with the default action the process ended right
+    there, before the development facilitator was stopped. Exit status 143 (128 + SIGTERM),
+    or 129 for SIGHUP, is what a supervisor expects.
     """
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ from server.metrics import Metrics, agent_label
 from server.principals import Principals, create_tables
 from server.proxy import TrustedProxyMiddleware, public_base_url
 from server.request_log import RequestInfo
+from server.shutdown import draining_on_signals
 from server.tasks import TaskStore, agent_message, set_status
 
 logger = logging.getLogger("a2a_gate")
@@ -74,6 +75,7 @@ class Services:
         self.runner.agent_view = self.anonymous.agent_view  # ... and what an agent may not see of one
         self.started_at = time.time()  # cards come from the configuration read now
         self.background: list[asyncio.Task[None]] = []
+        self.draining: asyncio.Task[None] | None = None
 
     async def open_store(self) -> None:
         """Connect to the database and bring every table up to date: the server's, then the anonymous path's."""
@@ -87,10 +89,17 @@ class Services:
         await self.anonymous.start()
         self.background.append(asyncio.create_task(self.runner.follow_cancel_requests()))
 
+    def begin_drain(self) -> None:
+        """Stop taking on work and drain what runs (`Runner.drain`); once, from the stop signal on."""
+        if self.draining is None:
+            self.draining = asyncio.create_task(self.runner.drain(self.settings.http.drain_seconds), name="drain")
+
     async def close(self) -> None:
         for job in self.background:
             job.cancel()
-        await self.runner.drain(self.settings.http.drain_seconds)
+        self.begin_drain()
+        assert self.draining is not None
+        await self.draining
         await self.anonymous.close()
         await self.agents.aclose()
         await self.db.close()
@@ -306,7 +315,8 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
         await services.start()
         keeper = asyncio.create_task(_housekeeping_loop(services))
         try:
-            yield
+            with draining_on_signals(services.begin_drain):  # the drain starts at the signal, not after it
+                yield
         finally:
             keeper.cancel()
             await services.close()
