@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -95,6 +96,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    token_env = settings.http.metrics_token_env
+    if token_env and not os.environ.get(token_env):
+        print(f"error: http.metrics_token_env names {token_env}, which is not set (or empty)", file=sys.stderr)
+        return 2
     database = args.database or settings.database
     if is_database_url(database):
         load_key(database)  # replicas: each needs the key they all share, checked before it starts
@@ -126,7 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     proxy_headers=False,
                     access_log=False,
                     log_level=args.log_level,
-                )
+                ),
+                settings.http.metrics_listen,
             )
         else:
             server = uvicorn.Server(
@@ -140,7 +146,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     log_level=args.log_level,
                 )
             )
-            server.run()
+            if settings.http.metrics_listen:  # two listeners, one process: the A2A port and the metrics one
+                server.run(sockets=[_tcp(server.config.bind_socket()), _listen(settings.http.metrics_listen)])
+            else:
+                server.run()
             if not server.started:
                 return 3  # uvicorn's own exit status for a server that could not start
     return 0
@@ -202,7 +211,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-def _run_workers(config: Any) -> None:
+def _run_workers(config: Any, metrics_listen: tuple[str, int] | None = None) -> None:
     """`uvicorn.run(..., workers=N)`, but with TCP_NODELAY on every accepted connection.
 
     uvicorn's `Config.bind_socket()` creates the listener with `proto` 0, accepted sockets
@@ -211,14 +220,32 @@ def _run_workers(config: Any) -> None:
     (https://github.com/Kludex/uvicorn/issues/3149). Re-wrapping the descriptor makes
     Python ask the kernel, which says IPPROTO_TCP.
     """
-    import socket
-
     from uvicorn.supervisors import Multiprocess
 
-    sock = config.bind_socket()
+    sockets = [_tcp(config.bind_socket())]
+    if metrics_listen:
+        sockets.append(_listen(metrics_listen))
+    Multiprocess(config, sockets=sockets).run()
+
+
+def _tcp(sock: socket.socket) -> socket.socket:
+    """The listener re-wrapped so Python asks the kernel its protocol: accepted connections then
+    get TCP_NODELAY (see `_run_workers`)."""
     if sock.family in (socket.AF_INET, socket.AF_INET6):
         sock = socket.socket(fileno=sock.detach())
-    Multiprocess(config, sockets=[sock]).run()
+    return sock
+
+
+def _listen(address: tuple[str, int]) -> socket.socket:
+    """A listener on `[http] metrics_listen` (an IP literal), as uvicorn binds its own."""
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=128)
+    except OSError as exc:
+        raise SystemExit(f"error: http.metrics_listen {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return _tcp(sock)
 
 
 def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:

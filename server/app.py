@@ -43,7 +43,7 @@ from server.jsonrpc import (
     store_unavailable,
 )
 from server.methods import Methods, plan_send, unsupported
-from server.metrics import Metrics, agent_label
+from server.metrics import Metrics, MetricsAccess, agent_label
 from server.principals import Principals, create_tables
 from server.proxy import TrustedProxyMiddleware, public_base_url
 from server.request_log import RequestInfo
@@ -334,7 +334,8 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
     ]
     # a request reaches the routes only whole: its body read within the deadline
     middleware = [
-        Middleware(BodyDeadline, seconds=settings.http.body_timeout_seconds, max_bytes=settings.max_body_bytes)
+        Middleware(MetricsAccess, http=settings.http),  # /metrics: its own listener, its token
+        Middleware(BodyDeadline, seconds=settings.http.body_timeout_seconds, max_bytes=settings.max_body_bytes),
     ]
     if settings.trusted_proxies:
         # uvicorn's proxy-header handling: forwarded headers count only from these peers
