@@ -131,6 +131,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     proxy_headers=False,
                     access_log=False,
                     log_level=args.log_level,
+                    log_config=None,  # uvicorn logs through our handler (request_log.configure)
                 ),
                 settings.http.metrics_listen,
             )
@@ -144,6 +145,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     proxy_headers=False,
                     access_log=False,
                     log_level=args.log_level,
+                    log_config=None,  # uvicorn logs through our handler (request_log.configure)
                 )
             )
             if settings.http.metrics_listen:  # two listeners, one process: the A2A port and the metrics one

@@ -340,6 +340,8 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
     if settings.trusted_proxies:
         # uvicorn's proxy-header handling: forwarded headers count only from these peers
         middleware.append(Middleware(TrustedProxyMiddleware, trusted_hosts=list(settings.trusted_proxies)))
+    # outermost: every line of a request, and its answer, carry the request's id
+    middleware.insert(0, Middleware(request_log.RequestIds, trusted=settings.trusted_proxies))
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from server.agents import AgentRegistry, AgentReply, AgentRequest
 from server.database import commit_until_stored
 from server.dialects import INTERRUPTED_STATES
+from server.request_log import TASK_ID
 from server.tasks import TaskStore, agent_message, new_id, set_status
 
 logger = logging.getLogger("a2a_gate.execution")
@@ -144,6 +145,7 @@ class Runner:
     ) -> Execution:
         execution = Execution(task=task, agent=agent, settlement=settlement, stopped_by_shutdown=self.stopping)
         self.live[task["id"]] = execution
+        TASK_ID.set(task["id"])  # the request's log lines from here on, and the work's, name the task
         execution.job = asyncio.create_task(self._run(execution, message), name=f"task-{task['id']}")
         return execution
 
