@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -375,9 +376,14 @@ async def _keys(args: argparse.Namespace, db: Database) -> int:
     return 0
 
 
+PAYMENT_COLUMNS = ("time (UTC)", "action", "agent", "payer", "amount", "transaction", "error", "task")
+
+
 def cmd_payments(args: argparse.Namespace) -> int:
     from gate.payment_log import PaymentLog
 
+    if args.summary:
+        return cmd_payments_summary(args)
     action = "write_off" if args.unsettled else "needs_attention" if args.needs_attention else args.action
 
     async def read(db: Database) -> list[dict[str, Any]]:
@@ -385,13 +391,91 @@ def cmd_payments(args: argparse.Namespace) -> int:
         await log.create_tables()
         return await log.rows(agent=args.agent, payer=args.payer, action=action, limit=args.limit)
 
-    for row in _with_database(args, read):
+    rows = _with_database(args, read)
+    print("\t".join(PAYMENT_COLUMNS))
+    for row in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         print(
             f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
             f"{row['transaction'] or '-'}\t{row['error'] or '-'}\t{row['task_id'] or '-'}"
         )
+    if not rows:
+        print("(no payment log rows" + (" match" if action or args.agent or args.payer else "") + ")", file=sys.stderr)
     return 0
+
+
+SUMMARY_COLUMNS = (
+    "day (UTC)",
+    "agent",
+    "402s",
+    "verified",
+    "settled",
+    "revenue (atomic units, asset@network)",
+    "settle failures",
+    "owed",
+    "written off",
+    "needs attention",
+)
+
+
+def cmd_payments_summary(args: argparse.Namespace) -> int:
+    """Per agent and day: callers asked to pay, paid requests, revenue, settle outcomes, owed, written off."""
+    from gate.payment_log import PaymentLog
+    from server.request_counts import RequestCounts, day_of
+
+    since = time.time() - args.days * 86400
+
+    async def read(db: Database) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[tuple[str, str, str], int]]:
+        await PaymentLog(db).create_tables()
+        counts = RequestCounts(db)
+        await counts.create_tables()
+        rows = await db.fetch(
+            "SELECT at, agent, action, network, asset, amount, token_digest FROM payments"
+            " WHERE at >= ? AND action IN ('verify', 'settle', 'settle_failed', 'write_off', 'needs_attention')",
+            (since,),
+        )
+        ended = await db.fetch(
+            "SELECT DISTINCT token_digest FROM payments WHERE action IN ('settle', 'write_off', 'needs_attention')"
+        )
+        return rows, ended, await counts.read(day_of(since))
+
+    rows, ended, counts = _with_database(args, read)
+    finished = {r["token_digest"] for r in ended}
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def line(day: str, agent: str) -> dict[str, Any]:
+        return table.setdefault((day, agent), {"revenue": Counter(), "owed": {}, **dict.fromkeys(SUMMARY_KEYS, 0)})
+
+    for (day, agent, outcome), n in counts.items():
+        if outcome == "payment_required" and (not args.agent or agent == args.agent):
+            line(day, agent)["402s"] += n
+    for row in rows:
+        if args.agent and row["agent"] != args.agent:
+            continue
+        entry, action = line(day_of(row["at"]), row["agent"]), row["action"]
+        money = f"{row['asset']}@{row['network']}"
+        if action == "settle":
+            entry["settled"] += 1
+            entry["revenue"][money] += int(row["amount"] or 0)
+        elif action == "settle_failed":
+            entry["settle failures"] += 1
+            if row["token_digest"] not in finished:
+                entry["owed"][row["token_digest"]] = money
+        else:
+            entry[{"verify": "verified", "write_off": "written off", "needs_attention": "needs attention"}[action]] += 1
+    print("\t".join(SUMMARY_COLUMNS))
+    for (day, agent), entry in sorted(table.items()):
+        revenue = ", ".join(f"{amount} {money}" for money, amount in sorted(entry["revenue"].items())) or "0"
+        print(
+            f"{day}\t{agent}\t{entry['402s']}\t{entry['verified']}\t{entry['settled']}\t{revenue}\t"
+            f"{entry['settle failures']}\t{len(entry['owed'])}\t{entry['written off']}\t{entry['needs attention']}"
+        )
+    if not table:
+        print(f"(nothing in the last {args.days:g} days)", file=sys.stderr)
+    return 0
+
+
+SUMMARY_KEYS = ("402s", "verified", "settled", "settle failures", "written off", "needs attention")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -493,6 +577,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="settlements nobody could decide (no chain endpoint, chain unreachable)",
     )
     payments.add_argument("--limit", type=int, default=50)
+    payments.add_argument(
+        "--summary",
+        action="store_true",
+        help="a report per agent and day: 402s, paid requests, revenue, settle outcomes, owed, written off",
+    )
+    payments.add_argument("--days", type=float, default=7, help="how far back --summary reaches (default 7)")
     payments.set_defaults(func=cmd_payments)
 
     reconcile = command(sub, "reconcile", "settle delivered-but-unsettled work now")

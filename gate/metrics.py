@@ -33,6 +33,13 @@ class GateMetrics:
             ["outcome"],
             registry=registry,
         )
+        # by network and asset only: an agent label could name a hidden agent (server/metrics.py)
+        self.revenue = Counter(
+            "a2a_gate_revenue_atomic",
+            "Settled amounts, in the asset's atomic units, by network and asset",
+            ["network", "asset"],
+            registry=registry,
+        )
         self.unsettled = Gauge(
             "a2a_gate_claims_unsettled", "Delivered work written off (never paid)", registry=registry
         )

@@ -46,6 +46,7 @@ from server.methods import Methods, plan_send, unsupported
 from server.metrics import Metrics, MetricsAccess, agent_label
 from server.principals import Principals, create_tables
 from server.proxy import TrustedProxyMiddleware, public_base_url
+from server.request_counts import FLUSH_SECONDS, RequestCounts
 from server.request_log import RequestInfo
 from server.shutdown import draining_on_signals
 from server.tasks import TaskStore, agent_message, set_status
@@ -68,6 +69,7 @@ class Services:
         self.runner = Runner(self.store, self.agents)
         self.methods = Methods(self.store, self.runner)
         self.metrics = Metrics()
+        self.counts = RequestCounts(self.db)
         self.anonymous = anonymous(
             Parts(settings, self.db, self.store, self.agents, self.runner, self.methods, self.metrics)
         )
@@ -82,12 +84,19 @@ class Services:
         await open_until_ready(self.db, DATABASE_START_SECONDS)
         await self.store.create_tables()
         await create_tables(self.db)
+        await self.counts.create_tables()
         await self.anonymous.open_store()
 
     async def start(self) -> None:
         await self.open_store()
         await self.anonymous.start()
         self.background.append(asyncio.create_task(self.runner.follow_cancel_requests()))
+        self.background.append(asyncio.create_task(self._store_counts()))
+
+    async def _store_counts(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            await self.counts.flush()
 
     def begin_drain(self) -> None:
         """Stop taking on work and drain what runs (`Runner.drain`); once, from the stop signal on."""
@@ -100,6 +109,7 @@ class Services:
         self.begin_drain()
         assert self.draining is not None
         await self.draining
+        await self.counts.flush()
         await self.anonymous.close()
         await self.agents.aclose()
         await self.db.close()
@@ -154,6 +164,7 @@ async def a2a_endpoint(request: Request) -> Response:
     if not info.outcome:
         info.set(outcome_of(response))
     services.metrics.requests.labels(info.agent, info.caller.partition(":")[0], info.outcome).inc()
+    services.counts.count(info.agent, info.outcome)
     request_log.write(info, response.status_code)
     return response
 
