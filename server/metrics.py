@@ -99,11 +99,16 @@ class MetricsAccess:
         server = scope.get("server")
         if not server or server[1] is None:
             return False
+        assert self.listen is not None
+        listen_host, listen_port = self.listen
+        if int(server[1]) != listen_port:
+            return False
+        if ipaddress.ip_address(listen_host).is_unspecified:  # 0.0.0.0 or ::: the port says it
+            return True
         try:
-            host = str(ipaddress.ip_address(server[0]))
+            return str(ipaddress.ip_address(server[0])) == listen_host
         except ValueError:
             return False
-        return (host, int(server[1])) == self.listen
 
     def authorized(self, scope: Scope) -> bool:
         if not self.token:

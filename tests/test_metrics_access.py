@@ -4,6 +4,7 @@ or behind a bearer token; either way the public A2A port does not hand it to any
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.support.gate_helpers import create_key
 from tests.support.gate_process import free_port
@@ -19,9 +20,10 @@ database = "gate.db"
 """
 
 
-def test_metrics_on_their_own_listener_are_not_served_on_the_public_port(start_gate, write_config):
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])  # a loopback listener, or every address's
+def test_metrics_on_their_own_listener_are_not_served_on_the_public_port(start_gate, write_config, host):
     port, admin = free_port(), free_port()
-    config = write_config(CONFIG.format(port=port, http=f'metrics_listen = "127.0.0.1:{admin}"'))
+    config = write_config(CONFIG.format(port=port, http=f'metrics_listen = "{host}:{admin}"'))
     gate = start_gate(config, port=port)
     key = create_key(config, "ops")
     sent = httpx.post(
