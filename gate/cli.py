@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gate.sealing import SealingKeyMissing, load_key
 from server.config import ConfigError, Settings, default_settings, is_database_url, load_config
+from server.database import DatabaseRefused, DatabaseUnavailable
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -104,6 +105,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     database = args.database or settings.database
     if is_database_url(database):
         load_key(database)  # replicas: each needs the key they all share, checked before it starts
+    failure = _database_failure(database)
+    if failure:
+        print(f"error: {failure}", file=sys.stderr)
+        return 2
     overrides: dict[str, Any] = {}
     if args.trusted_proxy:
         overrides["trusted_proxies"] = args.trusted_proxy
@@ -156,6 +161,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if not server.started:
                 return 3  # uvicorn's own exit status for a server that could not start
     return 0
+
+
+def _database_failure(location: str) -> str | None:
+    """Why the database cannot be opened, or None: checked before the server starts, so a
+    wrong URL is one line of error (a refusal at once, an unreachable server after the start's
+    patience) rather than a traceback from the server's start-up."""
+    from server.app import DATABASE_START_SECONDS, open_until_ready
+    from server.database import open_database
+
+    async def check() -> None:
+        db = open_database(location)
+        try:
+            await open_until_ready(db, DATABASE_START_SECONDS)
+        finally:
+            await db.close()
+
+    try:
+        asyncio.run(check())
+    except (DatabaseRefused, DatabaseUnavailable) as exc:
+        return f"the database cannot be opened: {exc}"
+    return None
 
 
 def _unwind_on_sigterm() -> None:
@@ -604,6 +630,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (SealingKeyMissing, NoDatabase) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (DatabaseRefused, DatabaseUnavailable) as exc:  # a management command's database
+        print(f"error: the database cannot be opened: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
