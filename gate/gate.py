@@ -224,7 +224,7 @@ class PaymentGate:
             pass
 
     async def readiness(self) -> dict[str, str]:
-        return {"facilitator": await self.facilitator_ready()}
+        return {"facilitator": await self.facilitator_ready(), "facilitator_breaker": self.facilitator.breaker.state}
 
     async def expire(self, older_than_seconds: float) -> None:
         await self.claims.expire(older_than_seconds)
@@ -241,6 +241,7 @@ class PaymentGate:
             except Unavailable as exc:
                 answer = f"unavailable: {exc.reason}"
             self.ready = (time.monotonic(), answer)
+            self.metrics.facilitator_reachable.set(1 if answer == "ok" else 0)
         return answer
 
     async def open_store(self) -> None:

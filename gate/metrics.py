@@ -33,6 +33,13 @@ class GateMetrics:
             ["outcome"],
             registry=registry,
         )
+        # by network and asset only: an agent label could name a hidden agent (server/metrics.py)
+        self.revenue = Counter(
+            "a2a_gate_revenue_atomic",
+            "Settled amounts, in the asset's atomic units, by network and asset",
+            ["network", "asset"],
+            registry=registry,
+        )
         self.unsettled = Gauge(
             "a2a_gate_claims_unsettled", "Delivered work written off (never paid)", registry=registry
         )
@@ -66,6 +73,11 @@ class GateMetrics:
         self.clock_skew = Gauge(
             "a2a_gate_clock_skew_seconds",
             "This process's wall clock minus the database's (leases use the database's)",
+            registry=registry,
+        )
+        self.facilitator_reachable = Gauge(
+            "a2a_gate_facilitator_reachable",
+            "1 when the facilitator answered the last readiness check (GET /readyz, at most every 10 s), else 0",
             registry=registry,
         )
         self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling", registry=registry)

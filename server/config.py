@@ -7,6 +7,7 @@ operator can fix a file from the message alone; `load_config` raises one
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -117,6 +118,8 @@ class HttpConfig:
     keep_alive_seconds: float = 5.0  # an idle connection between requests
     max_head_bytes: int = 16_384  # request line and headers together; a larger head is answered 400
     drain_seconds: float = 10.0  # on SIGTERM: how long requests and running work may finish
+    metrics_listen: tuple[str, int] | None = None  # (ip, port): /metrics there only, not on the A2A port
+    metrics_token_env: str = ""  # env var holding the bearer token /metrics asks for; never in the file
 
 
 @dataclass(frozen=True)
@@ -420,7 +423,15 @@ class _Reader:
     def http(self, raw: dict[str, Any]) -> HttpConfig:
         self.unknown(
             raw,
-            {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes", "drain_seconds"},
+            {
+                "head_timeout_seconds",
+                "body_timeout_seconds",
+                "keep_alive_seconds",
+                "max_head_bytes",
+                "drain_seconds",
+                "metrics_listen",
+                "metrics_token_env",
+            },
             "http",
         )
         d = HttpConfig()
@@ -436,7 +447,24 @@ class _Reader:
             ),
             max_head_bytes=self.positive(raw, "max_head_bytes", d.max_head_bytes, "http.max_head_bytes"),
             drain_seconds=self.positive(raw, "drain_seconds", d.drain_seconds, "http.drain_seconds", float),
+            metrics_listen=self.listen_address(self.get(raw, "metrics_listen", str, "", "http.metrics_listen")),
+            metrics_token_env=self.get(raw, "metrics_token_env", str, "", "http.metrics_token_env"),
         )
+
+    def listen_address(self, value: str) -> tuple[str, int] | None:
+        """`IP:PORT` (`[::1]:9464` for IPv6), as the listener reports it; "" is none."""
+        if not value:
+            return None
+        host, _, port = value.rpartition(":")
+        try:
+            address = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+            number = int(port)
+            if not 0 < number < 65536:
+                raise ValueError(port)
+        except ValueError:
+            self.problem("http.metrics_listen", 'must be IP:PORT, e.g. "127.0.0.1:9464" or "[::1]:9464"')
+            return None
+        return str(address), number
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
         path = "facilitator"

@@ -40,6 +40,11 @@ class DatabaseUnavailable(Exception):
     """The database cannot take the statement now (unreachable, locked, full): try again later."""
 
 
+class DatabaseRefused(Exception):
+    """The database answered and turned us away for good (no such database or role, a wrong
+    password, no entry for us): the configuration is wrong, and waiting will not help."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One schema step, in each engine's words: statements, or a function for what SQL cannot say."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from typing import Any
 
 import uvicorn
@@ -31,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from server.config import HttpConfig
+from server.shutdown import grace_seconds
 
 
 def raw_408(detail: str) -> bytes:
@@ -156,7 +156,7 @@ def server_config(app: Any, http: HttpConfig, **options: Any) -> uvicorn.Config:
         http=HeadDeadlineProtocol,
         ws="none",
         timeout_keep_alive=http.keep_alive_seconds,  # type: ignore[arg-type]
-        timeout_graceful_shutdown=math.ceil(http.drain_seconds),  # open requests, then the lifespan's drain
+        timeout_graceful_shutdown=grace_seconds(http.drain_seconds),  # the drain began at the signal
         h11_max_incomplete_event_size=http.max_head_bytes,
         **options,
     )

@@ -18,6 +18,7 @@ from typing import Any
 from server.agents import AgentRegistry, AgentReply, AgentRequest
 from server.database import commit_until_stored
 from server.dialects import INTERRUPTED_STATES
+from server.request_log import TASK_ID
 from server.tasks import TaskStore, agent_message, new_id, set_status
 
 logger = logging.getLogger("a2a_gate.execution")
@@ -27,6 +28,7 @@ CANCEL_CHANNEL = "a2a_gate_cancel"  # notifications of cancel requests, payload:
 CANCEL_POLL_SECONDS = 0.25  # how soon a cancel asked of another process reaches this one
 CANCEL_POLL_NOTIFIED_SECONDS = 2.0  # the same, as a fallback, where notifications come first
 STOP_SECONDS = 5.0  # on shutdown, how long undelivered work has to record that it stopped
+SETTLE_SECONDS = 5.0  # ... then how long delivered work may settle before its waiting request is answered
 UNDELIVERED_STATES = INTERRUPTED_STATES | {"failed", "rejected", "canceled"}
 PAST_DEADLINE = "The task passed its deadline."  # a turn failed by housekeeping, uncharged
 
@@ -90,6 +92,8 @@ class Execution:
     agent: str
     settlement: Settlement | None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # set with `done`, or by a shutdown's drain that can wait no longer: a blocking request answers then
+    answerable: asyncio.Event = field(default_factory=asyncio.Event)
     subscribers: list[Subscriber] = field(default_factory=list)
     delivering: bool = False  # past this point the work is delivered and may not be cancelled
     stopped_by_shutdown: bool = False
@@ -146,12 +150,14 @@ class Runner:
         self.agent_view: Callable[[dict[str, Any]], dict[str, Any]] = lambda message: message
         self.cancels_seen: set[str] = set()  # cancel requests from other processes, acted on once
         self.cancelling: set[asyncio.Task[str | None]] = set()
+        self.stopping = False  # a shutdown's drain is over: work that starts now is stopped at once
 
     def start(
         self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None
     ) -> Execution:
-        execution = Execution(task=task, agent=agent, settlement=settlement)
+        execution = Execution(task=task, agent=agent, settlement=settlement, stopped_by_shutdown=self.stopping)
         self.live[task["id"]] = execution
+        TASK_ID.set(task["id"])  # the request's log lines from here on, and the work's, name the task
         execution.job = asyncio.create_task(self._run(execution, message), name=f"task-{task['id']}")
         if settlement is not None:
             settlement.revoke = lambda: self.revoke(execution)
@@ -229,24 +235,40 @@ class Runner:
                     job.add_done_callback(self.cancelling.discard)
 
     async def drain(self, timeout: float) -> None:
-        """On shutdown: let running executions (and their settlements) finish within `timeout`;
-        then stop the undelivered rest, which releases their claims uncharged now rather than
-        after a lease. Delivered work keeps settling; if the process ends first, its claim's
-        lease runs out and another process settles it."""
-        jobs = [e.job for e in self.live.values() if e.job is not None]
-        if not jobs:
-            return
-        _, unfinished = await asyncio.wait(jobs, timeout=timeout)
-        stopping = [e for e in self.live.values() if e.job in unfinished and not e.delivering]
+        """On shutdown (from the signal on, every connection still open): let running executions
+        (and their settlements) finish within `timeout`; then stop the undelivered rest, which
+        answers their requests with the canceled Task and releases their claims uncharged now
+        rather than after a lease; work that starts later is stopped before it runs. Delivered
+        work gets SETTLE_SECONDS more to settle; a request still waiting on it is then answered
+        "retry" (the payer's retry replays the stored outcome). If the process ends first, the
+        claim's lease runs out and another process settles it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self.live:
+            logger.info("draining %d running task(s), for up to %gs", len(self.live), timeout)
+        while (jobs := self._jobs()) and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(jobs, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        self.stopping = True
+        stopping = [e for e in self.live.values() if e.job is not None and not e.delivering]
         for execution in stopping:
             execution.stopped_by_shutdown = True
             execution.job.cancel()  # type: ignore[union-attr]
         if stopping:
+            logger.info("stopped %d undelivered task(s); nothing was charged for them", len(stopping))
             await asyncio.wait([e.job for e in stopping if e.job is not None], timeout=STOP_SECONDS)
+        if jobs := self._jobs():
+            await asyncio.wait(jobs, timeout=SETTLE_SECONDS)
+        for execution in self.live.values():
+            execution.answerable.set()
+
+    def _jobs(self) -> list[asyncio.Task[None]]:
+        return [e.job for e in self.live.values() if e.job is not None]
 
     async def _run(self, execution: Execution, message: dict[str, Any]) -> None:
         task = execution.task
         try:
+            if execution.stopped_by_shutdown:  # started after the drain: stopped before it runs
+                raise asyncio.CancelledError
             # "working" lives in memory (tasks/get and streams of this process read it); the
             # stored row stays "submitted" until the next stored state, one write fewer per task
             set_status(task, "working")
@@ -284,6 +306,7 @@ class Runner:
             self.live.pop(task["id"], None)
             self.cancels_seen.discard(task["id"])
             execution.done.set()
+            execution.answerable.set()
 
     async def _call_backend(self, execution: Execution, message: dict[str, Any]) -> AgentReply:
         task = execution.task

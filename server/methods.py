@@ -33,6 +33,7 @@ from server.jsonrpc import (
     Call,
     RpcError,
     result_response,
+    shutting_down,
 )
 from server.streams import follow_live, follow_stored, sse, sse_response
 from server.tasks import TaskQuery, TaskStore, agent_message, new_id, new_task, set_status, trim_history
@@ -147,7 +148,9 @@ class Methods:
     async def send(self, plan: SendPlan, execution: Execution) -> dict[str, Any]:
         """The send result in the caller's dialect, after the work when blocking."""
         if plan.blocking:
-            await execution.done.wait()
+            await execution.answerable.wait()
+            if not execution.done.is_set():  # a shutdown could wait no longer for its settlement
+                raise shutting_down()
         task = trim_history(execution.task, plan.history_length)
         return dialects.send_result(task, plan.call.dialect)
 

@@ -42,7 +42,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from server.database import Database, DatabaseUnavailable, Row
+from server.database import Database, DatabaseRefused, DatabaseUnavailable, Row
 
 CONNECT_TIMEOUT = 5  # seconds for one connection attempt (libpq connect_timeout), unless the URL says
 ACQUIRE_TIMEOUT = 5.0  # seconds a statement waits for a free pool connection before DatabaseUnavailable
@@ -93,6 +93,13 @@ def pool_sizes(url: str) -> tuple[str, int, int]:
     if sizes["pool_min_size"] > sizes["pool_max_size"]:
         raise ValueError("pool_min_size is larger than pool_max_size")
     return urlunsplit(parts._replace(query="&".join(rest))), sizes["pool_min_size"], sizes["pool_max_size"]
+
+
+# What a server that turned a connection away for good says (libpq gives no SQLSTATE for it)
+REFUSED = re.compile(
+    r"FATAL:\s+(database \S+ does not exist|role \S+ does not exist|password authentication failed for user \S+"
+    r"|no pg_hba\.conf entry for .*)",
+)
 
 
 def unavailable(exc: psycopg.Error) -> NoReturn:
@@ -167,6 +174,9 @@ class PostgresDatabase(Database):
             first = await psycopg.AsyncConnection.connect(self.conninfo, **extra)
             await first.close()
         except psycopg.Error as exc:
+            reason = REFUSED.search(str(exc))
+            if reason:  # the server said no: a wrong name, role or password
+                raise DatabaseRefused(f"postgresql: {reason.group(0).strip()}") from exc
             if retryable(exc):
                 unavailable(exc)
             raise  # a URL libpq cannot read: the configuration is wrong, waiting will not help

@@ -115,9 +115,13 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
 
 
 def services_or_skip() -> None:
-    """Case e runs on PostgreSQL and Redis: skip without them (fail in CI)."""
+    """Case e runs on PostgreSQL and Redis, its two replicas behind nginx: skip without them (fail in CI)."""
     import psycopg
     import redis
+
+    from tests.support.nginx import nginx_or_skip
+
+    nginx_or_skip()
 
     try:
         psycopg.connect(postgres_url(), connect_timeout=3).close()
