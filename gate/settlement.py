@@ -266,7 +266,9 @@ class Settler:
         await commit_until_stored(self.claims.db, write, "a settlement")
         self._count("settled")
         if self.metrics is not None:
-            self.metrics.revenue.labels(payment.network, payment.asset).inc(int(payment.amount))
+            payment = p.payment
+            if payment.amount.isdigit():
+                self.metrics.revenue.labels(payment.network, payment.asset).inc(int(payment.amount))
         return Collection(ClaimState.SETTLED, completed_metadata(receipt))
 
     async def _owed(self, p: Pass, error: str, unknown: bool, passes: int, delay: float) -> Collection:
