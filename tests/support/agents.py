@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 
-from server.agents import AgentReply, AgentRequest
+from server.agents import AgentReply, AgentRequest, AgentStatus
 
 
 async def slow(request: AgentRequest) -> str:
@@ -29,3 +31,22 @@ async def metadata_keys(request: AgentRequest) -> str:
     """Says which metadata keys it was shown, on the message and on the history."""
     seen = {key for message in [request.message, *request.history] for key in message.get("metadata") or {}}
     return " ".join(sorted(seen)) or "none"
+
+
+async def writes_when_told(request: AgentRequest) -> AsyncIterator[str | AgentStatus]:
+    """Streams 'first ', then waits for the file its message names to exist, then 'second'."""
+    yield AgentStatus("working", "started")
+    yield "first "
+    signal = Path(request.text)
+    while not signal.exists():
+        await asyncio.sleep(0.02)
+    yield "second"
+
+
+async def slow_writer(request: AgentRequest) -> AsyncIterator[str | AgentStatus]:
+    """Streams its answer with a pause between the chunks: 'sleep 1.5' pauses 1.5 seconds."""
+    seconds = float(request.text.split()[-1]) if request.text.startswith("sleep") else 1.0
+    yield AgentStatus("working", "drafting ALPHA")
+    yield "ALPHA "
+    await asyncio.sleep(seconds)
+    yield "OMEGA"
