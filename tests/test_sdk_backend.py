@@ -1,0 +1,138 @@
+"""`backend = "a2a-sdk"`: an a2a-sdk `AgentExecutor` hosted in a real `a2a-gate serve` process.
+
+Called with the official a2a-sdk client (v1.0) on the free path, as a stock client calls
+any A2A server: send, stream, cancel, input-required then continued; and a priced copy
+paid through the development facilitator, delivered once and settled once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.a2a_clients import cancel_task, send_text, stream_text
+from tests.support.docs_examples import examples, write_example
+from tests.support.gate_helpers import bearer, create_key, wait_for
+from tests.support.gate_process import Gate, GateProcess, free_port
+from tests.support.paid import ASSET, PAY_TO, PaidSetup, Payer, paid_config, send_body
+
+MORE_AGENTS = """
+[agents.streaming]
+backend = "a2a-sdk"
+executor = "tests.support.sdk_agents:make_streaming"
+
+[agents.waiting]
+backend = "a2a-sdk"
+executor = "tests.support.sdk_agents:WaitingExecutor"
+
+[agents.asking]
+backend = "a2a-sdk"
+executor = "tests.support.sdk_agents:AskingExecutor"
+"""
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
+    folder = tmp_path_factory.mktemp("sdk")
+    config = write_example("a2a-sdk", folder)
+    config.write_text(config.read_text() + MORE_AGENTS)
+    key = create_key(config, "sdk")
+    with GateProcess(config, folder / "gate.log") as process:
+        yield Gate(process, bearer(key))
+
+
+def texts(artifacts: list[dict[str, Any]]) -> list[str]:
+    return [p["text"] for a in artifacts for p in a["parts"] if "text" in p]
+
+
+def test_send_runs_the_executor_and_answers_its_artifact(gate: Gate) -> None:
+    answer = asyncio.run(send_text(gate.agent("counter"), "one two three", headers=gate.headers))
+    task = answer["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
+    assert texts(task["artifacts"]) == ["3 words"]
+
+
+def test_stream_carries_the_executors_events_as_they_come(gate: Gate) -> None:
+    events = asyncio.run(stream_text(gate.agent("streaming"), "hi", headers=gate.headers))
+    updates = [e["statusUpdate"] for e in events if "statusUpdate" in e]
+    reading = [u for u in updates if u["status"].get("message", {}).get("parts") == [{"text": "reading..."}]]
+    assert reading and reading[0]["status"]["state"] == "TASK_STATE_WORKING", updates
+    chunks = [e["artifactUpdate"] for e in events if "artifactUpdate" in e]
+    assert [texts([c["artifact"]]) for c in chunks] == [["sdk heard: "], ["hi"], ["sdk heard: ", "hi"]]
+    assert chunks[-1]["lastChunk"] is True
+    assert updates[-1]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+def test_cancel_stops_execute_and_calls_the_executors_cancel(gate: Gate, tmp_path: Path) -> None:
+    marker = tmp_path / "cancelled"
+    started = asyncio.run(send_text(gate.agent("waiting"), str(marker), headers=gate.headers, blocking=False))
+    task_id = started["task"]["id"]
+    canceled = asyncio.run(cancel_task(gate.agent("waiting"), task_id, headers=gate.headers))
+    assert canceled["status"]["state"] == "TASK_STATE_CANCELED", canceled
+    assert marker.read_text() == f"cancel asked for {task_id}"
+
+
+def test_input_required_pauses_and_a_continued_turn_runs_execute_again_with_the_history(gate: Gate) -> None:
+    asked = asyncio.run(send_text(gate.agent("asking"), "weather?", headers=gate.headers))["task"]
+    assert asked["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", asked
+    assert asked["status"]["message"]["parts"] == [{"text": "Which city?"}]
+    answered = asyncio.run(
+        send_text(
+            gate.agent("asking"), "Paris", headers=gate.headers, task_id=asked["id"], context_id=asked["contextId"]
+        )
+    )["task"]
+    assert answered["id"] == asked["id"]
+    assert answered["status"]["state"] == "TASK_STATE_COMPLETED", answered
+    assert texts(answered["artifacts"]) == ["weather in Paris: sunny (1)"]
+
+
+PRICED = f"""
+[agents.paid-counter]
+backend = "a2a-sdk"
+executor = "sdk_agent:CountingExecutor"
+price = {{ network = "eip155:84532", asset = "{ASSET}", amount = "1000", pay_to = "{PAY_TO}" }}
+
+[agents.paid-asking]
+backend = "a2a-sdk"
+executor = "tests.support.sdk_agents:AskingExecutor"
+price = {{ network = "eip155:84532", asset = "{ASSET}", amount = "1000", pay_to = "{PAY_TO}" }}
+"""
+
+
+@pytest.fixture
+def priced(tmp_path: Path, facilitator: str, start_gate) -> PaidSetup:
+    (tmp_path / "sdk_agent.py").write_text(examples()["a2a-sdk/sdk_agent.py"])
+    port = free_port()
+    config = tmp_path / "gate.toml"
+    config.write_text(paid_config(f"http://127.0.0.1:{port}", facilitator) + PRICED)
+    return PaidSetup(gate=start_gate(config, port=port), facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+
+
+def test_a_paid_executor_is_delivered_once_and_settled_once(priced: PaidSetup) -> None:
+    payer = Payer()
+    response = priced.post("paid-counter", send_body("a b c d"), payer.header_for(priced.gate.url, "paid-counter"))
+    task = response.json()["result"]
+    assert task["status"]["state"] == "completed", task
+    assert texts(task["artifacts"]) == ["4 words"]
+    assert task["metadata"]["x402.payment.status"] == "payment-completed"
+    assert priced.count_tasks("paid-counter") == 1
+    wait_for(lambda: len(priced.payment_rows("settle")) == 1)
+    assert len(priced.ledger()["settlements"]) == 1
+
+
+def test_a_paid_executors_question_is_not_charged_and_its_answer_is(priced: PaidSetup) -> None:
+    payer = Payer()  # a task is its payer's: the next turn is paid by the same one
+    asked = priced.post("paid-asking", send_body("weather?"), payer.header_for(priced.gate.url, "paid-asking")).json()[
+        "result"
+    ]
+    assert asked["status"]["state"] == "input-required", asked
+    assert priced.ledger()["settlements"] == []
+    body = send_body("Oslo", task_id=asked["id"])
+    answered = priced.post("paid-asking", body, payer.header_for(priced.gate.url, "paid-asking")).json()["result"]
+    assert answered["status"]["state"] == "completed", answered
+    assert texts(answered["artifacts"]) == ["weather in Oslo: sunny (1)"]
+    assert len(priced.ledger()["settlements"]) == 1
