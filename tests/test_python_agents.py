@@ -39,6 +39,10 @@ callable = "boom:answer"
 backend = "python"
 callable = "tests.support.agents:ask_then_answer"
 
+[agents.echo-in-error]
+backend = "python"
+callable = "boom:echo_in_error"
+
 [agents.told]
 backend = "python"
 callable = "tests.support.agents:writes_when_told"
@@ -47,6 +51,10 @@ callable = "tests.support.agents:writes_when_told"
 BOOM_PY = """
 async def answer(request):
     raise RuntimeError("the weather service is down")
+
+
+async def echo_in_error(request):
+    raise RuntimeError("bad input: " + request.text)
 """
 
 
@@ -101,6 +109,19 @@ def test_an_agent_that_raises_is_logged_with_its_message_and_traceback(tmp_path:
     assert 'boom.py", line 3, in answer' in text
     [line] = request_lines(log, "boom")
     assert "outcome=agent_error" in line, line
+
+
+def test_a_callers_text_in_an_agents_exception_cannot_forge_a_log_line(tmp_path: Path, start_gate) -> None:
+    gate, auth = boom_gate(tmp_path, start_gate)
+    forged = "x\n2001-01-01T00:00:00Z INFO a2a_gate.requests agent=forged outcome=paid\u2028also"
+    task = result(f"{gate.url}/a2a/echo-in-error", "message/send", {"message": v03_message(forged)}, auth)
+    assert task["status"]["state"] == "failed"
+    log = tmp_path / "gate.log"
+    wait_for(lambda: bool(request_lines(log, "echo-in-error")))
+    lines = log.read_text().split("\n")
+    assert not [line for line in lines if line.startswith("2001-01-01")], lines
+    assert "\u2028" not in log.read_text()
+    assert any(line.startswith("    RuntimeError: bad input: x") for line in lines)
 
 
 def test_a_paid_agent_that_raises_is_an_agent_error_and_charges_nothing(paid: PaidSetup, tmp_path: Path) -> None:
@@ -164,6 +185,11 @@ backend = "python"
 callable = "writer:write"
 price = {{ network = "eip155:84532", asset = "{ASSET}", amount = "1000", pay_to = "{PAY_TO}" }}
 
+[agents.paid-half-writer]
+backend = "python"
+callable = "tests.support.agents:streams_then_raises"
+price = {{ network = "eip155:84532", asset = "{ASSET}", amount = "1000", pay_to = "{PAY_TO}" }}
+
 [agents.withheld-writer]
 backend = "python"
 callable = "tests.support.agents:slow_writer"
@@ -192,6 +218,16 @@ def test_a_paid_streaming_agent_is_delivered_and_settled_once(tmp_path: Path, fa
     assert final["metadata"]["x402.payment.status"] == "payment-completed"
     assert len(paid.ledger()["settlements"]) == 1
     assert len(paid.payment_rows("settle")) == 1
+
+
+def test_a_paid_streaming_agent_that_fails_midway_charges_nothing(tmp_path: Path, facilitator: str, start_gate) -> None:
+    paid = streaming_paid(tmp_path, facilitator, start_gate)
+    headers = Payer().header_for(paid.gate.url, "paid-half-writer")
+    events = stream(f"{paid.gate.url}/a2a/paid-half-writer", send_body("x", method="message/stream"), headers)
+    assert events[-1]["status"]["state"] == "failed"
+    assert paid.ledger()["settlements"] == []
+    assert paid.payment_rows("settle") == []
+    assert paid.claim_states() == []  # released: the same token may pay for a retry
 
 
 def test_a_withholding_streaming_agent_shows_nothing_it_yields_when_the_payment_fails(

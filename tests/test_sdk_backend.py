@@ -32,6 +32,14 @@ executor = "tests.support.sdk_agents:WaitingExecutor"
 [agents.asking]
 backend = "a2a-sdk"
 executor = "tests.support.sdk_agents:AskingExecutor"
+
+[agents.at-once]
+backend = "a2a-sdk"
+executor = "tests.support.sdk_agents:MessageExecutor"
+
+[agents.broken]
+backend = "a2a-sdk"
+executor = "tests.support.sdk_agents:BrokenExecutor"
 """
 
 
@@ -88,6 +96,21 @@ def test_input_required_pauses_and_a_continued_turn_runs_execute_again_with_the_
     assert answered["id"] == asked["id"]
     assert answered["status"]["state"] == "TASK_STATE_COMPLETED", answered
     assert texts(answered["artifacts"]) == ["weather in Paris: sunny (1)"]
+
+
+def test_an_executors_message_is_the_answer(gate: Gate) -> None:
+    task = asyncio.run(send_text(gate.agent("at-once"), "hi", headers=gate.headers))["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
+    assert texts(task["artifacts"]) == ["at once: hi"]
+
+
+def test_an_executor_that_raises_fails_its_task_and_is_logged(gate: Gate) -> None:
+    task = asyncio.run(send_text(gate.agent("broken"), "hi", headers=gate.headers))["task"]
+    assert task["status"]["state"] == "TASK_STATE_FAILED", task
+    assert not task.get("artifacts")  # its half answer was not delivered
+    log = gate.process.log
+    wait_for(lambda: "outcome=agent_error" in log.read_text())
+    assert "agent broken raised ValueError: executor bug" in log.read_text()
 
 
 PRICED = f"""

@@ -50,3 +50,9 @@ async def slow_writer(request: AgentRequest) -> AsyncIterator[str | AgentStatus]
     yield "ALPHA "
     await asyncio.sleep(seconds)
     yield "OMEGA"
+
+
+async def streams_then_raises(request: AgentRequest) -> AsyncIterator[str]:
+    """Streams part of an answer, then fails: nothing it sent was delivered."""
+    yield "half an "
+    raise RuntimeError("streaming agent bug")

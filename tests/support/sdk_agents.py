@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from a2a.helpers import new_task_from_user_message, new_text_part
+from a2a.helpers import new_task_from_user_message, new_text_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
@@ -64,3 +64,25 @@ class AskingExecutor(AgentExecutor):
 def make_streaming() -> AgentExecutor:
     """A factory, for `executor = "module:factory"`."""
     return StreamingExecutor()
+
+
+class MessageExecutor(AgentExecutor):
+    """Answers at once with one Message, as the SDK allows for an immediate response."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await event_queue.enqueue_event(new_text_message(f"at once: {context.get_user_input()}"))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise NotImplementedError
+
+
+class BrokenExecutor(AgentExecutor):
+    """Raises in the middle of its work."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
+        await updater.add_artifact([new_text_part("half")])
+        raise ValueError("executor bug")
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise NotImplementedError
