@@ -17,7 +17,7 @@ EXAMPLES = sorted({name.partition("/")[0] for name in examples()})
 
 
 def test_the_page_has_every_kind_of_agent() -> None:
-    assert EXAMPLES == ["a2a-sdk", "callable", "streaming", "upstream"]
+    assert EXAMPLES == ["a2a-sdk", "callable", "priced", "streaming", "upstream"]
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
