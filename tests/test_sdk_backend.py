@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.a2a_clients import cancel_task, send_text, stream_text
+from tests.support.a2a_clients import cancel_task, expect_a2a_error, jsonrpc_error_code, send_text, stream_text
 from tests.support.docs_examples import examples, write_example
 from tests.support.gate_helpers import bearer, create_key, wait_for
 from tests.support.gate_process import Gate, GateProcess, free_port
@@ -40,6 +40,10 @@ executor = "tests.support.sdk_agents:MessageExecutor"
 [agents.broken]
 backend = "a2a-sdk"
 executor = "tests.support.sdk_agents:BrokenExecutor"
+
+[agents.stubborn]
+backend = "a2a-sdk"
+executor = "tests.support.sdk_agents:StubbornExecutor"
 """
 
 
@@ -96,6 +100,19 @@ def test_input_required_pauses_and_a_continued_turn_runs_execute_again_with_the_
     assert answered["id"] == asked["id"]
     assert answered["status"]["state"] == "TASK_STATE_COMPLETED", answered
     assert texts(answered["artifacts"]) == ["weather in Paris: sunny (1)"]
+
+
+def test_a_paused_task_is_canceled_through_the_executors_cancel(gate: Gate) -> None:
+    asked = asyncio.run(send_text(gate.agent("asking"), "weather?", headers=gate.headers))["task"]
+    assert asked["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    canceled = asyncio.run(cancel_task(gate.agent("asking"), asked["id"], headers=gate.headers))
+    assert canceled["status"]["state"] == "TASK_STATE_CANCELED", canceled
+
+
+def test_an_executor_whose_cancel_raises_refuses_the_cancel(gate: Gate) -> None:
+    asked = asyncio.run(send_text(gate.agent("stubborn"), "weather?", headers=gate.headers))["task"]
+    error = asyncio.run(expect_a2a_error(cancel_task(gate.agent("stubborn"), asked["id"], headers=gate.headers)))
+    assert jsonrpc_error_code(error) == -32002
 
 
 def test_an_executors_message_is_the_answer(gate: Gate) -> None:

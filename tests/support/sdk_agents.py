@@ -86,3 +86,10 @@ class BrokenExecutor(AgentExecutor):
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         raise NotImplementedError
+
+
+class StubbornExecutor(AskingExecutor):
+    """Asks, like `AskingExecutor`, but will not be canceled."""
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise RuntimeError("this task cannot be canceled")
