@@ -28,7 +28,7 @@ from a2a.types.a2a_pb2 import (
     TaskArtifactUpdateEvent,
     TaskStatusUpdateEvent,
 )
-from google.protobuf.json_format import MessageToDict, ParseDict  # type: ignore[import-untyped]
+from google.protobuf.json_format import MessageToDict, ParseDict, ParseError  # type: ignore[import-untyped]
 
 from server import callables
 from server.agents import AgentReply, AgentRequest, NoProgress, Progress
@@ -134,6 +134,21 @@ class Events(EventQueue):
         self.run.take(event)
 
 
+def sdk_request(request: AgentRequest) -> tuple[Message, Task | None]:
+    """The message in the SDK's types, and on a continued turn the task with its history."""
+    message = ParseDict(message_out_v10(request.message), Message(), ignore_unknown_fields=True)
+    state = request.backend_ref.get("state")
+    if state not in INTERRUPTED_STATES:
+        return message, None
+    task = {
+        "id": request.task_id,
+        "contextId": request.context_id,
+        "status": {"state": state},
+        "history": request.history,
+    }
+    return message, ParseDict(task_out(task, V10), Task(), ignore_unknown_fields=True)
+
+
 class SdkBackend:
     """One executor, built at start-up, shared by every task of its agent."""
 
@@ -143,23 +158,11 @@ class SdkBackend:
         self.running: dict[str, Run] = {}  # our task id (the executor's too) -> its run
 
     async def run(self, request: AgentRequest, progress: Progress) -> AgentReply:
-        continued = request.backend_ref.get("state") in INTERRUPTED_STATES
-        task = None
-        if continued:  # a continued turn: execute again, with the task and its history
-            task = ParseDict(
-                task_out(
-                    {
-                        "id": request.task_id,
-                        "contextId": request.context_id,
-                        "status": {"state": request.backend_ref["state"]},
-                        "history": request.history,
-                    },
-                    V10,
-                ),
-                Task(),
-                ignore_unknown_fields=True,
-            )
-        message = ParseDict(message_out_v10(request.message), Message(), ignore_unknown_fields=True)
+        try:
+            message, task = sdk_request(request)
+        except ParseError as exc:  # the caller's message, not the agent: e.g. file bytes that are not base64
+            logger.warning("agent %s: the message does not fit the a2a-sdk's types: %s", self.agent.name, exc)
+            return AgentReply.failed("The message has a part this agent cannot read (file bytes must be base64).")
         context = RequestContext(
             ServerCallContext(),
             SendMessageRequest(message=message),

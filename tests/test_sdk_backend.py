@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.a2a_clients import cancel_task, expect_a2a_error, jsonrpc_error_code, send_text, stream_text
 from tests.support.docs_examples import examples, write_example
-from tests.support.gate_helpers import bearer, create_key, wait_for
+from tests.support.gate_helpers import bearer, create_key, result, status_text, v03_message, wait_for
 from tests.support.gate_process import Gate, GateProcess, free_port
 from tests.support.paid import ASSET, PAY_TO, PaidSetup, Payer, paid_config, send_body
 
@@ -113,6 +113,15 @@ def test_an_executor_whose_cancel_raises_refuses_the_cancel(gate: Gate) -> None:
     asked = asyncio.run(send_text(gate.agent("stubborn"), "weather?", headers=gate.headers))["task"]
     error = asyncio.run(expect_a2a_error(cancel_task(gate.agent("stubborn"), asked["id"], headers=gate.headers)))
     assert jsonrpc_error_code(error) == -32002
+
+
+def test_a_part_the_sdk_cannot_read_fails_the_task_as_the_messages_fault(gate: Gate) -> None:
+    message = v03_message("x")
+    message["parts"] = [{"kind": "file", "file": {"bytes": "not base64!!", "mimeType": "text/plain"}}]
+    task = result(gate.agent("counter"), "message/send", {"message": message}, gate.headers)
+    assert task["status"]["state"] == "failed", task
+    assert "base64" in status_text(task)
+    assert "agent counter raised" not in gate.process.log.read_text()
 
 
 def test_an_executors_message_is_the_answer(gate: Gate) -> None:
