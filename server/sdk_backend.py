@@ -66,6 +66,7 @@ class Run:
     artifacts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by artifactId, in order
     state: str | None = None  # the last terminal or interrupted state it set
     text: str = ""  # the message that came with it
+    status_parts: list[dict[str, Any]] = field(default_factory=list)  # ... all of it: a bare answer
     message_parts: list[dict[str, Any]] | None = None  # a Message answer: the whole reply at once
     context: RequestContext | None = None
 
@@ -96,6 +97,7 @@ class Run:
         text = " ".join(p["text"] for p in message["parts"] if p["kind"] == "text") if message else ""
         if state in ENDED_STATES:
             self.state, self.text = state, text
+            self.status_parts = message["parts"] if message else []
         elif state == "working" and text:
             self.progress.status(text)
 
@@ -115,6 +117,8 @@ class Run:
                 return AgentReply.failed("The agent answered with an empty message.")
             return AgentReply(parts=self.message_parts, backend_ref=memory)
         parts = [part for chunk in self.artifacts.values() for part in chunk]
+        if self.state == "completed" and not parts:  # completed with its answer in the status message
+            parts = self.status_parts
         if self.state is None or self.state == "completed":
             if not parts:
                 return AgentReply.failed("The agent ended without an answer.")

@@ -41,6 +41,10 @@ executor = "tests.support.sdk_agents:MessageExecutor"
 backend = "a2a-sdk"
 executor = "tests.support.sdk_agents:BrokenExecutor"
 
+[agents.status-answer]
+backend = "a2a-sdk"
+executor = "tests.support.sdk_agents:StatusAnswerExecutor"
+
 [agents.stubborn]
 backend = "a2a-sdk"
 executor = "tests.support.sdk_agents:StubbornExecutor"
@@ -128,6 +132,12 @@ def test_an_executors_message_is_the_answer(gate: Gate) -> None:
     task = asyncio.run(send_text(gate.agent("at-once"), "hi", headers=gate.headers))["task"]
     assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
     assert texts(task["artifacts"]) == ["at once: hi"]
+
+
+def test_an_executor_that_completes_with_a_status_message_answers_with_it(gate: Gate) -> None:
+    task = asyncio.run(send_text(gate.agent("status-answer"), "hi", headers=gate.headers))["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
+    assert texts(task["artifacts"]) == ["done: hi"]
 
 
 def test_an_executor_that_raises_fails_its_task_and_is_logged(gate: Gate) -> None:

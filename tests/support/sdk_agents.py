@@ -93,3 +93,14 @@ class StubbornExecutor(AskingExecutor):
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         raise RuntimeError("this task cannot be canceled")
+
+
+class StatusAnswerExecutor(AgentExecutor):
+    """Completes with its answer in the final status message, no artifact."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
+        await updater.complete(updater.new_agent_message([new_text_part(f"done: {context.get_user_input()}")]))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise NotImplementedError
