@@ -16,7 +16,15 @@ import pytest
 
 from tests.support.a2a_clients import cancel_task, expect_a2a_error, jsonrpc_error_code, send_text, stream_text
 from tests.support.docs_examples import examples, write_example
-from tests.support.gate_helpers import bearer, create_key, result, status_text, v03_message, wait_for
+from tests.support.gate_helpers import (
+    bearer,
+    create_key,
+    result,
+    sse_events,
+    status_text,
+    v03_message,
+    wait_for,
+)
 from tests.support.gate_process import Gate, GateProcess, free_port
 from tests.support.paid import ASSET, PAY_TO, PaidSetup, Payer, paid_config, send_body
 
@@ -159,6 +167,16 @@ price = {{ network = "eip155:84532", asset = "{ASSET}", amount = "1000", pay_to 
 backend = "a2a-sdk"
 executor = "tests.support.sdk_agents:AskingExecutor"
 price = {{ network = "eip155:84532", asset = "{ASSET}", amount = "1000", pay_to = "{PAY_TO}" }}
+
+[agents.paid-streaming]
+backend = "a2a-sdk"
+executor = "tests.support.sdk_agents:StreamingExecutor"
+price = {{ network = "eip155:84532", asset = "{ASSET}", amount = "1000", pay_to = "{PAY_TO}" }}
+
+[agents.paid-waiting]
+backend = "a2a-sdk"
+executor = "tests.support.sdk_agents:WaitingExecutor"
+price = {{ network = "eip155:84532", asset = "{ASSET}", amount = "1000", pay_to = "{PAY_TO}" }}
 """
 
 
@@ -195,3 +213,29 @@ def test_a_paid_executors_question_is_not_charged_and_its_answer_is(priced: Paid
     assert answered["status"]["state"] == "completed", answered
     assert texts(answered["artifacts"]) == ["weather in Oslo: sunny (1)"]
     assert len(priced.ledger()["settlements"]) == 1
+
+
+def test_a_paid_executor_streams_and_is_settled_once(priced: PaidSetup) -> None:
+    headers = Payer().header_for(priced.gate.url, "paid-streaming")
+    response = priced.post("paid-streaming", send_body("hi", method="message/stream"), headers)
+    events = [e["result"] for e in sse_events(response.text)]
+    chunks = [e["artifact"]["parts"] for e in events if e["kind"] == "artifact-update"]
+    assert chunks == [
+        [{"kind": "text", "text": "sdk heard: "}],
+        [{"kind": "text", "text": "hi"}],
+        chunks[0] + chunks[1],
+    ]
+    assert events[-1]["status"]["state"] == "completed"
+    assert events[-1]["metadata"]["x402.payment.status"] == "payment-completed"
+    assert len(priced.ledger()["settlements"]) == 1
+
+
+def test_a_paid_executor_canceled_by_its_payer_charges_nothing(priced: PaidSetup, tmp_path: Path) -> None:
+    marker = tmp_path / "cancelled"
+    headers = Payer().header_for(priced.gate.url, "paid-waiting")  # also the proof the task is the payer's
+    started = priced.post("paid-waiting", send_body(str(marker), blocking=False), headers).json()["result"]
+    body = {"jsonrpc": "2.0", "id": 2, "method": "tasks/cancel", "params": {"id": started["id"]}}
+    canceled = priced.post("paid-waiting", body, headers).json()["result"]
+    assert canceled["status"]["state"] == "canceled", canceled
+    assert marker.read_text() == f"cancel asked for {started['id']}"
+    assert priced.ledger()["settlements"] == []
