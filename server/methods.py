@@ -118,7 +118,7 @@ class Methods:
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
-            set_status(task, "working")  # resumed, as the a2a-sdk reports it: it was submitted long ago
+            set_status(task, "working")  # resumed: it was submitted on its first turn, not now
             await self.store.save(task)
         return self.runner.start(task, agent, message, settlement)
 
