@@ -7,6 +7,7 @@ operator can fix a file from the message alone; `load_config` raises one
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -648,6 +649,8 @@ class _Reader:
             self.problem(path, f"{target} is a class but not an a2a.server.agent_execution.AgentExecutor")
         elif not callable(found):
             self.problem(path, f"{target} is neither an AgentExecutor class nor a factory returning one")
+        elif not takes_no_arguments(found):
+            self.problem(path, f"{target} needs arguments: name a factory that builds the executor with them")
 
     def settle_failure_policy(self, raw: dict[str, Any], path: str) -> str:
         policy = self.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
@@ -763,6 +766,17 @@ class _Reader:
             agents=tuple(str(n) for n in names),
             revoked=self.get(raw, "revoked", bool, False, f"{path}.revoked"),
         )
+
+
+def takes_no_arguments(function: Any) -> bool:
+    """Whether `function()` is a valid call (the gate builds an executor with no arguments)."""
+    try:
+        inspect.signature(function).bind()
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin): let the call decide
+        return True
+    return True
 
 
 SIGNING_ALLOWANCE_SECONDS = 30  # inside maxTimeoutSeconds: a client's time to sign a token and send it

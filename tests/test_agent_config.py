@@ -39,6 +39,14 @@ url = "http://127.0.0.1:port/a2a"
 [agents.sdk-missing]
 backend = "a2a-sdk"
 executor = "myagent:NoSuchExecutor"
+
+[agents.sdk-not-an-executor]
+backend = "a2a-sdk"
+executor = "myagent:NotAnExecutor"
+
+[agents.sdk-needs-arguments]
+backend = "a2a-sdk"
+executor = "myagent:NeedsArguments"
 """
 
 EXPECTED_PROBLEMS = [
@@ -48,11 +56,36 @@ EXPECTED_PROBLEMS = [
     "agents.no-host.url: must be an http(s) URL with a host",
     "agents.bad-port.url: must be an http(s) URL with a host",
     "agents.sdk-missing.executor: myagent has no attribute 'NoSuchExecutor'",
+    "agents.sdk-not-an-executor.executor: myagent:NotAnExecutor is a class but not an a2a.server.agent_execution",
+    "agents.sdk-needs-arguments.executor: myagent:NeedsArguments needs arguments: name a factory",
 ]
+
+MYAGENT = """
+from a2a.server.agent_execution import AgentExecutor
+
+
+async def answer(request):
+    return "hi"
+
+
+class NotAnExecutor:
+    pass
+
+
+class NeedsArguments(AgentExecutor):
+    def __init__(self, model):
+        self.model = model
+
+    async def execute(self, context, event_queue):
+        pass
+
+    async def cancel(self, context, event_queue):
+        pass
+"""
 
 
 def broken_config(tmp_path: Path) -> Path:
-    (tmp_path / "myagent.py").write_text("async def answer(request):\n    return 'hi'\n")
+    (tmp_path / "myagent.py").write_text(MYAGENT)
     (tmp_path / "crashing.py").write_text("raise RuntimeError('no database configured')\n")
     config = tmp_path / "gate.toml"
     config.write_text(BROKEN_AGENTS)
