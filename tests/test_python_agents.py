@@ -46,6 +46,10 @@ callable = "boom:echo_in_error"
 [agents.told]
 backend = "python"
 callable = "tests.support.agents:writes_when_told"
+
+[agents.streams-then-asks]
+backend = "python"
+callable = "tests.support.agents:streams_then_asks"
 """
 
 BOOM_PY = """
@@ -177,6 +181,18 @@ def test_stream_subscribers_see_each_chunk_while_the_agent_still_runs(tmp_path: 
     texts = [e["artifact"]["parts"][0]["text"] for e in seen if e["kind"] == "artifact-update"]
     assert texts == ["first ", "second", "first second"]
     assert seen[-1]["status"]["state"] == "completed"
+
+
+def test_a_streaming_agent_pauses_with_a_status_and_ends_with_a_reply(tmp_path: Path, start_gate) -> None:
+    gate, auth = boom_gate(tmp_path, start_gate)
+    url = f"{gate.url}/a2a/streams-then-asks"
+    asked = result(url, "message/send", {"message": v03_message("weather?")}, auth)
+    assert asked["status"]["state"] == "input-required"
+    assert status_text(asked) == "Which city?"
+    body = {"message": v03_message("Rome", taskId=asked["id"])}
+    answered = result(url, "message/send", body, auth)
+    assert answered["status"]["state"] == "completed"
+    assert artifact_texts(answered)[-1] == "Rome: sunny"  # the reply it yielded, not the chunks before it
 
 
 STREAMING_PAID = f"""

@@ -56,3 +56,13 @@ async def streams_then_raises(request: AgentRequest) -> AsyncIterator[str]:
     """Streams part of an answer, then fails: nothing it sent was delivered."""
     yield "half an "
     raise RuntimeError("streaming agent bug")
+
+
+async def streams_then_asks(request: AgentRequest) -> AsyncIterator[str | AgentStatus | AgentReply]:
+    """Streams, then pauses to ask on the first turn; answers with an AgentReply on the next."""
+    if len([m for m in request.history if m.get("role") == "user"]) < 2:
+        yield "looking up "
+        yield AgentStatus("input-required", "Which city?")
+        return
+    yield "forecast for "
+    yield AgentReply(parts=[{"kind": "text", "text": f"{request.text}: sunny"}])
