@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from server import request_log
 from server.agents import AgentRegistry, AgentReply, AgentRequest
 from server.database import commit_until_stored
 from server.dialects import INTERRUPTED_STATES
@@ -100,6 +101,7 @@ class Execution:
     stopped_by_deadline: bool = False
     revoked: bool = False  # the anonymous path took back the right to deliver
     job: asyncio.Task[None] | None = None
+    artifact_id: str = field(default_factory=new_id)  # the result: streamed in chunks, then whole
 
     def publish(self, event: dict[str, Any]) -> None:
         for subscriber in self.subscribers:
@@ -115,14 +117,46 @@ class Execution:
             self.subscribers.remove(subscriber)
 
 
-def artifact_event(task: dict[str, Any], artifact: dict[str, Any]) -> dict[str, Any]:
+def artifact_event(
+    task: dict[str, Any], artifact: dict[str, Any], *, append: bool = False, last: bool = True
+) -> dict[str, Any]:
     return {
         "kind": "artifact-update",
         "taskId": task["id"],
         "contextId": task["contextId"],
         "artifact": artifact,
-        "lastChunk": True,
+        "append": append,
+        "lastChunk": last,
     }
+
+
+class LiveProgress:
+    """A running agent's progress, published to the execution's stream subscribers as it comes.
+
+    Nothing of it is stored: the task keeps the whole answer once it is delivered. An agent
+    whose answer is withheld until paid shows none of it (its chunks and status texts are
+    its answer too): the whole answer is sent once the payment is settled.
+    """
+
+    def __init__(self, execution: Execution) -> None:
+        self.execution = execution
+        self.chunks = 0
+        self.shown = execution.settlement is None or not execution.settlement.withhold
+
+    def status(self, text: str) -> None:
+        if not self.shown:
+            return
+        task = self.execution.task
+        set_status(task, "working", agent_message(task, text) if text else None)
+        self.execution.publish(status_event(task, final=False))
+
+    def chunk(self, parts: list[dict[str, Any]]) -> None:
+        if not self.shown:
+            return
+        artifact = {"artifactId": self.execution.artifact_id, "name": "result", "parts": parts}
+        event = artifact_event(self.execution.task, artifact, append=self.chunks > 0, last=False)
+        self.chunks += 1
+        self.execution.publish(event)
 
 
 def status_event(task: dict[str, Any], final: bool) -> dict[str, Any]:
@@ -322,14 +356,16 @@ class Runner:
         try:
             # the payment window a token must leave is counted from this deadline (DESIGN 4.7)
             async with asyncio.timeout(deadline):
-                reply = await self.agents.backend(execution.agent).run(request)
+                reply = await self.agents.backend(execution.agent).run(request, LiveProgress(execution))
         except TimeoutError:
             logger.warning("agent %s passed its deadline of %gs", execution.agent, deadline)
             return AgentReply.failed(f"The agent did not finish within {deadline:g}s (its deadline).")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 -- whatever an agent raises fails its task, uncharged
-            logger.warning("agent %s raised %s", execution.agent, type(exc).__name__)
+        except Exception as exc:  # whatever an agent raises fails its task, uncharged
+            # the agent's own fault, with its traceback: it never saw a key or a payment token
+            logger.error("agent %s raised %s: %s", execution.agent, type(exc).__name__, exc, exc_info=exc)
+            request_log.agent_failed(f"agent raised {type(exc).__name__}")
             return AgentReply.failed("The agent failed.")
         if reply.backend_ref:
             await self.store.save(task, backend_ref=reply.backend_ref)
@@ -337,7 +373,7 @@ class Runner:
 
     async def _deliver(self, execution: Execution, reply: AgentReply) -> None:
         task, settlement = execution.task, execution.settlement
-        artifact = {"artifactId": new_id(), "name": "result", "parts": reply.parts}
+        artifact = {"artifactId": execution.artifact_id, "name": "result", "parts": reply.parts}
         text = reply.text or "Done."
         if settlement is None:  # the free path: the artifact is saved with the final status
             self._show(execution, artifact)

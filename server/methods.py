@@ -128,7 +128,7 @@ class Methods:
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
-            set_status(task, "submitted")
+            set_status(task, "working")  # resumed: it was submitted on its first turn, not now
             # the turn starts now, and so does its deadline; unless another message or a cancel came first
             if not await self.store.start_turn(task, interrupted):
                 now = await self.store.get(task_id, owner, agent)
