@@ -30,7 +30,6 @@ from server.anonymous import AnonymousFactory, KeysOnly, Parts
 from server.cards import agent_card
 from server.config import Settings
 from server.database import Database, DatabaseUnavailable, open_database
-from server.deadlines import BodyDeadline
 from server.execution import Runner
 from server.jsonrpc import (
     INTERNAL_ERROR,
@@ -318,10 +317,8 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    # a request reaches the routes only whole: its body read within the deadline
-    middleware = [
-        Middleware(BodyDeadline, seconds=settings.http.body_timeout_seconds, max_bytes=settings.max_body_bytes)
-    ]
+    # the read deadlines live in the protocol (server/deadlines.py): a route may answer before it reads the body
+    middleware = []
     if settings.trusted_proxies:
         # uvicorn's proxy-header handling: forwarded headers count only from these peers
         middleware.append(Middleware(TrustedProxyMiddleware, trusted_hosts=list(settings.trusted_proxies)))

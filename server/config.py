@@ -117,6 +117,8 @@ class HttpConfig:
     keep_alive_seconds: float = 5.0  # an idle connection between requests
     max_head_bytes: int = 16_384  # request line and headers together; a larger head is answered 400
     drain_seconds: float = 10.0  # on SIGTERM: how long requests and running work may finish
+    implementation: str = "auto"  # uvicorn's HTTP parser: h11, httptools, or auto (httptools when installed)
+    loop: str = "auto"  # the event loop: asyncio, uvloop, or auto (uvloop when installed)
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,14 @@ class _Reader:
             self.problem(path, "must be greater than 0")
             return default
         return kind(value)
+
+    def one_of(self, raw: dict[str, Any], key: str, choices: tuple[str, ...], path: str) -> str:
+        """A string among `choices` (the first is the default)."""
+        value = self.get(raw, key, str, choices[0], path)
+        if value not in choices:
+            self.problem(path, f"must be one of {', '.join(choices)}, got {value!r}")
+            return choices[0]
+        return value
 
     def http_url(self, value: str, path: str) -> str:
         try:
@@ -411,7 +421,15 @@ class _Reader:
     def http(self, raw: dict[str, Any]) -> HttpConfig:
         self.unknown(
             raw,
-            {"head_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds", "max_head_bytes", "drain_seconds"},
+            {
+                "head_timeout_seconds",
+                "body_timeout_seconds",
+                "keep_alive_seconds",
+                "max_head_bytes",
+                "drain_seconds",
+                "implementation",
+                "loop",
+            },
             "http",
         )
         d = HttpConfig()
@@ -427,6 +445,8 @@ class _Reader:
             ),
             max_head_bytes=self.positive(raw, "max_head_bytes", d.max_head_bytes, "http.max_head_bytes"),
             drain_seconds=self.positive(raw, "drain_seconds", d.drain_seconds, "http.drain_seconds", float),
+            implementation=self.one_of(raw, "implementation", ("auto", "h11", "httptools"), "http.implementation"),
+            loop=self.one_of(raw, "loop", ("auto", "asyncio", "uvloop"), "http.loop"),
         )
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
