@@ -5,13 +5,23 @@ writers of every worker serialise at its start, not at its first write. Statemen
 inline: SQLite answers in microseconds, and a coroutine that never suspends keeps a
 transaction whole on the event loop. A lock still queues transactions of one process
 behind each other, should one ever wait on something else.
+
+What does not take microseconds is the WAL checkpoint: copying the log back into the
+database file and syncing it, which SQLite runs inside whichever commit crosses
+``wal_autocheckpoint`` pages (a commit in twenty then took milliseconds, on the event
+loop). Here the serving connection never checkpoints; a thread of the process does, on
+a connection of its own, after every `CHECKPOINT_COMMITS` commits or `CHECKPOINT_SECONDS`.
+A checkpoint does not block writers (PASSIVE), and a crash loses nothing: the WAL is the
+record until it is copied.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -21,6 +31,51 @@ import sqlite_utils
 
 from server.database import Database, DatabaseUnavailable, Row
 
+logger = logging.getLogger("a2a_gate.database")
+
+CHECKPOINT_COMMITS = 500  # commits between two checkpoints, at most (about 1,000 WAL pages)
+CHECKPOINT_SECONDS = 1.0  # and at least this often while anything was committed
+WAL_LIMIT_BYTES = 64 * 1024 * 1024  # what a checkpointed WAL is truncated back to
+
+
+class Checkpointer:
+    """A thread that checkpoints one SQLite file's WAL, off the event loop."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.commits = 0  # since the last wake-up; only the event loop's thread writes it
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread = threading.Thread(target=self.run, name="sqlite-checkpoint", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def committed(self) -> None:
+        self.commits += 1
+        if self.commits >= CHECKPOINT_COMMITS:
+            self.commits = 0
+            self.wake.set()
+
+    def run(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+        try:
+            conn.execute("PRAGMA busy_timeout=10000")
+            while not self.stopping:
+                self.wake.wait(CHECKPOINT_SECONDS)
+                self.wake.clear()
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # busy, full: the WAL waits for the next pass
+                    logger.warning("sqlite checkpoint failed: %s", exc)
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        self.thread.join(timeout=30.0)
+
 
 class SQLiteDatabase(Database):
     dialect = "sqlite"
@@ -28,6 +83,7 @@ class SQLiteDatabase(Database):
     def __init__(self, path: str) -> None:
         self.path = path
         self._db: sqlite_utils.Database | None = None
+        self._checkpointer: Checkpointer | None = None
         self._transaction = asyncio.Lock()
         self._inside: ContextVar[bool] = ContextVar(f"sqlite-transaction-{id(self)}", default=False)
 
@@ -47,21 +103,34 @@ class SQLiteDatabase(Database):
                 db.enable_wal()  # needs the file to itself for a moment: busy while others start too
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=10000")
+            if self.path != ":memory:":
+                conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's job, off the loop
+                conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         except sqlite3.OperationalError as exc:
             conn.close()
             raise DatabaseUnavailable(f"sqlite: {exc}") from exc
         self._db = db
+        if self.path != ":memory:":
+            self._checkpointer = Checkpointer(self.path)
+            self._checkpointer.start()
 
     async def close(self) -> None:
+        if self._checkpointer is not None:
+            await asyncio.to_thread(self._checkpointer.stop)
+            self._checkpointer = None
         if self._db is not None:
             self._db.conn.close()
             self._db = None
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        conn = self.conn
         try:
-            return self.conn.execute(sql, tuple(args)).rowcount
+            changed = conn.execute(sql, tuple(args)).rowcount
         except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O
             raise DatabaseUnavailable(f"sqlite: {exc}") from exc
+        if self._checkpointer is not None and not conn.in_transaction:  # a commit: on its own, or COMMIT
+            self._checkpointer.committed()
+        return changed
 
     async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         try:

@@ -15,6 +15,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -587,3 +588,36 @@ def test_postgresql_listening_comes_back_after_its_connection_is_terminated(post
             assert time.monotonic() < deadline, "the listener did not come back"
 
     with_db(location, body)
+
+
+def test_sqlite_checkpoints_its_wal_off_the_serving_connection(tmp_path: Path) -> None:
+    """The serving connection never runs a checkpoint inside a commit (a commit in hundreds
+    took milliseconds on the event loop); the store's thread copies the WAL back instead."""
+    from server import sqlite_store
+
+    path = tmp_path / "store.db"
+
+    async def body(db: Database) -> tuple[int, int]:
+        assert isinstance(db, sqlite_store.SQLiteDatabase)
+        assert db.conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+        await db.execute(ROWS)
+        for i in range(sqlite_store.CHECKPOINT_COMMITS):
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", (str(i), i))
+        frames = wal_progress(path)
+        for _ in range(100):  # bounded: the commits woke the thread
+            if frames[0] and frames[0] == frames[1]:
+                break
+            await asyncio.sleep(0.05)
+            frames = wal_progress(path)
+        return frames
+
+    written, copied = with_db(str(path), body)
+    assert written > 0 and copied == written, f"{copied} of {written} WAL frames copied back"
+    assert not any(t.name == "sqlite-checkpoint" for t in threading.enumerate())  # stopped with the store
+
+
+def wal_progress(path: Path) -> tuple[int, int]:
+    """(frames in the WAL, frames a checkpoint copied back), from the WAL index (the -shm file):
+    the header's mxFrame at byte 16, the checkpoint information's nBackfill at byte 96."""
+    shm = path.with_name(path.name + "-shm").read_bytes()
+    return int.from_bytes(shm[16:20], sys.byteorder), int.from_bytes(shm[96:100], sys.byteorder)
