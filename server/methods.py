@@ -12,6 +12,7 @@ import base64
 import binascii
 import copy
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -37,8 +38,13 @@ from server.jsonrpc import (
 from server.streams import follow_live, follow_stored, sse, sse_response
 from server.tasks import TaskQuery, TaskStore, agent_message, new_id, new_task, set_status, trim_history
 
+logger = logging.getLogger("a2a_gate.methods")
+
 CANCEL_WAIT_SECONDS = 10.0  # how long a cancel waits for the process running the task to stop it
 CANCEL_CHECK_SECONDS = 0.1
+# A blocking send's task is written once, with its outcome, unless it runs longer than this:
+# then it is written as it stands (ListTasks, housekeeping and other workers see it), and again at the end.
+UNWRITTEN_SECONDS = 0.5
 
 __all__ = ["Methods", "SendPlan", "plan_send", "sse", "unsupported"]
 
@@ -96,6 +102,7 @@ class Methods:
         # What a message may keep once it is accepted: the payment gate removes signed
         # material here, before anything is stored, run or echoed.
         self.scrub = scrub
+        self.writing: set[asyncio.Task[None]] = set()  # deferred tasks being written while they run
 
     async def start_send(
         self, plan: SendPlan, agent: str, owner: str, settlement: Settlement | None = None
@@ -105,7 +112,9 @@ class Methods:
         task_id = message.get("taskId")
         if task_id is None:
             task = new_task(message.get("contextId"), message)
-            await self.store.create(task, agent=agent, owner=owner)
+            # a free blocking send: no one can name the task before its answer, which waits for the write
+            deferred = settlement is None and plan.blocking and plan.call.operation == "send"
+            await self.store.create(task, agent=agent, owner=owner, deferred=deferred)
         else:
             found = await self.store.get(task_id, owner, agent)
             if found is None:
@@ -133,9 +142,37 @@ class Methods:
     async def send(self, plan: SendPlan, execution: Execution) -> dict[str, Any]:
         """The send result in the caller's dialect, after the work when blocking."""
         if plan.blocking:
-            await execution.done.wait()
+            if execution.task["id"] in self.store.unwritten:
+                await self.wait_unwritten(execution)
+            else:
+                await execution.done.wait()
         task = trim_history(execution.task, plan.history_length)
         return dialects.send_result(task, plan.call.dialect)
+
+    async def wait_unwritten(self, execution: Execution) -> None:
+        """Wait for a deferred task to end; it is stored before its answer leaves (DatabaseUnavailable
+        if it cannot be), and stored as it stands if it runs past UNWRITTEN_SECONDS."""
+        timer = asyncio.get_running_loop().call_later(UNWRITTEN_SECONDS, self._write_soon, execution.task)
+        try:
+            await execution.done.wait()
+        finally:
+            timer.cancel()
+        try:
+            await self.store.write(execution.task)  # nothing to do when the last save wrote it
+        except BaseException:
+            self.store.unwritten.pop(execution.task["id"], None)  # the caller is told it failed
+            raise
+
+    def _write_soon(self, task: dict[str, Any]) -> None:
+        job = asyncio.create_task(self._write_running(task))
+        self.writing.add(job)
+        job.add_done_callback(self.writing.discard)
+
+    async def _write_running(self, task: dict[str, Any]) -> None:
+        try:
+            await self.store.write(task)
+        except Exception as exc:  # noqa: BLE001 -- the final save, or the answer, writes it again
+            logger.warning("storing running task %s failed: %s", task["id"], type(exc).__name__)
 
     def stream(self, plan: SendPlan, execution: Execution, headers: dict[str, str] | None = None) -> StreamingResponse:
         call = plan.call
