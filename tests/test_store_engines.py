@@ -621,3 +621,26 @@ def wal_progress(path: Path) -> tuple[int, int]:
     the header's mxFrame at byte 16, the checkpoint information's nBackfill at byte 96."""
     shm = path.with_name(path.name + "-shm").read_bytes()
     return int.from_bytes(shm[16:20], sys.byteorder), int.from_bytes(shm[96:100], sys.byteorder)
+
+
+def test_sqlite_commits_the_writes_of_one_loop_turn_together(tmp_path: Path) -> None:
+    """Writes outside a transaction issued in the same turn of the event loop share one commit
+    (group commit); each still gets its own rowcount or error, and only after the commit."""
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        await db.execute("INSERT INTO t (id, n) VALUES ('taken', 0)")
+        statements: list[str] = []
+        db.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        writes = [db.execute("INSERT INTO t (id, n) VALUES (?, ?)", (f"r{i}", i)) for i in range(8)]
+        writes.append(db.execute("INSERT INTO t (id, n) VALUES ('taken', 1)"))  # a duplicate key
+        writes.append(db.execute("UPDATE t SET n = 5 WHERE id = 'nobody'"))
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        assert outcomes[:8] == [1] * 8 and outcomes[9] == 0
+        assert isinstance(outcomes[8], Exception) and "UNIQUE" in str(outcomes[8])
+        assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+        assert await db.fetchval("SELECT count(*) FROM t") == 9
+        assert await db.fetchval("SELECT n FROM t WHERE id = 'taken'") == 0
+
+    with_db(str(tmp_path / "store.db"), body)
