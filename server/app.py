@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import logging
 import sys
@@ -289,6 +290,23 @@ async def metrics(request: Request) -> Response:
 SAFE_RECURSION_LIMIT = 4000
 
 
+# The cyclic garbage collector's first threshold: allocations (less frees) between two
+# young collections. Python's 700 ran one every few requests, each walking every object
+# the requests in flight hold; short-lived request objects die by reference count anyway.
+YOUNG_COLLECTION_THRESHOLD = 20_000
+
+
+def settle_heap() -> None:
+    """Once started: what start-up made (modules, configuration, the agents) lives as long as
+    the process, so the collector stops walking it (`gc.freeze`); a full collection then walks
+    only what came later, instead of tens of milliseconds over every module's objects, and
+    young collections run less often. Garbage cycles are still collected."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, old)
+
+
 def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> Starlette:
     """The A2A server for `settings`; callers without a key are handed to `anonymous`."""
     if sys.getrecursionlimit() > SAFE_RECURSION_LIMIT:
@@ -299,6 +317,7 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
         services = Services(settings, anonymous)
         app.state.services = services
         await services.start()
+        settle_heap()
         keeper = asyncio.create_task(_housekeeping_loop(services))
         try:
             yield
