@@ -109,3 +109,15 @@ def test_a_blocking_send_that_runs_long_is_written_while_it_runs(tmp_path, monke
         assert row is not None and row["status"]["state"] == "completed"
 
     with_services(tmp_path, body)
+
+
+def test_task_ids_are_version_4_uuids_in_canonical_text():
+    import uuid
+
+    from server.tasks import new_id
+
+    ids = {new_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
