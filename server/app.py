@@ -65,7 +65,7 @@ class Services:
         self.principals = Principals(self.db, settings.keys)
         self.agents = AgentRegistry(settings.agents)
         self.runner = Runner(self.store, self.agents)
-        self.methods = Methods(self.store, self.runner)
+        self.methods = Methods(self.store, self.runner, streams=settings.streams)
         self.metrics = Metrics()
         self.anonymous = anonymous(
             Parts(settings, self.db, self.store, self.agents, self.runner, self.methods, self.metrics)
@@ -169,7 +169,7 @@ async def branch(services: Services, request: Request, name: str, info: RequestI
     except RpcError as exc:
         return error_response(exc.call_id, exc)
     info.method = call.method
-    return await dispatch_free(services, call, name, principal.owner)
+    return await dispatch_free(services, call, name, principal.owner, info.client)
 
 
 def outcome_of(response: Response) -> str:
@@ -188,7 +188,7 @@ def outcome_of(response: Response) -> str:
     }.get(response.status_code, "rpc_error")
 
 
-async def dispatch_free(services: Services, call: Call, agent: str, owner: str) -> Response:
+async def dispatch_free(services: Services, call: Call, agent: str, owner: str, client: str = "") -> Response:
     """The free path: the method, with no payment step anywhere."""
     methods = services.methods
     try:
@@ -206,7 +206,7 @@ async def dispatch_free(services: Services, call: Call, agent: str, owner: str) 
         if call.operation == "cancel":
             return result_response(call.id, await methods.cancel(call, agent, owner))
         if call.operation == "subscribe":
-            return await methods.subscribe(call, agent, owner)
+            return await methods.subscribe(call, agent, owner, client)
         if call.operation == "list":
             return result_response(call.id, await methods.list(call, agent, owner))
         raise unsupported(call)

@@ -122,6 +122,15 @@ class HttpConfig:
 
 
 @dataclass(frozen=True)
+class StreamConfig:
+    """How many resubscription streams may be open at once in one process (see server/streams.py)."""
+
+    max_per_task: int = 500  # streams following one task
+    max_per_owner: int = 100  # streams of one key, or of one payer
+    max_per_client: int = 100  # streams from one client address (an IPv4 address, an IPv6 /64)
+
+
+@dataclass(frozen=True)
 class ApiKey:
     """A key declared in the file by its SHA-256 digest (see `a2a-gate keys create`)."""
 
@@ -149,6 +158,7 @@ class Settings:
     trusted_proxies: tuple[str, ...] = ()
     facilitator: FacilitatorConfig = FacilitatorConfig()
     http: HttpConfig = HttpConfig()
+    streams: StreamConfig = StreamConfig()
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     keys: tuple[ApiKey, ...] = ()
     reconcile_interval_seconds: float = 30.0
@@ -297,6 +307,7 @@ class _Reader:
             "keys",
             "reconcile_interval_seconds",
             "http",
+            "streams",
             "claim_lease_seconds",
             "networks",
             "in_band",
@@ -388,6 +399,7 @@ class _Reader:
             trusted_proxies=tuple(t for t in trusted if isinstance(t, str)),
             facilitator=facilitator,
             http=self.http(self.table(raw, "http", "http")),
+            streams=self.streams(self.table(raw, "streams", "streams")),
             agents=agents,
             keys=keys,
             reconcile_interval_seconds=self.positive(
@@ -447,6 +459,15 @@ class _Reader:
             drain_seconds=self.positive(raw, "drain_seconds", d.drain_seconds, "http.drain_seconds", float),
             implementation=self.one_of(raw, "implementation", ("auto", "h11", "httptools"), "http.implementation"),
             loop=self.one_of(raw, "loop", ("auto", "asyncio", "uvloop"), "http.loop"),
+        )
+
+    def streams(self, raw: dict[str, Any]) -> StreamConfig:
+        self.unknown(raw, {"max_per_task", "max_per_owner", "max_per_client"}, "streams")
+        d = StreamConfig()
+        return StreamConfig(
+            max_per_task=self.positive(raw, "max_per_task", d.max_per_task, "streams.max_per_task"),
+            max_per_owner=self.positive(raw, "max_per_owner", d.max_per_owner, "streams.max_per_owner"),
+            max_per_client=self.positive(raw, "max_per_client", d.max_per_client, "streams.max_per_client"),
         )
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:

@@ -23,9 +23,11 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from server import dialects
+from server.config import StreamConfig
 from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES, V10, InvalidShape
 from server.execution import CANCEL_CHANNEL, Execution, Runner, Settlement
 from server.jsonrpc import (
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     PUSH_NOT_SUPPORTED,
     TASK_NOT_CANCELABLE,
@@ -35,7 +37,16 @@ from server.jsonrpc import (
     RpcError,
     result_response,
 )
-from server.streams import follow_live, follow_stored, sse, sse_response
+from server.streams import (
+    StoredWatches,
+    StreamSlots,
+    TooManyStreams,
+    follow_live,
+    follow_stored,
+    holding,
+    sse,
+    sse_response,
+)
 from server.tasks import TaskQuery, TaskStore, agent_message, new_id, new_task, set_status, trim_history
 
 logger = logging.getLogger("a2a_gate.methods")
@@ -95,10 +106,16 @@ def keep_message(message: dict[str, Any]) -> dict[str, Any]:
 
 class Methods:
     def __init__(
-        self, store: TaskStore, runner: Runner, scrub: Callable[[dict[str, Any]], dict[str, Any]] = keep_message
+        self,
+        store: TaskStore,
+        runner: Runner,
+        scrub: Callable[[dict[str, Any]], dict[str, Any]] = keep_message,
+        streams: StreamConfig = StreamConfig(),  # noqa: B008 -- frozen
     ) -> None:
         self.store = store
         self.runner = runner
+        self.slots = StreamSlots(streams)  # resubscriptions open here, bounded
+        self.watches = StoredWatches()  # one store poller per task followed here
         # What a message may keep once it is accepted: the payment gate removes signed
         # material here, before anything is stored, run or echoed.
         self.scrub = scrub
@@ -181,29 +198,39 @@ class Methods:
         first = dialects.send_result(copy.deepcopy(trim_history(execution.task, plan.history_length)), call.dialect)
         return sse_response(follow_live(call.id, call.dialect, execution, subscriber, first), headers)
 
-    async def subscribe(self, call: Call, agent: str, owner: str) -> StreamingResponse:
-        """Resubscription: the Task now, then every event until it ends, from any worker."""
+    async def subscribe(self, call: Call, agent: str, owner: str, client: str = "") -> StreamingResponse:
+        """Resubscription: the Task now, then every event until it ends, from any worker.
+
+        Each open stream holds a slot (at most so many per task, per owner and per `client`,
+        the caller's address); past a cap, -32603 `too_many_streams`, retryable."""
         if not self.runner.agents.get(agent).streaming:  # type: ignore[union-attr]
             raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
         task = await self.store.get(call.params.get("id"), owner, agent)
         if task is None:
             raise RpcError(TASK_NOT_FOUND)
         live = self.runner.live.get(task["id"])
+        if live is None and task["status"]["state"] in TERMINAL_STATES:
+            raise RpcError(UNSUPPORTED_OPERATION, f"Task is {task['status']['state']}: a finished task has no stream")
+        try:
+            release = self.slots.take(task["id"], owner, client)
+        except TooManyStreams as exc:
+            raise RpcError(
+                INTERNAL_ERROR,
+                f"Too many open streams per {exc.scope}",
+                {"code": "too_many_streams", "retryable": True, "scope": exc.scope, "limit": exc.limit},
+            ) from None
         if live is not None:
             subscriber = live.subscribe()
             first = dialects.send_result(copy.deepcopy(live.task), call.dialect)
-            return sse_response(follow_live(call.id, call.dialect, live, subscriber, first))
-        if task["status"]["state"] in TERMINAL_STATES:
-            raise RpcError(UNSUPPORTED_OPERATION, f"Task is {task['status']['state']}: a finished task has no stream")
-        return sse_response(
-            follow_stored(
-                call.id,
-                call.dialect,
-                task,
-                lambda: self.store.get(task["id"], owner, agent),
-                self.store.deadline_seconds,
-            )
-        )
+            return sse_response(holding(follow_live(call.id, call.dialect, live, subscriber, first), release))
+        watch = self.watches.join(task, lambda: self.store.get(task["id"], owner, agent))
+
+        def done() -> None:
+            release()
+            self.watches.leave(task["id"], watch)
+
+        events = follow_stored(call.id, call.dialect, task, watch, self.store.deadline_seconds)
+        return sse_response(holding(events, once(done)))
 
     async def list(self, call: Call, agent: str, owner: str | None) -> dict[str, Any]:
         """ListTasks: `owner`'s tasks at this agent, newest first, one page at a time
@@ -279,6 +306,19 @@ class Methods:
             if state not in ("submitted", "working"):
                 raise RpcError(TASK_NOT_CANCELABLE, f"Task is {state}")
         raise RpcError(TASK_NOT_CANCELABLE, "The task did not stop in time (it runs in another process)")
+
+
+def once(action: Callable[[], None]) -> Callable[[], None]:
+    """`action`, run at its first call only."""
+    ran = False
+
+    def run() -> None:
+        nonlocal ran
+        if not ran:
+            ran = True
+            action()
+
+    return run
 
 
 def task_answer(plan: SendPlan, task: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
