@@ -215,7 +215,7 @@ def table(bench: Bench, params: Params) -> str:
     return "\n".join(out)
 
 
-def postgres_section(bench: Bench, statements: int = 6) -> list[str]:
+def postgres_section(bench: Bench, least: float = 0.05) -> list[str]:
     """Case e's figures besides the load: round trips, pool waits, Redis, backends, statements."""
     rows = [row for row in bench.rows.values() if row.extra.get("replicas")]
     if not rows:
@@ -252,7 +252,7 @@ def postgres_section(bench: Bench, statements: int = 6) -> list[str]:
         )
         for query, samples in a["lock_waiters"].items():
             out.append(f"      waited on a lock in {samples} samples: {query}")
-        for entry in x["statements"][:statements]:
+        for entry in [e for e in x["statements"] if e["per_request"] >= least]:  # every statement of the path
             sql = " ".join(entry["sql"].split())
             sql = sql if len(sql) <= 90 else sql[:87] + "..."
             out.append(f"      {entry['per_request']:4.2f}× {entry['ms_each']:6.2f} ms  {sql}")

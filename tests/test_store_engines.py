@@ -644,3 +644,118 @@ def test_sqlite_commits_the_writes_of_one_loop_turn_together(tmp_path: Path) -> 
         assert await db.fetchval("SELECT n FROM t WHERE id = 'taken'") == 0
 
     with_db(str(tmp_path / "store.db"), body)
+
+
+def test_writes_together_commit_whole_or_not_at_all(location: str) -> None:
+    """`write_together`: one transaction for independent writes, their rowcounts in order; a
+    failing one leaves none of them. Inside a transaction they join it."""
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        counts = await db.write_together(
+            [
+                ("INSERT INTO t (id, n) VALUES (?, ?)", ("a", 1)),
+                ("INSERT INTO t (id, n) VALUES (?, ?)", ("b", 2)),
+                ("UPDATE t SET n = n + 10 WHERE id IN (?, ?)", ("a", "nobody")),
+            ]
+        )
+        assert counts == [1, 1, 1]
+        with pytest.raises(Exception):  # noqa: B017 -- a duplicate key: the engine's own error
+            await db.write_together(
+                [("INSERT INTO t (id, n) VALUES (?, ?)", ("c", 3)), ("INSERT INTO t (id, n) VALUES (?, ?)", ("a", 4))]
+            )
+        assert await db.fetchval("SELECT count(*) FROM t WHERE id = 'c'") == 0
+        with pytest.raises(RuntimeError):
+            async with db.transaction():
+                assert await db.write_together([("UPDATE t SET n = 0 WHERE id = ?", ("b",))]) == [1]
+                raise RuntimeError
+        assert await db.fetchval("SELECT n FROM t WHERE id = 'b'") == 2  # joined, so rolled back with it
+        assert await db.fetchval("SELECT n FROM t WHERE id = 'a'") == 11
+
+    with_db(location, body)
+
+
+def test_postgres_writes_together_in_one_round_trip(pg_location: str) -> None:
+    """BEGIN, the statements and COMMIT travel together. A loopback proxy reads the client's
+    side of the protocol and counts what asks the server to answer now: a Sync (the extended
+    protocol) or a simple Query. Four INSERTs in a transaction: one."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(pg_location)
+    proxy = SyncCounter(parts.hostname or "127.0.0.1", parts.port or 5432)
+    through = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"))
+    through += "&sslmode=disable"
+
+    async def body(db: Database) -> tuple[int, int]:
+        await db.execute(ROWS)
+        before = proxy.syncs
+        await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("one", 0))
+        alone = proxy.syncs - before
+        before = proxy.syncs
+        statements = [("INSERT INTO t (id, n) VALUES (?, ?)", (str(i), i)) for i in range(4)]
+        assert await db.write_together(statements) == [1, 1, 1, 1]
+        return alone, proxy.syncs - before
+
+    try:
+        alone, together = with_db(through, body)
+    finally:
+        proxy.close()
+    assert alone == 1, f"the counter counts {alone} round trips for one statement"
+    assert together == 1, f"{together} round trips for BEGIN, 4 INSERTs and COMMIT"
+
+
+class SyncCounter:
+    """A TCP proxy on loopback to one PostgreSQL, counting the client's Sync and Query messages."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import socket
+
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.syncs = 0
+        self.closing = False
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        import socket
+
+        while not self.closing:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self.relay, args=(client, server), daemon=True).start()
+
+    def relay(self, client: Any, server: Any) -> None:
+        import select
+
+        pending, typed = b"", False  # the client's bytes not yet read as messages; past the startup?
+        with client, server:
+            while not self.closing:
+                ready, _, _ = select.select([client, server], [], [], 0.5)
+                for sock in ready:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    (server if sock is client else client).sendall(data)
+                    if sock is not client:
+                        continue
+                    pending += data
+                    while True:
+                        head = 5 if typed else 4
+                        if len(pending) < head:
+                            break
+                        length = int.from_bytes(pending[head - 4 : head], "big")
+                        if len(pending) < head - 4 + length:
+                            break
+                        message, pending = pending[: head - 4 + length], pending[head - 4 + length :]
+                        if typed:
+                            self.syncs += message[:1] in (b"S", b"Q")
+                        elif int.from_bytes(message[4:8], "big") not in (80877103, 80877104):  # not SSL/GSS
+                            typed = True  # the startup message: typed messages from now on
+
+    def close(self) -> None:
+        self.closing = True
+        self.listener.close()
