@@ -124,6 +124,17 @@ class HttpConfig:
     drain_seconds: float = 10.0  # on SIGTERM: how long requests and running work may finish
     metrics_listen: tuple[str, int] | None = None  # (ip, port): /metrics there only, not on the A2A port
     metrics_token_env: str = ""  # env var holding the bearer token /metrics asks for; never in the file
+    implementation: str = "auto"  # uvicorn's HTTP parser: h11, httptools, or auto (httptools when installed)
+    loop: str = "auto"  # the event loop: asyncio, uvloop, or auto (uvloop when installed)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How many resubscription streams may be open at once in one process (see server/streams.py)."""
+
+    max_per_task: int = 500  # streams following one task
+    max_per_owner: int = 100  # streams of one key, or of one payer
+    max_per_client: int = 100  # streams from one client address (an IPv4 address, an IPv6 /64)
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,7 @@ class Settings:
     trusted_proxies: tuple[str, ...] = ()
     facilitator: FacilitatorConfig = FacilitatorConfig()
     http: HttpConfig = HttpConfig()
+    streams: StreamConfig = StreamConfig()
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     keys: tuple[ApiKey, ...] = ()
     reconcile_interval_seconds: float = 30.0
@@ -271,6 +283,14 @@ class _Reader:
             return default
         return kind(value)
 
+    def one_of(self, raw: dict[str, Any], key: str, choices: tuple[str, ...], path: str) -> str:
+        """A string among `choices` (the first is the default)."""
+        value = self.get(raw, key, str, choices[0], path)
+        if value not in choices:
+            self.problem(path, f"must be one of {', '.join(choices)}, got {value!r}")
+            return choices[0]
+        return value
+
     def http_url(self, value: str, path: str) -> str:
         try:
             parts = urlsplit(value)
@@ -302,6 +322,7 @@ class _Reader:
             "keys",
             "reconcile_interval_seconds",
             "http",
+            "streams",
             "claim_lease_seconds",
             "networks",
             "in_band",
@@ -400,6 +421,7 @@ class _Reader:
             trusted_proxies=tuple(t for t in trusted if isinstance(t, str)),
             facilitator=facilitator,
             http=self.http(self.table(raw, "http", "http")),
+            streams=self.streams(self.table(raw, "streams", "streams")),
             agents=agents,
             keys=keys,
             reconcile_interval_seconds=self.positive(
@@ -441,6 +463,8 @@ class _Reader:
                 "drain_seconds",
                 "metrics_listen",
                 "metrics_token_env",
+                "implementation",
+                "loop",
             },
             "http",
         )
@@ -459,6 +483,17 @@ class _Reader:
             drain_seconds=self.positive(raw, "drain_seconds", d.drain_seconds, "http.drain_seconds", float),
             metrics_listen=self.listen_address(self.get(raw, "metrics_listen", str, "", "http.metrics_listen")),
             metrics_token_env=self.get(raw, "metrics_token_env", str, "", "http.metrics_token_env"),
+            implementation=self.one_of(raw, "implementation", ("auto", "h11", "httptools"), "http.implementation"),
+            loop=self.one_of(raw, "loop", ("auto", "asyncio", "uvloop"), "http.loop"),
+        )
+
+    def streams(self, raw: dict[str, Any]) -> StreamConfig:
+        self.unknown(raw, {"max_per_task", "max_per_owner", "max_per_client"}, "streams")
+        d = StreamConfig()
+        return StreamConfig(
+            max_per_task=self.positive(raw, "max_per_task", d.max_per_task, "streams.max_per_task"),
+            max_per_owner=self.positive(raw, "max_per_owner", d.max_per_owner, "streams.max_per_owner"),
+            max_per_client=self.positive(raw, "max_per_client", d.max_per_client, "streams.max_per_client"),
         )
 
     def listen_address(self, value: str) -> tuple[str, int] | None:

@@ -266,6 +266,26 @@ class PostgresDatabase(Database):
                 unavailable(exc)
             raise
 
+    async def write_together(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+        """One round trip: the statements as ONE simple query, which PostgreSQL runs as one
+        (implicit) transaction, all or none, or inside the caller's. The values are bound by
+        psycopg on this side (`ClientCursor`, libpq's quoting): the simple protocol has no
+        parameters, and it is what runs several statements in one message."""
+        text = "; ".join(translate(sql) for sql, _ in statements)
+        values = [value for _, args in statements for value in arguments(args)]
+        try:
+            async with self._connection() as conn:
+                cursor = psycopg.AsyncClientCursor(conn)
+                await cursor.execute(text, values)
+                counts = [cursor.rowcount]
+                while cursor.nextset():
+                    counts.append(cursor.rowcount)
+                return counts
+        except psycopg.Error as exc:
+            if retryable(exc):
+                unavailable(exc)
+            raise
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         if self._joined() is not None:  # this task is in a transaction already: join it
