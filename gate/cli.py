@@ -169,7 +169,7 @@ def _database_failure(location: str) -> str | None:
     wrong URL is one line of error (a refusal at once, an unreachable server after the start's
     patience) rather than a traceback from the server's start-up."""
     from server.app import DATABASE_START_SECONDS, open_until_ready
-    from server.database import open_database
+    from server.engines import open_database
 
     async def check() -> None:
         db = open_database(location)
@@ -298,7 +298,7 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0)
 def _check_sealing_key(database: str) -> None:
     """Before serving: a key other than the one the database was sealed with stops here, in one line."""
     from gate.sealing import Sealer
-    from server.database import open_database
+    from server.engines import open_database
 
     async def run() -> None:
         db = open_database(database)
@@ -359,7 +359,7 @@ def _source(args: argparse.Namespace) -> str:
 
 def _with_database(args: argparse.Namespace, work: Callable[[Database], Awaitable[T]]) -> T:
     """Run `work` against the configured database (or `--database`), opened for it and closed after."""
-    from server.database import open_database
+    from server.engines import open_database
 
     async def run() -> T:
         db = open_database(_settings(args).database)

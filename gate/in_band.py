@@ -19,22 +19,20 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from gate import pricing
+from gate.pricing import PaymentRequiredAnswers
 from gate.settlement import ERROR, RECEIPTS, STATUS
-from server.config import AgentConfig, Price
+from server.config import AgentConfig, Price, Settings
 from server.dialects import TERMINAL_STATES
 from server.execution import Execution, Settlement
 from server.jsonrpc import TASK_NOT_FOUND, RpcError
-from server.methods import SendPlan, finished, task_answer
-from server.tasks import agent_message, new_task, pending_owner, set_status
-
-if TYPE_CHECKING:
-    from gate.gate import PaymentGate
+from server.methods import Methods, SendPlan, finished, task_answer
+from server.tasks import TaskStore, agent_message, new_task, pending_owner, set_status
 
 EXTENSION_V02 = "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2"
 EXTENSION_V01 = "https://google-a2a.github.io/A2A/extensions/payments/x402/v0.1"  # the v0.1 spec's URI
@@ -136,36 +134,6 @@ class Pending:
         return self.task["history"][0]
 
 
-async def find_pending(gate: PaymentGate, plan: SendPlan, agent: AgentConfig) -> Pending | None:
-    """The request awaiting payment this message continues (pays for, or declines), if any.
-
-    One that ended unpaid (declined) is a finished task, answered as every finished task
-    is: it is never asked for payment again, so it never counts against the cap again.
-    """
-    task = await gate.store.unpaid(plan.message.get("taskId"), agent.name)
-    if task is None:
-        return None
-    if task["status"]["state"] in TERMINAL_STATES:
-        raise finished(task)
-    return Pending(task, agent.name)
-
-
-async def store_pending(gate: PaymentGate, pending: Pending) -> None:
-    """Store a request awaiting payment as it now stands, unless it changed meanwhile
-    (paid for, declined, expired): then nothing is written and the caller is told why."""
-    if not await gate.store.save_unpaid(pending.task):
-        raise await no_longer_pending(gate, pending)
-
-
-async def no_longer_pending(gate: PaymentGate, pending: Pending) -> RpcError:
-    """The answer for a request that stopped awaiting payment under us: finished, or gone
-    (another payer adopted it, or it expired), the same -32001 as for any task not ours."""
-    task = await gate.store.unpaid(pending.id, pending.agent)
-    if task is not None and task["status"]["state"] in TERMINAL_STATES:
-        return finished(task)
-    return RpcError(TASK_NOT_FOUND)
-
-
 def client_status(plan: SendPlan) -> Any:
     metadata = plan.message.get("metadata")
     return metadata.get(STATUS) if isinstance(metadata, dict) else None
@@ -181,90 +149,124 @@ def request_digest(agent: str, method: str, task_id: str) -> str:
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
 
 
-async def payment_required(
-    gate: PaymentGate,
-    plan: SendPlan,
-    agent: AgentConfig,
-    resource: str,
-    caller: str,
-    active: Activation,
-    pending: Pending | None,
-) -> Response:
-    """The Task asking for payment; over a cap (message size, requests per caller) the HTTP 402 instead."""
-    price = agent.price
-    assert price is not None
-    settings, store = gate.settings, gate.store
-    if pending is not None:
-        task = pending.task
-    elif client_status(plan) == "payment-rejected":  # it names nothing awaiting payment: nothing to decline
-        raise RpcError(TASK_NOT_FOUND)
-    else:
-        message = scrub({k: v for k, v in plan.message.items() if k != "taskId"})
-        owner = pending_owner(caller)
-        too_big = len(json.dumps(message, separators=(",", ":"))) > settings.in_band_max_message_bytes
-        task = new_task(message.get("contextId"), message)
+class InBand:
+    """The in-band flow's steps on the task store: requests awaiting payment, paid, refused, declined."""
+
+    def __init__(
+        self, store: TaskStore, methods: Methods, settings: Settings, answers_402: PaymentRequiredAnswers
+    ) -> None:
+        self.store, self.methods, self.answers_402 = store, methods, answers_402
+        self.max_message_bytes = settings.in_band_max_message_bytes
+        self.pending_per_caller = settings.in_band_pending_per_ip
+
+    async def find_pending(self, plan: SendPlan, agent: AgentConfig) -> Pending | None:
+        """The request awaiting payment this message continues (pays for, or declines), if any.
+
+        One that ended unpaid (declined) is a finished task, answered as every finished task
+        is: it is never asked for payment again, so it never counts against the cap again.
+        """
+        task = await self.store.unpaid(plan.message.get("taskId"), agent.name)
+        if task is None:
+            return None
+        if task["status"]["state"] in TERMINAL_STATES:
+            raise finished(task)
+        return Pending(task, agent.name)
+
+    async def store_pending(self, pending: Pending) -> None:
+        """Store a request awaiting payment as it now stands, unless it changed meanwhile
+        (paid for, declined, expired): then nothing is written and the caller is told why."""
+        if not await self.store.save_unpaid(pending.task):
+            raise await self.no_longer_pending(pending)
+
+    async def no_longer_pending(self, pending: Pending) -> RpcError:
+        """The answer for a request that stopped awaiting payment under us: finished, or gone
+        (another payer adopted it, or it expired), the same -32001 as for any task not ours."""
+        task = await self.store.unpaid(pending.id, pending.agent)
+        if task is not None and task["status"]["state"] in TERMINAL_STATES:
+            return finished(task)
+        return RpcError(TASK_NOT_FOUND)
+
+    async def payment_required(
+        self,
+        plan: SendPlan,
+        agent: AgentConfig,
+        resource: str,
+        caller: str,
+        active: Activation,
+        pending: Pending | None,
+    ) -> Response:
+        """The Task asking for payment; over a cap (message size, requests per caller) the HTTP 402 instead."""
+        price = agent.price
+        assert price is not None
+        store = self.store
+        if pending is not None:
+            task = pending.task
+        elif client_status(plan) == "payment-rejected":  # it names nothing awaiting payment: nothing to decline
+            raise RpcError(TASK_NOT_FOUND)
+        else:
+            message = scrub({k: v for k, v in plan.message.items() if k != "taskId"})
+            owner = pending_owner(caller)
+            too_big = len(json.dumps(message, separators=(",", ":"))) > self.max_message_bytes
+            task = new_task(message.get("contextId"), message)
+            ask(task, price, resource, agent.description, {STATUS: "payment-required"})
+            if too_big or not await store.create_pending(
+                task,
+                agent=agent.name,
+                owner=owner,
+                deadline_seconds=max_timeout(price, resource),
+                cap=self.pending_per_caller,
+            ):
+                return self.answers_402.response(agent.name, price, resource, agent.description)
+            return task_answer(plan, task, active.echo())
         ask(task, price, resource, agent.description, {STATUS: "payment-required"})
-        if too_big or not await store.create_pending(
-            task,
-            agent=agent.name,
-            owner=owner,
-            deadline_seconds=max_timeout(price, resource),
-            cap=settings.in_band_pending_per_ip,
-        ):
-            return gate.answers_402.response(agent.name, price, resource, agent.description)
+        await self.store_pending(pending)
         return task_answer(plan, task, active.echo())
-    ask(task, price, resource, agent.description, {STATUS: "payment-required"})
-    await store_pending(gate, pending)
-    return task_answer(plan, task, active.echo())
 
+    async def refused(
+        self,
+        plan: SendPlan,
+        agent: AgentConfig,
+        resource: str,
+        pending: Pending,
+        active: Activation | None,
+        reason: str,
+        payer: str = "",
+    ) -> Response:
+        """A refused payment, answered on the Task: payment-failed, the code, a failure receipt; payable again."""
+        price = agent.price
+        assert price is not None
+        receipt = {
+            "success": False,
+            "errorReason": reason,
+            "network": pricing.V1_NETWORKS.get(price.network, price.network),
+            "transaction": "",
+            "payer": payer,
+        }
+        code = error_code(reason)
+        failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
+        task = pending.task
+        ask(task, price, resource, agent.description, failure, f"Payment failed ({code}); pay again to use this agent.")
+        await self.store_pending(pending)
+        return task_answer(plan, task, echo(active))
 
-async def refused(
-    gate: PaymentGate,
-    plan: SendPlan,
-    agent: AgentConfig,
-    resource: str,
-    pending: Pending,
-    active: Activation | None,
-    reason: str,
-    payer: str = "",
-) -> Response:
-    """A refused payment, answered on the Task: payment-failed, the code, a failure receipt; payable again."""
-    price = agent.price
-    assert price is not None
-    receipt = {
-        "success": False,
-        "errorReason": reason,
-        "network": pricing.V1_NETWORKS.get(price.network, price.network),
-        "transaction": "",
-        "payer": payer,
-    }
-    code = error_code(reason)
-    failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
-    task = pending.task
-    ask(task, price, resource, agent.description, failure, f"Payment failed ({code}); pay again to use this agent.")
-    await store_pending(gate, pending)
-    return task_answer(plan, task, echo(active))
+    async def declined(self, plan: SendPlan, pending: Pending, active: Activation | None) -> Response:
+        """The client declined to pay (`payment-rejected`): the task ends, canceled, uncharged, for good."""
+        task = pending.task
+        metadata = {STATUS: "payment-rejected"}
+        set_status(
+            task, "canceled", agent_message(task, "Payment declined by the client; nothing was charged.", metadata)
+        )
+        task["metadata"] = metadata
+        await self.store_pending(pending)
+        return task_answer(plan, task, echo(active))
 
-
-async def declined(gate: PaymentGate, plan: SendPlan, pending: Pending, active: Activation | None) -> Response:
-    """The client declined to pay (`payment-rejected`): the task ends, canceled, uncharged, for good."""
-    task = pending.task
-    metadata = {STATUS: "payment-rejected"}
-    set_status(task, "canceled", agent_message(task, "Payment declined by the client; nothing was charged.", metadata))
-    task["metadata"] = metadata
-    await store_pending(gate, pending)
-    return task_answer(plan, task, echo(active))
-
-
-async def start_paid(
-    gate: PaymentGate, pending: Pending, agent: AgentConfig, owner: str, settlement: Settlement
-) -> Execution:
-    """The payment is verified: the payer adopts the task and the agent runs the ORIGINAL message."""
-    task = await gate.store.adopt(pending.id, owner, agent.name)
-    if task is None:  # paid for by someone else a moment ago, declined, or expired
-        raise await no_longer_pending(gate, pending)
-    task.pop("metadata", None)
-    return await gate.methods.start_task(task, agent.name, task["history"][0], settlement)
+    async def start_paid(self, pending: Pending, agent: AgentConfig, owner: str, settlement: Settlement) -> Execution:
+        """The payment is verified: the payer adopts the task and the agent runs the ORIGINAL message."""
+        task = await self.store.adopt(pending.id, owner, agent.name)
+        if task is None:  # paid for by someone else a moment ago, declined, or expired
+            raise await self.no_longer_pending(pending)
+        task.pop("metadata", None)
+        return await self.methods.start_task(task, agent.name, task["history"][0], settlement)
 
 
 def ask(

@@ -1,4 +1,4 @@
-"""The anonymous pipeline (DESIGN section 4), top to bottom, one module per step.
+"""The anonymous pipeline (DESIGN section 4), top to bottom; each step's work lives in its own module.
 
 Each step is cheaper than the next: nothing reaches the database or the facilitator
 before both limiters have passed, and nothing is executed before the token is
@@ -11,21 +11,21 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gate import in_band, pricing, tokens
+from gate import in_band, pricing, reconciler, tokens
 from gate.claims import Claim, ClaimLost, ClaimState, Hold
 from gate.facilitator import Unavailable
 from gate.limiter import caller_key
+from gate.parts import GateParts
 from gate.settlement import STATUS, Payment
 from server.anonymous import not_authenticated
 from server.cards import agent_url
-from server.config import AgentConfig, payment_window_seconds
+from server.config import AgentConfig, Price, payment_window_seconds
 from server.database import DatabaseUnavailable
 from server.jsonrpc import (
     INTERNAL_ERROR,
@@ -40,27 +40,25 @@ from server.jsonrpc import (
 )
 from server.methods import SendPlan, plan_send, task_answer, unsupported
 from server.proxy import public_base_url
-
-if TYPE_CHECKING:
-    from gate.gate import PaymentGate
+from server.request_log import RequestInfo
 
 logger = logging.getLogger("a2a_gate.gate")
 
 
-async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Response:
-    settings, info = gate.settings, request.state.info
+async def handle_anonymous(parts: GateParts, request: Request, name: str) -> Response:
+    settings, info = parts.settings, request.state.info
     # 1. per-IP, then per-agent limiter
-    for limiter, key in ((gate.ip_limiter, info.client), (gate.agent_limiters, name)):
+    for limiter, key in ((parts.ip_limiter, info.client), (parts.agent_limiters, name)):
         wait = await limiter.check(key)
         if wait:
-            gate.metrics.limiter_refusals.labels("ip" if limiter is gate.ip_limiter else "agent").inc()
+            parts.metrics.limiter_refusals.labels("ip" if limiter is parts.ip_limiter else "agent").inc()
             return too_many_requests(wait)
     # 2. unknown, unexposed and unpriced agents all look the same
-    agent = gate.agents.get(name)
+    agent = parts.agents.get(name)
     if agent is None or not agent.exposed or agent.price is None:
         return not_authenticated()
     # 3. a priced door that cannot take payment now
-    if not gate.facilitator.configured:
+    if not parts.facilitator.configured:
         return JSONResponse({"detail": "Payment is not available for this agent now"}, status_code=501)
     # 4. envelope
     try:
@@ -70,14 +68,14 @@ async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Re
     info.method = call.method
     try:
         if call.operation in ("get", "cancel", "subscribe", "list"):
-            return await bound_task_call(gate, request, call, agent)
+            return await bound_task_call(parts, request, call, agent)
         if call.operation not in ("send", "stream"):
             raise unsupported(call)
         if call.operation == "stream" and not agent.streaming:
             raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
         # 5. the message must be usable before a token is looked for
         plan = plan_send(call)
-        return await paid_send(gate, request, plan, agent)
+        return await paid_send(parts, request, plan, agent)
     except RpcError as exc:
         return error_response(call.id, exc)
     except DatabaseUnavailable as exc:  # nothing runs without a claim; a retry is safe
@@ -89,144 +87,157 @@ async def handle_anonymous(gate: PaymentGate, request: Request, name: str) -> Re
         return error_response(call.id, RpcError(INTERNAL_ERROR, data={"code": "internal_error", "retryable": True}))
 
 
-async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: AgentConfig) -> Response:
-    call, price, info = plan.call, agent.price, request.state.info
+@dataclass
+class Attempt:
+    """One paid request on its way through the steps: what it asks, what pays, what it holds."""
+
+    plan: SendPlan
+    agent: AgentConfig
+    price: Price
+    resource: str  # the door the token must be minted for
+    info: RequestInfo
+    active: in_band.Activation | None  # the x402 extension the client activated, if any
+    pending: in_band.Pending | None  # the in-band request this message pays for, if any
+    token: tokens.Token | None = None
+    requirements: dict[str, Any] = field(default_factory=dict)
+    payment: Payment | None = None
+    hold: Hold | None = None  # the claim, once taken: every write to it names this
+    started: bool = False  # the execution owns the claim from here on
+
+    @property
+    def log(self) -> dict[str, str]:
+        assert self.token is not None
+        return log_fields(self.agent, self.token)
+
+
+async def paid_send(parts: GateParts, request: Request, plan: SendPlan, agent: AgentConfig) -> Response:
+    price, info = agent.price, request.state.info
     assert price is not None
-    resource = agent_url(public_base_url(request, gate.settings.public_url), agent.name)
+    resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
     active = in_band.activation(request.headers)
     # a message continuing an in-band request awaiting payment pays (or declines) for its original
-    pending = await in_band.find_pending(gate, plan, agent)
+    pending = await parts.in_band.find_pending(plan, agent)
     if pending is not None and in_band.client_status(plan) == "payment-rejected":
         info.set("ok", "in-band payment declined: not charged")
-        return await in_band.declined(gate, plan, pending, active)
+        return await parts.in_band.declined(plan, pending, active)
     # 6. the token: message metadata first, then PAYMENT-SIGNATURE, then X-PAYMENT
     token = tokens.extract(plan.message.get("metadata"), request.headers)
     if token is None:
         if active is not None:
             info.set("payment_required", "in-band")
-            caller = caller_key(info.client, gate.settings.ipv6_prefix)  # one household, one cap
-            return await in_band.payment_required(gate, plan, agent, resource, caller, active, pending)
-        return gate.answers_402.response(agent.name, price, resource, agent.description)
-    log = log_fields(agent, token)
-
-    async def refuse(reason: str, payer: str = "") -> Response:
-        await gate.log.append("reject", **log, payer=payer, error=reason)
-        info.set("rejected", reason)
-        if pending is not None:
-            return await in_band.refused(gate, plan, agent, resource, pending, active, reason, payer)
-        return payment_rejected(reason)
-
+            caller = caller_key(info.client, parts.settings.ipv6_prefix)  # one household, one cap
+            return await parts.in_band.payment_required(plan, agent, resource, caller, active, pending)
+        return parts.answers_402.response(agent.name, price, resource, agent.description)
+    attempt = Attempt(plan, agent, price, resource, info, active, pending, token)
     # 7. local checks; a retry of a claimed token is answered by its claim whatever the clock says
     try:
-        requirements = tokens.check_payload(token, price, resource)
-        if await gate.claims.find(token.digest) is None:
-            tokens.check_window(token, min_window=payment_window_seconds(agent, gate.settings.facilitator))
+        attempt.requirements = tokens.check_payload(token, price, resource)
+        if await parts.claims.find(token.digest) is None:
+            tokens.check_window(token, min_window=payment_window_seconds(agent, parts.settings.facilitator))
     except tokens.Rejection as exc:
-        return await refuse(exc.reason)
+        return await refuse(parts, attempt, exc.reason)
     # 8. claim, before anything is executed
-    payment = Payment(
+    payment = attempt.payment = Payment(
         token.digest,
         token.version,
         token.payload,
-        requirements,
+        attempt.requirements,
         agent.name,
         "",
         price.amount,
         price.network,
         price.asset,
     )
-    sealed = gate.sealer.seal(payment.sealable(), token.digest)
-    digest = await claim_digest(gate, agent, plan, token, pending)
-    outcome = await gate.claims.claim(token.digest, tokens.nonce_key(token, price.asset), digest, agent.name, sealed)
+    sealed = parts.sealer.seal(payment.sealable(), token.digest)
+    digest = await claim_digest(parts, agent, plan, token, pending)
+    outcome = await parts.claims.claim(token.digest, tokens.nonce_key(token, price.asset), digest, agent.name, sealed)
     if outcome.kind == "conflict":
-        return await refuse(outcome.reason)
+        return await refuse(parts, attempt, outcome.reason)
     if outcome.kind == "in_flight":
         info.set("in_flight")
         return error_response(
-            call.id, RpcError(INTERNAL_ERROR, "Request in flight", {"code": "in_flight", "retryable": True})
+            plan.call.id, RpcError(INTERNAL_ERROR, "Request in flight", {"code": "in_flight", "retryable": True})
         )
     if outcome.kind == "replay":
         assert outcome.claim is not None
         info.set("replay")
         info.payer = outcome.claim.payer
-        return await replay(gate, plan, outcome.claim, payment, in_band.echo(active))
+        return await replay(parts, plan, outcome.claim, payment, in_band.echo(active))
     assert outcome.hold is not None
-    hold, started = outcome.hold, list[bool]()
+    attempt.hold = outcome.hold
     try:
-        return await verified_send(
-            gate, request, plan, agent, token, requirements, payment, hold, active, pending, refuse, started
-        )
+        return await verified_send(parts, attempt)
     except BaseException:
         # a bug of ours (or a cancellation) before the work started: the claim must not
         # stay "running" forever and lock the payer out; after the start it is bound to
         # the execution, which releases or settles it.
-        if not started:
-            await gate.release(hold)  # fenced: only ever our own running claim
+        if not attempt.started:
+            await parts.release(attempt.hold)  # fenced: only ever our own running claim
         raise
 
 
-async def verified_send(
-    gate: PaymentGate,
-    request: Request,
-    plan: SendPlan,
-    agent: AgentConfig,
-    token: tokens.Token,
-    requirements: dict[str, Any],
-    payment: Payment,
-    hold: Hold,
-    active: in_band.Activation | None,
-    pending: in_band.Pending | None,
-    refuse: Callable[[str, str], Awaitable[Response]],
-    started: list[bool],
-) -> Response:
-    """Steps 9 to 12, for a claimed token (every claim write names `hold`)."""
-    call, info = plan.call, request.state.info
-    log = log_fields(agent, token)
+async def refuse(parts: GateParts, attempt: Attempt, reason: str, payer: str = "") -> Response:
+    """A refused payment: logged, and answered 403 (or on the Task, in-band)."""
+    await parts.log.append("reject", **attempt.log, payer=payer, error=reason)
+    attempt.info.set("rejected", reason)
+    if attempt.pending is not None:
+        return await parts.in_band.refused(
+            attempt.plan, attempt.agent, attempt.resource, attempt.pending, attempt.active, reason, payer
+        )
+    return payment_rejected(reason)
+
+
+async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
+    """Steps 9 to 12, for a claimed token (every claim write names `attempt.hold`)."""
+    plan, agent, info, token, hold = attempt.plan, attempt.agent, attempt.info, attempt.token, attempt.hold
+    assert token is not None and hold is not None and attempt.payment is not None
+    call = plan.call
     # 9. facilitator verify
     try:
-        verification = await gate.facilitator.verify(token.version, token.payload, requirements)
+        verification = await parts.facilitator.verify(token.version, token.payload, attempt.requirements)
     except Unavailable as exc:
-        await gate.release(hold)
+        await parts.release(hold)
         logger.warning("facilitator verify unavailable: %s", exc.reason)
         info.set("verify_unavailable", exc.reason)
         return error_response(call.id, verify_unavailable(exc.retry_after))
     info.payer = verification.payer
     if not verification.valid:
-        await gate.release(hold)
-        return await refuse(verification.reason, verification.payer)
+        await parts.release(hold)
+        return await refuse(parts, attempt, verification.reason, verification.payer)
     # 10. payer allowlist, failing closed
     if not payer_allowed(agent, verification.payer):
-        await gate.release(hold)
-        return await refuse("payer_not_allowed", verification.payer)
-    await gate.log.append("verify", **log, payer=verification.payer)
+        await parts.release(hold)
+        return await refuse(parts, attempt, "payer_not_allowed", verification.payer)
+    await parts.log.append("verify", **attempt.log, payer=verification.payer)
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
-    payment = replace(payment, payer=verification.payer)
-    owner, settlement = f"payer:{payment.payer}", gate.settlement_for(payment, hold)
+    payment = attempt.payment = replace(attempt.payment, payer=verification.payer)
+    owner = f"payer:{payment.payer}"
+    settlement = parts.charges.hooks(payment, hold, withhold=agent.on_settle_failure == "withhold")
     try:
-        if pending is not None:  # in-band: the agent runs the original message of the task
-            execution = await in_band.start_paid(gate, pending, agent, owner, settlement)
+        if attempt.pending is not None:  # in-band: the agent runs the original message of the task
+            execution = await parts.in_band.start_paid(attempt.pending, agent, owner, settlement)
         else:
-            execution = await gate.methods.start_send(plan, agent.name, owner, settlement)
+            execution = await parts.methods.start_send(plan, agent.name, owner, settlement)
     except RpcError as exc:
-        await gate.release(hold)
-        await gate.log.append("release", **log, payer=payment.payer, error=f"not started: {exc.message}")
+        await parts.release(hold)
+        await parts.log.append("release", **attempt.log, payer=payment.payer, error=f"not started: {exc.message}")
         return error_response(call.id, exc)
-    started.append(True)
+    attempt.started = True
     try:
-        await gate.claims.bind(hold, payment.payer, execution.task["id"])
+        await parts.claims.bind(hold, payment.payer, execution.task["id"])
     except ClaimLost:  # taken over already: the execution was revoked and delivers nothing
         pass
-    headers = in_band.echo(active)
+    headers = in_band.echo(attempt.active)
     if call.operation == "stream":
         info.set("ok", "stream")
-        return gate.methods.stream(plan, execution, headers)
-    result = await gate.methods.send(plan, execution)
+        return parts.methods.stream(plan, execution, headers)
+    result = await parts.methods.send(plan, execution)
     info.set(*charge_outcome(execution.task))
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})
 
 
 async def claim_digest(
-    gate: PaymentGate, agent: AgentConfig, plan: SendPlan, token: tokens.Token, pending: in_band.Pending | None
+    parts: GateParts, agent: AgentConfig, plan: SendPlan, token: tokens.Token, pending: in_band.Pending | None
 ) -> str:
     """The request a token pays for. In-band it is the task's original request, also when
     a retry comes after the task was adopted (the claim then names the same task)."""
@@ -234,7 +245,7 @@ async def claim_digest(
     if pending is not None:
         return in_band.request_digest(agent.name, plan.call.method, pending.id)
     if isinstance(task_id, str):
-        claim = await gate.claims.find(token.digest)
+        claim = await parts.claims.find(token.digest)
         in_band_digest = in_band.request_digest(agent.name, plan.call.method, task_id)
         if claim is not None and claim.task_id == task_id and claim.request_digest == in_band_digest:
             return in_band_digest
@@ -261,26 +272,24 @@ def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:
     return "ok", f"task {task['status']['state']}: not charged"
 
 
-async def replay(
-    gate: PaymentGate, plan: SendPlan, claim: Claim, payment: Payment, headers: dict[str, str]
-) -> Response:
+async def replay(parts: GateParts, plan: SendPlan, claim: Claim, payment: Payment, headers: dict[str, str]) -> Response:
     """The same token with the same request: the stored answer, re-driving an owed settlement."""
     owner, call = f"payer:{claim.payer}", plan.call
     if claim.state == ClaimState.SETTLE_FAILED:
-        taken = await gate.claims.take_owed(claim.token_digest)
+        taken = await parts.claims.take_owed(claim.token_digest)
         if taken is not None:
-            await gate.settle_owed(taken)
-    task = await gate.store.get(claim.task_id, owner, claim.agent)
+            await reconciler.settle_owed(parts, taken)
+    task = await parts.store.get(claim.task_id, owner, claim.agent)
     if task is None:
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
-    await gate.log.append("replay", **replace(payment, payer=claim.payer).log_fields(claim.task_id))
+    await parts.log.append("replay", **replace(payment, payer=claim.payer).log_fields(claim.task_id))
     return task_answer(plan, task, {**headers, "X-Idempotent-Replay": "true", **payment_response_header(task)})
 
 
-async def bound_task_call(gate: PaymentGate, request: Request, call: Call, agent: AgentConfig) -> Response:
+async def bound_task_call(parts: GateParts, request: Request, call: Call, agent: AgentConfig) -> Response:
     """Task calls for a payer: every failure is the same -32001 bytes (a list, an empty page)."""
-    owner = await prove_payer(gate, request, call, agent)
-    methods = gate.methods
+    owner = await prove_payer(parts, request, call, agent)
+    methods = parts.methods
     if owner is None:
         if call.operation == "list":  # nothing is visible without proof
             return result_response(call.id, await methods.list(call, agent.name, None))
@@ -297,19 +306,19 @@ async def bound_task_call(gate: PaymentGate, request: Request, call: Call, agent
         return error_response(call.id, exc)
 
 
-async def prove_payer(gate: PaymentGate, request: Request, call: Call, agent: AgentConfig) -> str | None:
+async def prove_payer(parts: GateParts, request: Request, call: Call, agent: AgentConfig) -> str | None:
     """The payer owning this call: the token that paid, or a fresh token verifying to them."""
     token = tokens.extract(call.params.get("metadata"), request.headers)
     if token is None:
         return None
-    claim = await gate.claims.find(token.digest)
+    claim = await parts.claims.find(token.digest)
     if claim is not None and claim.payer:
         return f"payer:{claim.payer}"
     assert agent.price is not None
     try:
-        resource = agent_url(public_base_url(request, gate.settings.public_url), agent.name)
+        resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
         requirements = tokens.check(token, agent.price, resource)
-        verification = await gate.facilitator.verify(token.version, token.payload, requirements)
+        verification = await parts.facilitator.verify(token.version, token.payload, requirements)
     except (tokens.Rejection, Unavailable):
         return None
     return f"payer:{verification.payer}" if verification.valid else None

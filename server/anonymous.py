@@ -15,12 +15,12 @@ from typing import Any, Protocol
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.agents import AgentRegistry
 from server.config import AgentConfig, Settings
 from server.database import Database
 from server.execution import Runner
 from server.methods import Methods
 from server.metrics import Metrics
+from server.registry import AgentRegistry
 from server.tasks import TaskStore
 
 

@@ -26,11 +26,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from server import request_log
-from server.agents import AgentRegistry
 from server.anonymous import AnonymousFactory, KeysOnly, Parts
 from server.cards import agent_card
 from server.config import Settings
-from server.database import Database, DatabaseUnavailable, open_database
+from server.database import Database, DatabaseUnavailable
+from server.engines import open_database
 from server.execution import PAST_DEADLINE, Runner
 from server.jsonrpc import (
     INTERNAL_ERROR,
@@ -46,6 +46,7 @@ from server.methods import Methods, plan_send, unsupported
 from server.metrics import Metrics, MetricsAccess, agent_label
 from server.principals import Principals, create_tables
 from server.proxy import TrustedProxyMiddleware, public_base_url
+from server.registry import AgentRegistry
 from server.request_counts import FLUSH_SECONDS, RequestCounts
 from server.request_log import RequestInfo
 from server.shutdown import draining_on_signals

@@ -2,7 +2,7 @@
 
 Each table's owner (tasks and keys in the server; claims and the payment log in the gate)
 writes portable SQL with ``?`` placeholders against `Database` and never learns which
-engine runs it. `open_database` picks one from the configured `database`:
+engine runs it. `server.engines.open_database` picks one from the configured `database`:
 
 - a path: one embedded SQLite file (`server/sqlite_store.py`), the default, shared by the
   workers of one machine;
@@ -27,8 +27,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
-
-from server.config import is_database_url
 
 Row = dict[str, Any]
 Statements = Sequence[str] | Callable[["Database"], Awaitable[None]]
@@ -151,17 +149,6 @@ class Database(ABC):
                     (component, len(steps)),
                 )
         return max(current, len(steps))
-
-
-def open_database(location: str) -> Database:
-    """The engine for `location`: a ``postgresql://`` URL, else a SQLite path. Call `open()` next."""
-    if is_database_url(location):
-        from server.postgres_store import PostgresDatabase
-
-        return PostgresDatabase(location)
-    from server.sqlite_store import SQLiteDatabase
-
-    return SQLiteDatabase(location)
 
 
 async def commit_until_stored(

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server import request_log
-from server.agents import AgentRegistry, AgentReply, AgentRequest
+from server.agents import AgentReply, AgentRequest
 from server.database import commit_until_stored
 from server.dialects import INTERRUPTED_STATES
+from server.registry import AgentRegistry
 from server.request_log import TASK_ID
 from server.tasks import TaskStore, agent_message, new_id, set_status
 

@@ -21,7 +21,8 @@ from gate.facilitator import FacilitatorClient
 from gate.payment_log import PaymentLog
 from gate.settlement import Payment, Settler
 from server.config import FacilitatorConfig, NetworkConfig
-from server.database import Database, open_database
+from server.database import Database
+from server.engines import open_database
 
 OLD_CLAIMS = """CREATE TABLE claims (token_digest TEXT PRIMARY KEY, nonce_key TEXT, request_digest TEXT, agent TEXT,
  state TEXT, task_id TEXT, payer TEXT, answer TEXT, owner_pid INTEGER, created_at FLOAT, updated_at FLOAT,

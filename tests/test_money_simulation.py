@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from gate.sealing import Sealer, SealingKeyMismatch
-from server.database import open_database
+from server.engines import open_database
 from tests.support import money_world
 from tests.support.money_world import LEASE, MAX_DELAY, PASS_INTERVAL, PAY_TO, Replica, Token, World, answer_for
 
@@ -286,7 +286,7 @@ class MoneyWorld(RuleBasedStateMachine):
     async def start_replica(self, skew: float, wrong_key: bool) -> None:
         replica = Replica(self.world, f"r{len(self.world.replicas)}", skew)
         if wrong_key:
-            replica.gate.__dict__["sealer"] = Sealer(os.urandom(32))
+            replica.gate.parts.__dict__["sealer"] = Sealer(os.urandom(32))
         await replica.open()
         try:
             await replica.gate.check_sealing_key()  # what `serve` and `reconcile` do before anything else

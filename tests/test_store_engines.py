@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from server.database import Database, DatabaseUnavailable, Migration, open_database
+from server.database import Database, DatabaseUnavailable, Migration
+from server.engines import open_database
 from tests.support.gate_process import free_port
 from tests.support.services import OwnPostgres, PostgresSchema
 
@@ -405,7 +406,8 @@ def started_together(script: str, location: str, count: int) -> list[str]:
 MIGRATOR = """
 import asyncio, sys, time
 from server.app import open_until_ready
-from server.database import Migration, open_database
+from server.database import Migration
+from server.engines import open_database
 
 async def slow(db):
     await asyncio.sleep(0.3)  # hold the schema lock while the other process arrives
@@ -487,7 +489,7 @@ from gate.claims import Claims
 from gate.payment_log import PaymentLog
 from server import principals
 from server.app import open_until_ready
-from server.database import open_database
+from server.engines import open_database
 from server.tasks import TaskStore
 
 async def main(location, start_at):

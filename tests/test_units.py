@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from server import dialects
 from server.config import ApiKey, ConfigError, parse_config
-from server.database import Database, open_database
+from server.database import Database
 from server.dialects import V03, V10, InvalidShape
+from server.engines import open_database
 from server.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,

@@ -1,0 +1,110 @@
+"""The hooks one paid execution calls: settle after delivery, release otherwise.
+
+`Charges.hooks(payment, hold)` is what the server's execution is handed
+(`server.execution.Settlement`). Every write names the execution's `hold`; one that finds
+the claim taken over raises `OwnershipLost` to the server, and a claim found lost by any
+write (or a renewal) revokes the live execution it covered.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gate.claims import FINAL_STATES, ClaimLost, Claims, ClaimState, Hold
+from gate.metrics import GateMetrics
+from gate.payment_log import PaymentLog
+from gate.settlement import (
+    Collection,
+    Payment,
+    Settler,
+    verified_metadata,
+    with_payment_metadata,
+    withheld_metadata,
+)
+from server.database import commit_until_stored
+from server.execution import Collected, OwnershipLost, Settlement
+
+logger = logging.getLogger("a2a_gate.gate")
+
+HANDED_OVER = "settlement_handed_over: another server took this payment's claim over and records its outcome"
+
+
+class Charges:
+    """The live paid executions' hooks, by the hold they write under."""
+
+    def __init__(self, claims: Claims, settler: Settler, log: PaymentLog, metrics: GateMetrics) -> None:
+        self.claims, self.settler, self.log, self.metrics = claims, settler, log, metrics
+        self.live: dict[Hold, Settlement] = {}
+        claims.on_lost = self.lost
+
+    def hooks(self, payment: Payment, hold: Hold, *, withhold: bool) -> Settlement:
+        """The hooks an execution calls for `payment`, claimed under `hold`."""
+        claims, live = self.claims, self.live
+        outcome: list[Collection] = []
+
+        async def mark_delivered(withheld: dict[str, Any] | None) -> None:
+            try:
+                await claims.mark_delivered(hold, withheld)
+            except ClaimLost as lost:
+                live.pop(hold, None)
+                raise OwnershipLost(str(lost)) from None
+
+        async def delivered(task: dict[str, Any]) -> Collected:
+            try:
+                collection = await self.settler.settle(payment, task["id"], hold)
+            except ClaimLost:  # delivered, then taken over while settling: the new owner records it
+                collection = Collection(ClaimState.SETTLE_FAILED, verified_metadata(HANDED_OVER))
+            outcome.append(collection)
+            unpaid_answer = withhold and not collection.paid
+            metadata = withheld_metadata(collection.metadata) if unpaid_answer else collection.metadata
+            task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)  # mirrored at task.metadata
+            return Collected(metadata, collection.paid)
+
+        async def not_delivered(task: dict[str, Any]) -> None:
+            async def write() -> None:
+                await claims.release(hold)
+                await self.log.append(
+                    "release", **payment.log_fields(task["id"]), error=f"task {task['status']['state']}: not charged"
+                )
+
+            live.pop(hold, None)
+            try:
+                await commit_until_stored(claims.db, write, "a release")
+            except ClaimLost as lost:
+                raise OwnershipLost(str(lost)) from None
+
+        async def saved() -> None:
+            live.pop(hold, None)
+            try:
+                await claims.task_synced(hold, final=bool(outcome) and outcome[-1].state in FINAL_STATES)
+            except ClaimLost as lost:
+                raise OwnershipLost(str(lost)) from None
+
+        def abandoned() -> None:
+            live.pop(hold, None)
+            claims.let_go(hold)
+
+        settlement = Settlement(
+            mark_delivered=mark_delivered,
+            delivered=delivered,
+            not_delivered=not_delivered,
+            saved=saved,
+            abandoned=abandoned,
+            withhold=withhold,
+        )
+        live[hold] = settlement
+        return settlement
+
+    def lost(self, lost: ClaimLost) -> None:
+        """A fenced write (or a renewal) found a claim of ours taken over: stop the work it covered."""
+        logger.warning(
+            "lost claim %s at %s: another process took it over after its lease lapsed;"
+            " its work is stopped here and nothing more is recorded for it by this process",
+            lost.hold.token_digest[:12],
+            lost.write,
+        )
+        self.metrics.claims_lost.labels(lost.write).inc()
+        settlement = self.live.pop(lost.hold, None)
+        if settlement is not None:
+            settlement.revoke()

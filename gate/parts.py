@@ -1,0 +1,115 @@
+"""The gate's components, built once per process: the one place that composes them.
+
+Each step of the anonymous pipeline, the reconciler and the in-band flow is handed these
+parts (never the gate object), and uses only what it names of them.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gate.chain import Chain
+from gate.charge import Charges
+from gate.claims import ClaimLost, Claims, Hold
+from gate.facilitator import FacilitatorClient
+from gate.in_band import InBand
+from gate.limiter import AgentLimiters, CallerLimiter, RateLimit
+from gate.metrics import GateMetrics
+from gate.payment_log import PaymentLog
+from gate.pricing import PaymentRequiredAnswers
+from gate.sealing import Sealer, load_key
+from gate.settlement import Settler
+from server.anonymous import Parts
+from server.config import Settings
+from server.methods import Methods
+from server.registry import AgentRegistry
+from server.tasks import TaskStore
+
+if TYPE_CHECKING:
+    from gate.shared_limiter import SharedBuckets  # imports redis
+
+
+@dataclass(eq=False)
+class GateParts:
+    """The gate's components, and the server's parts they build on."""
+
+    settings: Settings
+    store: TaskStore
+    agents: AgentRegistry
+    methods: Methods
+    metrics: GateMetrics
+    ip_limiter: RateLimit
+    agent_limiters: RateLimit
+    facilitator: FacilitatorClient
+    claims: Claims
+    log: PaymentLog
+    chain: Chain
+    settler: Settler
+    charges: Charges
+    answers_402: PaymentRequiredAnswers
+    in_band: InBand
+    shared_buckets: SharedBuckets | None = None
+    ready: tuple[float, str] = field(default=(0.0, ""))  # the facilitator's last readiness answer, cached
+
+    @classmethod
+    def build(cls, server: Parts) -> GateParts:
+        settings = server.settings
+        metrics = GateMetrics(server.metrics.registry)  # the gate's own, served beside the server's
+        own_ip = CallerLimiter(settings.per_ip_per_minute, settings.limiter_max_entries, settings.ipv6_prefix)
+        overrides = {a.name: a.per_agent_per_minute for a in settings.agents.values() if a.per_agent_per_minute}
+        own_agents = AgentLimiters(settings.per_agent_per_minute, overrides)
+        ip_limiter: RateLimit = own_ip
+        agent_limiters: RateLimit = own_agents
+        shared_buckets = None
+        if settings.limiter_redis_url:  # several replicas: the buckets live in Redis
+            from gate.shared_limiter import shared_limiters  # redis is imported only when configured
+
+            shared_buckets, ip_limiter, agent_limiters = shared_limiters(settings, own_ip, own_agents, metrics)
+        facilitator = FacilitatorClient(settings.facilitator, metrics)
+        claims = Claims(server.db, settings.claim_lease_seconds)
+        log = PaymentLog(server.db)
+        chain = Chain(settings.networks)
+        settler = Settler(
+            facilitator,
+            claims,
+            log,
+            settings.facilitator,
+            metrics,
+            chain,
+            pass_interval=settings.reconcile_interval_seconds,
+        )
+        answers_402 = PaymentRequiredAnswers()
+        server.metrics.before_scrape.append(lambda: metrics.read_state(claims))
+        return cls(
+            settings=settings,
+            store=server.store,
+            agents=server.agents,
+            methods=server.methods,
+            metrics=metrics,
+            ip_limiter=ip_limiter,
+            agent_limiters=agent_limiters,
+            facilitator=facilitator,
+            claims=claims,
+            log=log,
+            chain=chain,
+            settler=settler,
+            charges=Charges(claims, settler, log, metrics),
+            answers_402=answers_402,
+            in_band=InBand(server.store, server.methods, settings, answers_402),
+            shared_buckets=shared_buckets,
+        )
+
+    @functools.cached_property
+    def sealer(self) -> Sealer:
+        """Loaded at the first seal or unseal: `a2a-gate migrate` needs no key."""
+        return Sealer(load_key(self.settings.database))
+
+    async def release(self, hold: Hold) -> None:
+        """Release a claim of this request before its work started (a refusal, an outage); a
+        claim already taken over is left to its new owner (logged and counted as lost)."""
+        try:
+            await self.claims.release(hold)
+        except ClaimLost:
+            pass
