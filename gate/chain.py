@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from server.config import NetworkConfig
+from gate.config import NetworkConfig
 
 # The ABI needs no library for a few fixed shapes (the production install carries none):
 # keccak("authorizationState(address,bytes32)")[:4], and the keccak of the three event signatures.

@@ -28,8 +28,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gate import config as gate_config
+from gate.config import default_settings, load_config
 from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
-from server.config import ConfigError, Settings, default_settings, is_database_url, load_config
+from server.config import ConfigError, Settings, is_database_url
 from server.database import DatabaseRefused, DatabaseUnavailable
 
 if TYPE_CHECKING:
@@ -82,7 +84,7 @@ def _apply_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
     if overrides.get("trusted_proxies"):
         settings = replace(settings, trusted_proxies=tuple(overrides["trusted_proxies"]))
     if overrides.get("facilitator_url"):
-        settings = replace(settings, facilitator=replace(settings.facilitator, url=overrides["facilitator_url"]))
+        settings = gate_config.with_facilitator_url(settings, overrides["facilitator_url"])
     if overrides.get("database"):
         settings = replace(settings, database=overrides["database"])
     return settings
@@ -319,7 +321,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_config(path)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    priced = [a.name for a in settings.agents.values() if a.price]
+    priced = [name for name in settings.agents if gate_config.of(settings).price(name)]
     print(f"{path}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")
     return 0
 

@@ -26,8 +26,8 @@ import httpx
 from prometheus_client import Counter, Gauge
 
 from gate.breaker import OPEN, STATE_VALUES, CircuitBreaker
+from gate.config import FacilitatorConfig
 from gate.metrics import GateMetrics
-from server.config import FacilitatorConfig
 
 logger = logging.getLogger("a2a_gate.gate")
 

@@ -24,9 +24,14 @@ from server.anonymous import Parts
 from server.cards import agent_url
 from server.config import AgentConfig
 
+# What a request on the anonymous path ends as, beside the server's outcomes (request log, metrics).
+OUTCOMES = frozenset({"paid", "replay", "payment_required", "rejected", "verify_unavailable", "in_flight"})
+
 
 class PaymentGate:
     """Pay per request: the gate's parts, its pipeline, and its background duties."""
+
+    outcomes = OUTCOMES
 
     def __init__(self, parts: GateParts) -> None:
         self.parts = parts
@@ -62,10 +67,9 @@ class PaymentGate:
         """Handed to the server: an agent sees no payment metadata, on any path."""
         return in_band.agent_view(message)
 
-    @staticmethod
-    def card_extensions(agent: AgentConfig, public_url: str) -> list[dict[str, Any]]:
+    def card_extensions(self, agent: AgentConfig, public_url: str) -> list[dict[str, Any]]:
         """Handed to the server's card: the x402 extensions a priced agent accepts."""
-        return in_band.card_extensions(agent.price, agent_url(public_url, agent.name))
+        return in_band.card_extensions(self.parts.config.price(agent.name), agent_url(public_url, agent.name))
 
     async def readiness(self) -> dict[str, str]:
         return {"facilitator": await self.facilitator_ready(), "facilitator_breaker": self.facilitator.breaker.state}

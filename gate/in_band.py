@@ -25,9 +25,10 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from gate import pricing
-from gate.pricing import PaymentRequiredAnswers
+from gate.config import InBandConfig, Price
+from gate.pricing import Offer, PaymentRequiredAnswers
 from gate.settlement import ERROR, RECEIPTS, STATUS
-from server.config import AgentConfig, Price, Settings
+from server.config import AgentConfig
 from server.dialects import TERMINAL_STATES
 from server.execution import Execution, Settlement
 from server.jsonrpc import TASK_NOT_FOUND, RpcError
@@ -153,11 +154,11 @@ class InBand:
     """The in-band flow's steps on the task store: requests awaiting payment, paid, refused, declined."""
 
     def __init__(
-        self, store: TaskStore, methods: Methods, settings: Settings, answers_402: PaymentRequiredAnswers
+        self, store: TaskStore, methods: Methods, limits: InBandConfig, answers_402: PaymentRequiredAnswers
     ) -> None:
         self.store, self.methods, self.answers_402 = store, methods, answers_402
-        self.max_message_bytes = settings.in_band_max_message_bytes
-        self.pending_per_caller = settings.in_band_pending_per_ip
+        self.max_message_bytes = limits.max_message_bytes
+        self.pending_per_caller = limits.pending_per_ip
 
     async def find_pending(self, plan: SendPlan, agent: AgentConfig) -> Pending | None:
         """The request awaiting payment this message continues (pays for, or declines), if any.
@@ -189,16 +190,13 @@ class InBand:
     async def payment_required(
         self,
         plan: SendPlan,
-        agent: AgentConfig,
-        resource: str,
+        offer: Offer,
         caller: str,
         active: Activation,
         pending: Pending | None,
     ) -> Response:
         """The Task asking for payment; over a cap (message size, requests per caller) the HTTP 402 instead."""
-        price = agent.price
-        assert price is not None
-        store = self.store
+        store, price, resource = self.store, offer.price, offer.resource
         if pending is not None:
             task = pending.task
         elif client_status(plan) == "payment-rejected":  # it names nothing awaiting payment: nothing to decline
@@ -208,33 +206,31 @@ class InBand:
             owner = pending_owner(caller)
             too_big = len(json.dumps(message, separators=(",", ":"))) > self.max_message_bytes
             task = new_task(message.get("contextId"), message)
-            ask(task, price, resource, agent.description, {STATUS: "payment-required"})
+            ask(task, offer, {STATUS: "payment-required"})
             if too_big or not await store.create_pending(
                 task,
-                agent=agent.name,
+                agent=offer.agent,
                 owner=owner,
                 deadline_seconds=max_timeout(price, resource),
                 cap=self.pending_per_caller,
             ):
-                return self.answers_402.response(agent.name, price, resource, agent.description)
+                return self.answers_402.response(offer.agent, price, resource, offer.description)
             return task_answer(plan, task, active.echo())
-        ask(task, price, resource, agent.description, {STATUS: "payment-required"})
+        ask(task, offer, {STATUS: "payment-required"})
         await self.store_pending(pending)
         return task_answer(plan, task, active.echo())
 
     async def refused(
         self,
         plan: SendPlan,
-        agent: AgentConfig,
-        resource: str,
+        offer: Offer,
         pending: Pending,
         active: Activation | None,
         reason: str,
         payer: str = "",
     ) -> Response:
         """A refused payment, answered on the Task: payment-failed, the code, a failure receipt; payable again."""
-        price = agent.price
-        assert price is not None
+        price = offer.price
         receipt = {
             "success": False,
             "errorReason": reason,
@@ -245,7 +241,7 @@ class InBand:
         code = error_code(reason)
         failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
         task = pending.task
-        ask(task, price, resource, agent.description, failure, f"Payment failed ({code}); pay again to use this agent.")
+        ask(task, offer, failure, f"Payment failed ({code}); pay again to use this agent.")
         await self.store_pending(pending)
         return task_answer(plan, task, echo(active))
 
@@ -270,15 +266,10 @@ class InBand:
 
 
 def ask(
-    task: dict[str, Any],
-    price: Price,
-    resource: str,
-    description: str,
-    metadata: dict[str, Any],
-    text: str = "Payment is required to use this agent.",
+    task: dict[str, Any], offer: Offer, metadata: dict[str, Any], text: str = "Payment is required to use this agent."
 ) -> None:
     """Put the task in input-required with fresh requirements and the given payment metadata."""
-    metadata = {**metadata, REQUIRED: pricing.payment_required_v1(price, resource, description)}
+    metadata = {**metadata, REQUIRED: pricing.payment_required_v1(offer.price, offer.resource, offer.description)}
     set_status(task, "input-required", agent_message(task, text, metadata))
     task["metadata"] = metadata
 

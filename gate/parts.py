@@ -10,9 +10,11 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gate import config as gate_config
 from gate.chain import Chain
 from gate.charge import Charges
 from gate.claims import ClaimLost, Claims, Hold
+from gate.config import GateConfig
 from gate.facilitator import FacilitatorClient
 from gate.in_band import InBand
 from gate.limiter import AgentLimiters, CallerLimiter, RateLimit
@@ -36,6 +38,7 @@ class GateParts:
     """The gate's components, and the server's parts they build on."""
 
     settings: Settings
+    config: GateConfig
     store: TaskStore
     agents: AgentRegistry
     methods: Methods
@@ -56,34 +59,37 @@ class GateParts:
     @classmethod
     def build(cls, server: Parts) -> GateParts:
         settings = server.settings
+        config = gate_config.of(settings)
+        limits = config.limits
         metrics = GateMetrics(server.metrics.registry)  # the gate's own, served beside the server's
-        own_ip = CallerLimiter(settings.per_ip_per_minute, settings.limiter_max_entries, settings.ipv6_prefix)
-        overrides = {a.name: a.per_agent_per_minute for a in settings.agents.values() if a.per_agent_per_minute}
-        own_agents = AgentLimiters(settings.per_agent_per_minute, overrides)
+        own_ip = CallerLimiter(limits.per_ip_per_minute, limits.max_entries, limits.ipv6_prefix)
+        overrides = {a.name: a.per_agent_per_minute for a in config.agents.values() if a.per_agent_per_minute}
+        own_agents = AgentLimiters(limits.per_agent_per_minute, overrides)
         ip_limiter: RateLimit = own_ip
         agent_limiters: RateLimit = own_agents
         shared_buckets = None
-        if settings.limiter_redis_url:  # several replicas: the buckets live in Redis
+        if limits.redis_url:  # several replicas: the buckets live in Redis
             from gate.shared_limiter import shared_limiters  # redis is imported only when configured
 
-            shared_buckets, ip_limiter, agent_limiters = shared_limiters(settings, own_ip, own_agents, metrics)
-        facilitator = FacilitatorClient(settings.facilitator, metrics)
-        claims = Claims(server.db, settings.claim_lease_seconds)
+            shared_buckets, ip_limiter, agent_limiters = shared_limiters(limits, own_ip, own_agents, metrics)
+        facilitator = FacilitatorClient(config.facilitator, metrics)
+        claims = Claims(server.db, config.claim_lease_seconds)
         log = PaymentLog(server.db)
-        chain = Chain(settings.networks)
+        chain = Chain(config.networks)
         settler = Settler(
             facilitator,
             claims,
             log,
-            settings.facilitator,
+            config.facilitator,
             metrics,
             chain,
-            pass_interval=settings.reconcile_interval_seconds,
+            pass_interval=config.reconcile_interval_seconds,
         )
         answers_402 = PaymentRequiredAnswers()
         server.metrics.before_scrape.append(lambda: metrics.read_state(claims))
         return cls(
             settings=settings,
+            config=config,
             store=server.store,
             agents=server.agents,
             methods=server.methods,
@@ -97,7 +103,7 @@ class GateParts:
             settler=settler,
             charges=Charges(claims, settler, log, metrics),
             answers_402=answers_402,
-            in_band=InBand(server.store, server.methods, settings, answers_402),
+            in_band=InBand(server.store, server.methods, config.in_band, answers_402),
             shared_buckets=shared_buckets,
         )
 

@@ -19,13 +19,15 @@ from starlette.responses import JSONResponse, Response
 
 from gate import in_band, pricing, reconciler, tokens
 from gate.claims import Claim, ClaimLost, ClaimState, Hold
+from gate.config import AgentPayment, Price, payment_window_seconds
 from gate.facilitator import Unavailable
 from gate.limiter import caller_key
 from gate.parts import GateParts
+from gate.pricing import Offer
 from gate.settlement import STATUS, Payment
 from server.anonymous import not_authenticated
 from server.cards import agent_url
-from server.config import AgentConfig, Price, payment_window_seconds
+from server.config import AgentConfig
 from server.database import DatabaseUnavailable
 from server.jsonrpc import (
     INTERNAL_ERROR,
@@ -54,8 +56,8 @@ async def handle_anonymous(parts: GateParts, request: Request, name: str) -> Res
             parts.metrics.limiter_refusals.labels("ip" if limiter is parts.ip_limiter else "agent").inc()
             return too_many_requests(wait)
     # 2. unknown, unexposed and unpriced agents all look the same
-    agent = parts.agents.get(name)
-    if agent is None or not agent.exposed or agent.price is None:
+    agent, terms = parts.agents.get(name), parts.config.agent(name)
+    if agent is None or not agent.exposed or terms.price is None:
         return not_authenticated()
     # 3. a priced door that cannot take payment now
     if not parts.facilitator.configured:
@@ -68,14 +70,14 @@ async def handle_anonymous(parts: GateParts, request: Request, name: str) -> Res
     info.method = call.method
     try:
         if call.operation in ("get", "cancel", "subscribe", "list"):
-            return await bound_task_call(parts, request, call, agent)
+            return await bound_task_call(parts, request, call, agent, terms.price)
         if call.operation not in ("send", "stream"):
             raise unsupported(call)
         if call.operation == "stream" and not agent.streaming:
             raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
         # 5. the message must be usable before a token is looked for
         plan = plan_send(call)
-        return await paid_send(parts, request, plan, agent)
+        return await paid_send(parts, request, plan, agent, terms)
     except RpcError as exc:
         return error_response(call.id, exc)
     except DatabaseUnavailable as exc:  # nothing runs without a claim; a retry is safe
@@ -93,8 +95,8 @@ class Attempt:
 
     plan: SendPlan
     agent: AgentConfig
-    price: Price
-    resource: str  # the door the token must be minted for
+    terms: AgentPayment
+    offer: Offer
     info: RequestInfo
     active: in_band.Activation | None  # the x402 extension the client activated, if any
     pending: in_band.Pending | None  # the in-band request this message pays for, if any
@@ -107,13 +109,16 @@ class Attempt:
     @property
     def log(self) -> dict[str, str]:
         assert self.token is not None
-        return log_fields(self.agent, self.token)
+        return log_fields(self.offer, self.token)
 
 
-async def paid_send(parts: GateParts, request: Request, plan: SendPlan, agent: AgentConfig) -> Response:
-    price, info = agent.price, request.state.info
+async def paid_send(
+    parts: GateParts, request: Request, plan: SendPlan, agent: AgentConfig, terms: AgentPayment
+) -> Response:
+    price, info = terms.price, request.state.info
     assert price is not None
     resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
+    offer = Offer(agent.name, price, resource, agent.description)
     active = in_band.activation(request.headers)
     # a message continuing an in-band request awaiting payment pays (or declines) for its original
     pending = await parts.in_band.find_pending(plan, agent)
@@ -125,15 +130,18 @@ async def paid_send(parts: GateParts, request: Request, plan: SendPlan, agent: A
     if token is None:
         if active is not None:
             info.set("payment_required", "in-band")
-            caller = caller_key(info.client, parts.settings.ipv6_prefix)  # one household, one cap
-            return await parts.in_band.payment_required(plan, agent, resource, caller, active, pending)
+            caller = caller_key(info.client, parts.config.limits.ipv6_prefix)  # one household, one cap
+            return await parts.in_band.payment_required(plan, offer, caller, active, pending)
+        info.set("payment_required")
         return parts.answers_402.response(agent.name, price, resource, agent.description)
-    attempt = Attempt(plan, agent, price, resource, info, active, pending, token)
+    attempt = Attempt(plan, agent, terms, offer, info, active, pending, token)
     # 7. local checks; a retry of a claimed token is answered by its claim whatever the clock says
     try:
         attempt.requirements = tokens.check_payload(token, price, resource)
         if await parts.claims.find(token.digest) is None:
-            tokens.check_window(token, min_window=payment_window_seconds(agent, parts.settings.facilitator))
+            tokens.check_window(
+                token, min_window=payment_window_seconds(agent.deadline_seconds, parts.config.facilitator)
+            )
     except tokens.Rejection as exc:
         return await refuse(parts, attempt, exc.reason)
     # 8. claim, before anything is executed
@@ -181,9 +189,7 @@ async def refuse(parts: GateParts, attempt: Attempt, reason: str, payer: str = "
     await parts.log.append("reject", **attempt.log, payer=payer, error=reason)
     attempt.info.set("rejected", reason)
     if attempt.pending is not None:
-        return await parts.in_band.refused(
-            attempt.plan, attempt.agent, attempt.resource, attempt.pending, attempt.active, reason, payer
-        )
+        return await parts.in_band.refused(attempt.plan, attempt.offer, attempt.pending, attempt.active, reason, payer)
     return payment_rejected(reason)
 
 
@@ -205,14 +211,14 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
         await parts.release(hold)
         return await refuse(parts, attempt, verification.reason, verification.payer)
     # 10. payer allowlist, failing closed
-    if not payer_allowed(agent, verification.payer):
+    if not payer_allowed(attempt.terms, verification.payer):
         await parts.release(hold)
         return await refuse(parts, attempt, "payer_not_allowed", verification.payer)
     await parts.log.append("verify", **attempt.log, payer=verification.payer)
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
     payment = attempt.payment = replace(attempt.payment, payer=verification.payer)
     owner = f"payer:{payment.payer}"
-    settlement = parts.charges.hooks(payment, hold, withhold=agent.on_settle_failure == "withhold")
+    settlement = parts.charges.hooks(payment, hold, withhold=attempt.terms.on_settle_failure == "withhold")
     try:
         if attempt.pending is not None:  # in-band: the agent runs the original message of the task
             execution = await parts.in_band.start_paid(attempt.pending, agent, owner, settlement)
@@ -252,12 +258,11 @@ async def claim_digest(
     return request_digest(agent.name, plan)
 
 
-def log_fields(agent: AgentConfig, token: tokens.Token) -> dict[str, str]:
+def log_fields(offer: Offer, token: tokens.Token) -> dict[str, str]:
     """What every payment log row of this request names: the agent, the price, the token's digest."""
-    assert agent.price is not None
-    price = agent.price
+    price = offer.price
     return dict(
-        agent=agent.name, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset
+        agent=offer.agent, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset
     )
 
 
@@ -286,9 +291,9 @@ async def replay(parts: GateParts, plan: SendPlan, claim: Claim, payment: Paymen
     return task_answer(plan, task, {**headers, "X-Idempotent-Replay": "true", **payment_response_header(task)})
 
 
-async def bound_task_call(parts: GateParts, request: Request, call: Call, agent: AgentConfig) -> Response:
+async def bound_task_call(parts: GateParts, request: Request, call: Call, agent: AgentConfig, price: Price) -> Response:
     """Task calls for a payer: every failure is the same -32001 bytes (a list, an empty page)."""
-    owner = await prove_payer(parts, request, call, agent)
+    owner = await prove_payer(parts, request, call, agent, price)
     methods = parts.methods
     if owner is None:
         if call.operation == "list":  # nothing is visible without proof
@@ -306,7 +311,7 @@ async def bound_task_call(parts: GateParts, request: Request, call: Call, agent:
         return error_response(call.id, exc)
 
 
-async def prove_payer(parts: GateParts, request: Request, call: Call, agent: AgentConfig) -> str | None:
+async def prove_payer(parts: GateParts, request: Request, call: Call, agent: AgentConfig, price: Price) -> str | None:
     """The payer owning this call: the token that paid, or a fresh token verifying to them."""
     token = tokens.extract(call.params.get("metadata"), request.headers)
     if token is None:
@@ -314,10 +319,9 @@ async def prove_payer(parts: GateParts, request: Request, call: Call, agent: Age
     claim = await parts.claims.find(token.digest)
     if claim is not None and claim.payer:
         return f"payer:{claim.payer}"
-    assert agent.price is not None
     try:
         resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
-        requirements = tokens.check(token, agent.price, resource)
+        requirements = tokens.check(token, price, resource)
         verification = await parts.facilitator.verify(token.version, token.payload, requirements)
     except (tokens.Rejection, Unavailable):
         return None
@@ -330,9 +334,9 @@ def request_digest(agent: str, plan: SendPlan) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def payer_allowed(agent: AgentConfig, payer: str) -> bool:
+def payer_allowed(terms: AgentPayment, payer: str) -> bool:
     try:
-        return agent.allowed_payers is None or payer.lower() in agent.allowed_payers
+        return terms.allowed_payers is None or payer.lower() in terms.allowed_payers
     except Exception:  # noqa: BLE001 -- fail closed
         return False
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from cachetools import LRUCache
 from starlette.responses import JSONResponse, Response
 
-from server.config import Price
+from gate.config import Price
 
 # CAIP-2 ids and the x402 v1 network names for the same chains.
 V1_NETWORKS = {
@@ -33,6 +34,16 @@ V1_NETWORKS = {
 CAIP2_FOR_V1 = {v: k for k, v in V1_NETWORKS.items()}
 
 PAYMENT_REQUIRED_ERROR = "Payment required to use this agent"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What one request is asked to pay: the agent, its price, and the door its token is minted for."""
+
+    agent: str
+    price: Price
+    resource: str  # <public base>/a2a/{agent}: tokens that sign their resource name it
+    description: str = ""
 
 
 def requirement(price: Price, resource: str) -> dict[str, Any]:

@@ -144,7 +144,7 @@ async def settle_owed(parts: GateParts, claim: Claim) -> dict[str, Any]:
         with contextlib.suppress(ClaimLost):
             await commit_until_stored(
                 claims.db,
-                lambda: claims.put_back(hold, cause, parts.settings.reconcile_interval_seconds),
+                lambda: claims.put_back(hold, cause, parts.config.reconcile_interval_seconds),
                 "an owed claim put back",
             )
         return {**summary, "state": str(ClaimState.SETTLE_FAILED), STATUS: "payment-verified", ERROR: cause}
@@ -158,8 +158,7 @@ async def settle_owed(parts: GateParts, claim: Claim) -> dict[str, Any]:
 
 def owed_payment(parts: GateParts, claim: Claim) -> Payment:
     sealed = parts.sealer.unseal(claim.sealed_payment, claim.token_digest)
-    config = parts.agents.get(claim.agent)
-    price = config.price if config is not None else None
+    price = parts.config.price(claim.agent)
     amount, network, asset = (price.amount, price.network, price.asset) if price else ("", "", "")
     return Payment(
         claim.token_digest,
@@ -224,7 +223,7 @@ async def renew_leases(parts: GateParts) -> None:
 
 
 async def reconcile_loop(parts: GateParts) -> None:
-    interval = parts.settings.reconcile_interval_seconds
+    interval = parts.config.reconcile_interval_seconds
     while True:
         await asyncio.sleep(min(interval, parts.claims.lease_seconds))
         try:

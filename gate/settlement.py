@@ -29,10 +29,10 @@ from typing import Any
 
 from gate.chain import Authorization, Chain, ChainUnavailable
 from gate.claims import Claim, Claims, ClaimState, Hold
+from gate.config import FacilitatorConfig
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
-from server.config import FacilitatorConfig
 from server.database import commit_until_stored
 from server.tasks import agent_message, set_status
 

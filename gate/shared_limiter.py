@@ -27,9 +27,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from gate.config import LimitsConfig
 from gate.limiter import MAX_KEY_CHARS, AgentLimiters, CallerLimiter, caller_key
 from gate.metrics import GateMetrics
-from server.config import Settings
 
 logger = logging.getLogger("a2a_gate.gate")
 
@@ -184,15 +184,13 @@ def bounded_name(name: str) -> str:
 
 
 def shared_limiters(
-    settings: Settings, ip: CallerLimiter, agents: AgentLimiters, metrics: GateMetrics
+    limits: LimitsConfig, ip: CallerLimiter, agents: AgentLimiters, metrics: GateMetrics
 ) -> tuple[SharedBuckets, SharedLimiter, SharedLimiter]:
     """The per-IP and per-agent limiters over Redis (`[limits] redis_url`)."""
-    buckets = SharedBuckets(
-        settings.limiter_redis_url, settings.limiter_redis_prefix, settings.limiter_redis_timeout_seconds, metrics
-    )
-    per_ip = settings.per_ip_per_minute
+    buckets = SharedBuckets(limits.redis_url, limits.redis_prefix, limits.redis_timeout_seconds, metrics)
+    per_ip = limits.per_ip_per_minute
     return (
         buckets,
-        SharedLimiter(buckets, ip, "ip", lambda a: caller_key(a, settings.ipv6_prefix), lambda _: per_ip),
+        SharedLimiter(buckets, ip, "ip", lambda a: caller_key(a, limits.ipv6_prefix), lambda _: per_ip),
         SharedLimiter(buckets, agents, "agent", bounded_name, agents.per_minute),
     )

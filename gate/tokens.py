@@ -30,8 +30,8 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
+from gate.config import Price
 from gate.pricing import CAIP2_FOR_V1, V1_NETWORKS, requirement, requirement_v1
-from server.config import Price
 
 METADATA_KEY = "x402.payment.payload"
 MAX_TOKEN_BYTES = 16_384

@@ -4,18 +4,24 @@ The server answers principals itself and hands every other caller to an `Anonymo
 it is given (`create_app(settings, anonymous=...)`), so it knows nothing of payments: the
 payment gate is one such path and builds on the server, never the other way. Without
 one, every anonymous call gets the uniform 401 and cards declare no extensions.
+
+The path owns its configuration too (`PathConfig`): the server reads its own keys of the
+file and hands the tables and per-agent keys the path declares to the path's reader, so
+one list holds every problem of the file, each with its key path.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.config import AgentConfig, Settings
+from server.config import AgentConfig, Reader, Settings, read_toml
 from server.database import Database
 from server.execution import Runner
 from server.methods import Methods
@@ -39,6 +45,8 @@ class Parts:
 
 class AnonymousPath(Protocol):
     """Everything the server asks of the path that serves callers without a key."""
+
+    outcomes: frozenset[str]  # what its requests may end as in the request log and metrics, beside the server's
 
     async def handle(self, request: Request, agent: str) -> Response:
         """Answer one anonymous POST to `/a2a/{agent}`."""
@@ -71,6 +79,31 @@ class AnonymousPath(Protocol):
 AnonymousFactory = Callable[[Parts], AnonymousPath]
 
 
+class PathConfig(Protocol):
+    """What an anonymous path reads of the configuration file: the keys the server leaves to it."""
+
+    keys: frozenset[str]  # top-level keys and tables (kept raw in `Settings.sections`)
+    agent_keys: frozenset[str]  # keys of an `[agents.NAME]` table (kept raw in `AgentConfig.sections`)
+
+    def read(self, settings: Settings, reader: Reader) -> Any:
+        """The path's own configuration from the raw sections, each problem told to `reader`
+        with its key path; the server keeps what it returns as `Settings.anonymous`."""
+
+
+def parse_config(raw: dict[str, Any], path: PathConfig, *, base_dir: Path, source: str = "<dict>") -> Settings:
+    """The server's settings and the path's, read from one raw tree: every problem of both in one `ConfigError`."""
+    reader = Reader(path.keys, path.agent_keys)
+    settings = reader.settings(raw, base_dir, source)
+    anonymous = path.read(settings, reader)
+    reader.raise_problems(source)
+    return replace(settings, anonymous=anonymous, warnings=tuple(f"{source}: {w}" for w in reader.warnings))
+
+
+def load_config(file: str | os.PathLike[str], path: PathConfig) -> Settings:
+    """Read and validate a TOML file for the server and `path`; relative database paths resolve beside it."""
+    return parse_config(read_toml(file), path, base_dir=Path(file).resolve().parent, source=str(file))
+
+
 def not_authenticated() -> JSONResponse:
     """The one answer for an anonymous caller the server will not serve: the same bytes for
     an unknown, unexposed or unpriced agent, so nobody can map the fleet."""
@@ -79,6 +112,8 @@ def not_authenticated() -> JSONResponse:
 
 class KeysOnly:
     """The anonymous path of a server that serves principals only."""
+
+    outcomes: frozenset[str] = frozenset()
 
     def __init__(self, parts: Parts) -> None:
         self.parts = parts

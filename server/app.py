@@ -73,6 +73,7 @@ class Services:
         self.anonymous = anonymous(
             Parts(settings, self.db, self.store, self.agents, self.runner, self.methods, self.metrics)
         )
+        request_log.allow(self.anonymous.outcomes)
         self.methods.scrub = self.anonymous.scrub_message  # what the anonymous path says may not stay in a message
         self.runner.agent_view = self.anonymous.agent_view  # ... and what an agent may not see of one
         self.started_at = time.time()  # cards come from the configuration read now
@@ -199,7 +200,6 @@ def outcome_of(response: Response) -> str:
     return {
         200: "ok",
         401: "unauthenticated",
-        402: "payment_required",
         403: "forbidden",
         404: "not_found",
         429: "limited",

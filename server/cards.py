@@ -61,7 +61,7 @@ def agent_card(agent: AgentConfig, public_url: str, extensions: list[dict[str, A
             {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
         ],
         "capabilities": capabilities,
-        **security(anonymous_allowed=agent.price is not None),
+        **security(anonymous_allowed=bool(extensions)),  # the anonymous path declares how it serves
         "defaultInputModes": ["text/plain", "application/json"],
         "defaultOutputModes": ["text/plain", "application/json"],
         "skills": [

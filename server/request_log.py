@@ -42,16 +42,11 @@ REQUEST_ID_HEADER = "X-Request-Id"
 WELL_FORMED_ID = re.compile(rb"[A-Za-z0-9._:-]{8,128}")  # nginx's $request_id, UUIDs, ULIDs
 
 # Outcomes are a small fixed set (they are metric labels too); `detail` carries the reason.
+# These are the server's; the anonymous path adds its own (`AnonymousPath.outcomes`, `allow`).
 OUTCOMES = frozenset(
     {
         "ok",
-        "paid",
-        "replay",
-        "payment_required",
-        "rejected",
-        "verify_unavailable",
         "store_unavailable",
-        "in_flight",
         "limited",
         "unauthenticated",
         "forbidden",
@@ -62,6 +57,12 @@ OUTCOMES = frozenset(
         "agent_error",  # the agent raised: its task failed, uncharged
     }
 )
+_allowed: set[str] = set(OUTCOMES)
+
+
+def allow(outcomes: Iterable[str]) -> None:
+    """Outcomes an anonymous path names besides the server's (a fixed set all the same)."""
+    _allowed.update(outcomes)
 
 
 @dataclass
@@ -79,7 +80,7 @@ class RequestInfo:
         _current.set(self)  # the request's own: work it starts (an agent's run) inherits it
 
     def set(self, outcome: str, detail: str = "") -> None:
-        assert outcome in OUTCOMES, outcome
+        assert outcome in _allowed, outcome
         if self.outcome == "agent_error":
             return  # what the agent did outranks how a later step names the answer
         self.outcome, self.detail = outcome, detail

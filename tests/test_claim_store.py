@@ -17,10 +17,10 @@ import pytest
 
 from gate.chain import Authorization, Chain
 from gate.claims import MIGRATED_COLUMNS, ClaimLost, Claims, ClaimState
+from gate.config import FacilitatorConfig, NetworkConfig
 from gate.facilitator import FacilitatorClient
 from gate.payment_log import PaymentLog
 from gate.settlement import Payment, Settler
-from server.config import FacilitatorConfig, NetworkConfig
 from server.database import Database
 from server.engines import open_database
 

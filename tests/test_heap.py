@@ -6,9 +6,9 @@ import gc
 
 from starlette.testclient import TestClient
 
+from gate.config import default_settings
 from gate.gate import PaymentGate
 from server.app import YOUNG_COLLECTION_THRESHOLD, create_app
-from server.config import default_settings
 
 
 def test_a_started_server_freezes_its_start_up_heap_and_collects_young_objects_less_often(tmp_path):

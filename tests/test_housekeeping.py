@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from gate.config import default_settings
 from gate.gate import PaymentGate
 from server.app import Services
-from server.config import default_settings
 from server.tasks import PENDING_OWNER, new_task, set_status
 from tests.support.gate_helpers import artifact_texts, bearer, status_text, wait_for
 from tests.support.gate_process import GateProcess, free_port

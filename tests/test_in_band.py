@@ -189,9 +189,9 @@ def test_requests_awaiting_payment_expire_with_the_requirements(tmp_path):
     """A pending request lives maxTimeoutSeconds: then it can be neither paid nor counted, and it is deleted."""
     import asyncio
 
+    from gate.config import default_settings
     from gate.gate import PaymentGate
     from server.app import Services
-    from server.config import default_settings
     from server.tasks import new_task, pending_owner, set_status
 
     async def run() -> None:

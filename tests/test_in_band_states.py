@@ -28,7 +28,7 @@ from starlette.testclient import TestClient
 
 from devnet.facilitator import create_facilitator_app
 from gate.cli import build_app
-from server.config import parse_config
+from gate.config import parse_config
 from tests.support.in_band import ACTIVATE, offer_v1, paying_body, task_of
 from tests.support.paid import ASSET, PAY_TO, Payer, send_body
 

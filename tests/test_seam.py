@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import tomllib
 
+import pytest
 from starlette.testclient import TestClient
 
 from gate.cli import build_app
+from gate.config import parse_config
 from server.app import create_app
-from server.config import parse_config
 
 KEY = "seam-test-key"
 PRICE = (
@@ -80,3 +81,44 @@ def test_the_a2a_gate_command_plugs_the_payment_gate_in(tmp_path):
         assert card["capabilities"]["extensions"]
         assert "facilitator" in client.get("/readyz").json()
         assert seen_by_agent(client) == "trace"  # the gate keeps every x402 key from agents, on every path
+
+
+def test_the_server_reads_its_own_keys_and_leaves_the_payment_keys_to_the_gate(tmp_path):
+    from server import config as server_config
+
+    raw = tomllib.loads(CONFIG)
+    with pytest.raises(server_config.ConfigError) as alone:  # the server alone knows no payment key
+        server_config.parse_config(raw, base_dir=tmp_path, source="gate.toml")
+    assert sorted(alone.value.problems) == [
+        "gate.toml: agents.priced.price: unknown key",
+        "gate.toml: facilitator: unknown key",
+    ]
+    read = settings(tmp_path)
+    assert read.sections == {"facilitator": {"url": "http://127.0.0.1:9"}}
+    assert set(read.agents["priced"].sections) == {"price"} and not hasattr(read.agents["priced"], "price")
+    assert read.anonymous.price("priced").amount == "1" and read.anonymous.price("echo") is None
+
+
+def test_one_list_holds_both_halves_problems_with_their_key_paths(tmp_path):
+    from gate.config import parse_config as parse
+    from server.config import ConfigError
+
+    raw = {
+        "max_body_bytes": 0,
+        "facilitator": {"url": "ftp://f"},
+        "agents": {"a": {"timeout_seconds": -1, "price": {}}},
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse(raw, base_dir=tmp_path, source="gate.toml")
+    paths = sorted(p.split(": ")[1] for p in caught.value.problems)
+    assert paths == sorted(
+        [
+            "max_body_bytes",
+            "agents.a.timeout_seconds",
+            "facilitator.url",
+            "agents.a.price.network",
+            "agents.a.price.asset",
+            "agents.a.price.pay_to",
+            "agents.a.price.amount",
+        ]
+    ), caught.value.problems

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gate.config import parse_config
 from server import dialects
-from server.config import ApiKey, ConfigError, parse_config
+from server.config import ApiKey, ConfigError
 from server.database import Database
 from server.dialects import V03, V10, InvalidShape
 from server.engines import open_database
@@ -345,7 +346,7 @@ def test_a_good_configuration_reads() -> None:
 
     assert settings_.public_url == "https://gate.example"
     assert settings_.database == "/srv/x.db"
-    price = settings_.agents["paid"].price
+    price = settings_.anonymous.price("paid")
     assert price is not None and price.amount == "1000" and price.extra == {"name": "USDC", "version": "2"}
     assert settings_.warnings == ()
 
@@ -358,7 +359,7 @@ def test_a_bad_amount_is_reported_with_its_path(amount: Any) -> None:
 
 
 def test_an_integer_amount_is_accepted() -> None:
-    price = parse_config(priced(amount=2500), base_dir=Path("/tmp")).agents["paid"].price
+    price = parse_config(priced(amount=2500), base_dir=Path("/tmp")).anonymous.price("paid")
     assert price is not None and price.amount == "2500"
 
 

@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from devnet.payer import encode_header, sign_payment
-from server.config import ConfigError, parse_config
+from gate.config import parse_config
+from server.config import ConfigError
 from tests.support.gate_process import free_port
 from tests.support.paid import PAY_TO, PaidView, Payer, decode_header, paid_config, send_body
 
@@ -131,9 +132,9 @@ def test_max_timeout_seconds_covers_the_payment_window(tmp_path):
         text = f"[agents.a]\ndeadline_seconds = {deadline}\nprice = {price % (PAY_TO, max_timeout)}\n"
         return tomllib.loads(text)
 
-    grown = parse_config(agents(900), base_dir=tmp_path).agents["a"].price
+    grown = parse_config(agents(900), base_dir=tmp_path).anonymous.price("a")
     assert grown.max_timeout_seconds >= 900 + 6 + 30  # deadline + settle margin + the client's time
-    assert parse_config(agents(60), base_dir=tmp_path).agents["a"].price.max_timeout_seconds == 300
+    assert parse_config(agents(60), base_dir=tmp_path).anonymous.price("a").max_timeout_seconds == 300
     with pytest.raises(ConfigError, match=r"agents\.a\.price\.max_timeout_seconds"):
         parse_config(agents(900, ", max_timeout_seconds = 300"), base_dir=tmp_path)
 

@@ -32,10 +32,10 @@ from typing import Any
 import httpx
 
 from gate import chain as gate_chain
+from gate.config import load_config
 from gate.gate import PaymentGate
 from server.agents import AgentReply, AgentRequest
 from server.app import Services, create_app
-from server.config import load_config
 
 NETWORK = "eip155:84532"
 ASSET = "0x036cbd53842c5426634e7929541ec2318f3dcf7e"

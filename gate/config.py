@@ -1,0 +1,469 @@
+"""The gate's configuration: every payment table and per-agent payment key of the file.
+
+The server reads its own keys and hands the gate the rest raw (`server.anonymous.PathConfig`):
+the `[facilitator]`, `[networks]`, `[limits]` and `[in_band]` tables, the claim and reconcile
+intervals, and each agent's `price`, `allowed_payers`, `per_agent_per_minute` and
+`on_settle_failure`. Problems go to the server's reader with their key paths
+(``agents.echo.price.amount``), so `a2a-gate check-config` lists both halves' in one list.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from server import anonymous
+from server.config import AgentConfig, Reader, Settings
+from server.config import default_settings as server_defaults
+
+EVM_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+CAIP2_NETWORK = re.compile(r"^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}$")
+SETTLE_FAILURE_POLICIES = ("deliver", "withhold")
+SIGNING_ALLOWANCE_SECONDS = 30  # inside maxTimeoutSeconds: a client's time to sign a token and send it
+
+# EIP-712 domain of well-known USDC deployments, so a price needs no `extra` table.
+KNOWN_ASSETS: dict[tuple[str, str], dict[str, str]] = {
+    ("eip155:84532", "0x036cbd53842c5426634e7929541ec2318f3dcf7e"): {"name": "USDC", "version": "2"},
+    ("eip155:8453", "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913"): {"name": "USD Coin", "version": "2"},
+}
+
+
+@dataclass(frozen=True)
+class Price:
+    scheme: str
+    network: str
+    asset: str
+    amount: str
+    pay_to: str
+    max_timeout_seconds: int = 300
+    extra: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class AgentPayment:
+    """What one agent asks of an anonymous caller: its price (None: keys only) and payment rules."""
+
+    name: str
+    price: Price | None = None
+    allowed_payers: tuple[str, ...] | None = None
+    per_agent_per_minute: int | None = None
+    on_settle_failure: str = "deliver"  # "withhold": settle before the answer leaves
+
+
+@dataclass(frozen=True)
+class FacilitatorConfig:
+    url: str = ""
+    timeout_seconds: float = 10.0
+    max_in_flight: int = 32
+    max_wait_seconds: float = 2.0
+    connections: int = 8  # kept-alive HTTP connections; more calls than this queue for one
+    auth_header_env: str = ""  # env var holding e.g. "Bearer abc"; never in the file
+    auth: str = ""  # "package.module:callable" minting headers per call ({"verify": {...}, "settle": {...}})
+    breaker_failures: int = 5  # consecutive failures that open the circuit breaker
+    breaker_cooldown_seconds: float = 30.0  # how long it stays open before one probe
+    settle_attempts: int = 4
+    settle_backoff_seconds: float = 0.5
+    settle_margin_seconds: float = 6.0  # time a facilitator wants left on a token to settle it (x402's: 6 s)
+    settle_passes: int = 6  # reconciler passes for owed work before the chain is asked
+    settle_max_delay_seconds: float = 3600.0  # the longest backoff between two passes
+
+    @property
+    def settle_budget_seconds(self) -> float:
+        """The longest the in-request settle can take: every attempt, its wait for a slot and the backoffs."""
+        backoffs = 1.5 * sum(
+            self.settle_backoff_seconds * 2**i for i in range(self.settle_attempts - 1)
+        )  # jittered up to +50%
+        return self.settle_attempts * (self.timeout_seconds + self.max_wait_seconds) + backoffs
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """A chain the gate may ask directly (settlement ground truth, DESIGN section 6)."""
+
+    rpc_url: str = ""
+    timeout_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """The anonymous path's token buckets (`[limits]`)."""
+
+    per_ip_per_minute: int = 30
+    per_agent_per_minute: int = 120
+    max_entries: int = 100_000
+    ipv6_prefix: int = 64  # an IPv6 caller is its network of this many bits (one household)
+    redis_url: str = ""  # set: the buckets are shared by every replica through Redis
+    redis_prefix: str = "a2a-gate:limits:"
+    redis_timeout_seconds: float = 0.5  # past this a check is answered by the replica's own buckets
+
+
+@dataclass(frozen=True)
+class InBandConfig:
+    """In-band requests awaiting payment (`[in_band]`): the original message kept, and how many per caller."""
+
+    max_message_bytes: int = 8192
+    pending_per_ip: int = 5
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    facilitator: FacilitatorConfig = FacilitatorConfig()
+    networks: dict[str, NetworkConfig] = field(default_factory=dict)
+    limits: LimitsConfig = LimitsConfig()
+    in_band: InBandConfig = InBandConfig()
+    reconcile_interval_seconds: float = 30.0
+    claim_lease_seconds: float = 30.0  # an owner renews its claims' leases; a lapsed one is an orphan
+    agents: dict[str, AgentPayment] = field(default_factory=dict)
+
+    def agent(self, name: str) -> AgentPayment:
+        return self.agents.get(name) or AgentPayment(name)
+
+    def price(self, name: str) -> Price | None:
+        return self.agent(name).price
+
+
+DEMO_PRICE = Price(
+    scheme="exact",
+    network="eip155:84532",  # Base Sepolia, a test network
+    asset="0x036CbD53842c5426634e7929541eC2318f3dCF7e",  # USDC on Base Sepolia
+    amount="1000",  # 0.001 USDC (6 decimals)
+    pay_to="0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
+    extra={"name": "USDC", "version": "2"},
+)
+
+
+class GateSections:
+    """The gate's `server.anonymous.PathConfig`: which keys it owns, and how it reads them."""
+
+    keys = frozenset(
+        {"limits", "facilitator", "networks", "in_band", "reconcile_interval_seconds", "claim_lease_seconds"}
+    )
+    agent_keys = frozenset({"price", "allowed_payers", "per_agent_per_minute", "on_settle_failure"})
+
+    def read(self, settings: Settings, reader: Reader) -> GateConfig:
+        return _GateReader(reader).config(settings)
+
+
+SECTIONS = GateSections()
+
+
+def parse_config(raw: dict[str, Any], *, base_dir: Path, source: str = "<dict>") -> Settings:
+    """The server's settings with the gate's (`Settings.anonymous`), from one raw tree."""
+    return anonymous.parse_config(raw, SECTIONS, base_dir=base_dir, source=source)
+
+
+def load_config(path: str | os.PathLike[str]) -> Settings:
+    return anonymous.load_config(path, SECTIONS)
+
+
+def default_settings(database: str = "a2a-gate.db") -> Settings:
+    """The embedded defaults: a free echo agent (API keys) and a priced one (x402), one SQLite file.
+
+    Without a facilitator the priced agent answers 501; `serve --dev-facilitator`
+    starts the development facilitator so the paid flow runs offline.
+    """
+    settings = server_defaults(database)
+    paid = replace(settings.agents["paid-echo"], description="Echoes the text it is sent, for 0.001 test USDC.")
+    config = GateConfig(agents={"paid-echo": AgentPayment("paid-echo", DEMO_PRICE)})
+    return replace(settings, agents={**settings.agents, "paid-echo": paid}, anonymous=config)
+
+
+def of(settings: Settings) -> GateConfig:
+    """The gate's configuration in `settings`: read with them, or now from their raw sections."""
+    if isinstance(settings.anonymous, GateConfig):
+        return settings.anonymous
+    reader = Reader(SECTIONS.keys, SECTIONS.agent_keys)
+    config = SECTIONS.read(settings, reader)
+    reader.raise_problems(settings.source)
+    return config
+
+
+def with_facilitator_url(settings: Settings, url: str) -> Settings:
+    config = of(settings)
+    return replace(settings, anonymous=replace(config, facilitator=replace(config.facilitator, url=url)))
+
+
+def payment_window_seconds(deadline_seconds: float, facilitator: FacilitatorConfig) -> float:
+    """How long a token must stay valid for an agent's work to be delivered and then collected:
+    its execution deadline, the settle retry budget and the facilitator's settle margin."""
+    return deadline_seconds + facilitator.settle_budget_seconds + facilitator.settle_margin_seconds
+
+
+def default_asset_extra(network: str, asset: str) -> dict[str, Any]:
+    return dict(KNOWN_ASSETS.get((network, asset.lower()), {}))
+
+
+class _GateReader:
+    """Reads the gate's raw sections with the server's reader (one list of problems, key paths kept)."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.r = reader
+
+    def config(self, settings: Settings) -> GateConfig:
+        r, raw, defaults = self.r, settings.sections, GateConfig()
+        facilitator = self.facilitator(r.table(raw, "facilitator", "facilitator"))
+        agents = {name: self.agent(agent, facilitator) for name, agent in settings.agents.items()}
+        if facilitator.url == "" and any(a.price for a in agents.values()):
+            r.warn("facilitator.url", "missing: priced agents answer 501 until a facilitator is set")
+        in_band = r.table(raw, "in_band", "in_band")
+        r.unknown(in_band, {"max_message_bytes", "pending_per_ip"}, "in_band")
+        return GateConfig(
+            facilitator=facilitator,
+            networks=self.networks(r.table(raw, "networks", "networks")),
+            limits=self.limits(r.table(raw, "limits", "limits")),
+            in_band=InBandConfig(
+                max_message_bytes=r.positive(
+                    in_band, "max_message_bytes", defaults.in_band.max_message_bytes, "in_band.max_message_bytes"
+                ),
+                pending_per_ip=r.positive(
+                    in_band, "pending_per_ip", defaults.in_band.pending_per_ip, "in_band.pending_per_ip"
+                ),
+            ),
+            reconcile_interval_seconds=r.positive(
+                raw,
+                "reconcile_interval_seconds",
+                defaults.reconcile_interval_seconds,
+                "reconcile_interval_seconds",
+                float,
+            ),
+            claim_lease_seconds=r.positive(
+                raw, "claim_lease_seconds", defaults.claim_lease_seconds, "claim_lease_seconds", float
+            ),
+            agents=agents,
+        )
+
+    def limits(self, raw: dict[str, Any]) -> LimitsConfig:
+        r, d = self.r, LimitsConfig()
+        r.unknown(
+            raw,
+            {
+                "per_ip_per_minute",
+                "per_agent_per_minute",
+                "max_entries",
+                "ipv6_prefix",
+                "redis_url",
+                "redis_prefix",
+                "redis_timeout_seconds",
+            },
+            "limits",
+        )
+        ipv6_prefix = r.get(raw, "ipv6_prefix", int, d.ipv6_prefix, "limits.ipv6_prefix")
+        if not 16 <= ipv6_prefix <= 128:
+            r.problem("limits.ipv6_prefix", f"must be a prefix length from 16 to 128, got {ipv6_prefix}")
+            ipv6_prefix = d.ipv6_prefix
+        redis_url = r.get(raw, "redis_url", str, "", "limits.redis_url")
+        if redis_url and urlsplit(redis_url).scheme not in ("redis", "rediss", "unix"):
+            r.problem("limits.redis_url", "must be a redis://, rediss:// or unix:// URL")
+            redis_url = ""
+        return LimitsConfig(
+            per_ip_per_minute=r.positive(raw, "per_ip_per_minute", d.per_ip_per_minute, "limits.per_ip_per_minute"),
+            per_agent_per_minute=r.positive(
+                raw, "per_agent_per_minute", d.per_agent_per_minute, "limits.per_agent_per_minute"
+            ),
+            max_entries=r.positive(raw, "max_entries", d.max_entries, "limits.max_entries"),
+            ipv6_prefix=ipv6_prefix,
+            redis_url=redis_url,
+            redis_prefix=r.get(raw, "redis_prefix", str, d.redis_prefix, "limits.redis_prefix"),
+            redis_timeout_seconds=r.positive(
+                raw, "redis_timeout_seconds", d.redis_timeout_seconds, "limits.redis_timeout_seconds", float
+            ),
+        )
+
+    def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
+        r, path = self.r, "facilitator"
+        r.unknown(
+            raw,
+            {
+                "url",
+                "timeout_seconds",
+                "max_in_flight",
+                "max_wait_seconds",
+                "connections",
+                "auth_header_env",
+                "settle_attempts",
+                "settle_backoff_seconds",
+                "settle_margin_seconds",
+                "auth",
+                "breaker_failures",
+                "breaker_cooldown_seconds",
+                "settle_passes",
+                "settle_max_delay_seconds",
+            },
+            path,
+        )
+        d = FacilitatorConfig()
+        url = r.get(raw, "url", str, "", f"{path}.url")
+        if url:
+            url = r.http_url(url, f"{path}.url")
+        return FacilitatorConfig(
+            url=url,
+            timeout_seconds=r.positive(raw, "timeout_seconds", d.timeout_seconds, f"{path}.timeout_seconds", float),
+            max_in_flight=r.positive(raw, "max_in_flight", d.max_in_flight, f"{path}.max_in_flight"),
+            max_wait_seconds=r.positive(raw, "max_wait_seconds", d.max_wait_seconds, f"{path}.max_wait_seconds", float),
+            connections=r.positive(raw, "connections", d.connections, f"{path}.connections"),
+            auth_header_env=r.get(raw, "auth_header_env", str, "", f"{path}.auth_header_env"),
+            auth=r.callable_name(raw, "auth", f"{path}.auth"),
+            breaker_failures=r.positive(raw, "breaker_failures", d.breaker_failures, f"{path}.breaker_failures"),
+            breaker_cooldown_seconds=r.positive(
+                raw, "breaker_cooldown_seconds", d.breaker_cooldown_seconds, f"{path}.breaker_cooldown_seconds", float
+            ),
+            settle_attempts=r.positive(raw, "settle_attempts", d.settle_attempts, f"{path}.settle_attempts"),
+            settle_backoff_seconds=r.positive(
+                raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float
+            ),
+            settle_margin_seconds=r.positive(
+                raw, "settle_margin_seconds", d.settle_margin_seconds, f"{path}.settle_margin_seconds", float
+            ),
+            settle_passes=r.positive(raw, "settle_passes", d.settle_passes, f"{path}.settle_passes"),
+            settle_max_delay_seconds=r.positive(
+                raw, "settle_max_delay_seconds", d.settle_max_delay_seconds, f"{path}.settle_max_delay_seconds", float
+            ),
+        )
+
+    def networks(self, raw: dict[str, Any]) -> dict[str, NetworkConfig]:
+        r, networks = self.r, {}
+        for name, body in raw.items():
+            path = f'networks."{name}"'
+            if not CAIP2_NETWORK.match(name):
+                r.problem(path, "must be a CAIP-2 network such as 'eip155:8453'")
+            if not isinstance(body, dict):
+                r.problem(path, "must be a table")
+                continue
+            r.unknown(body, {"rpc_url", "timeout_seconds"}, path)
+            rpc_url = r.get(body, "rpc_url", str, "", f"{path}.rpc_url")
+            if rpc_url:
+                rpc_url = r.http_url(rpc_url, f"{path}.rpc_url")
+            networks[name] = NetworkConfig(
+                rpc_url=rpc_url,
+                timeout_seconds=r.positive(body, "timeout_seconds", 10.0, f"{path}.timeout_seconds", float),
+            )
+        return networks
+
+    def agent(self, agent: AgentConfig, facilitator: FacilitatorConfig) -> AgentPayment:
+        r, raw, path = self.r, agent.sections, f"agents.{agent.name}"
+        payers = raw.get("allowed_payers")
+        allowed: tuple[str, ...] | None = None
+        if payers is not None:
+            if not isinstance(payers, list):
+                r.problem(f"{path}.allowed_payers", "must be a list of addresses")
+            else:
+                for i, p in enumerate(payers):
+                    if not isinstance(p, str) or not EVM_ADDRESS.match(p):
+                        r.problem(f"{path}.allowed_payers[{i}]", "must be a 0x address (40 hex digits)")
+                allowed = tuple(p.lower() for p in payers if isinstance(p, str))
+        price_raw = raw.get("price")
+        price = None if price_raw is None else self.price(price_raw, f"{path}.price")
+        if price is not None:
+            price = self.fit_payment_window(agent, price, price_raw, facilitator)
+        per_agent = raw.get("per_agent_per_minute")
+        policy = r.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
+        if policy not in SETTLE_FAILURE_POLICIES:
+            r.problem(
+                f"{path}.on_settle_failure", f"must be one of {', '.join(SETTLE_FAILURE_POLICIES)}, got {policy!r}"
+            )
+            policy = "deliver"
+        return AgentPayment(
+            name=agent.name,
+            price=price,
+            allowed_payers=allowed,
+            per_agent_per_minute=None
+            if per_agent is None
+            else r.positive(raw, "per_agent_per_minute", None, f"{path}.per_agent_per_minute"),
+            on_settle_failure=policy,
+        )
+
+    def fit_payment_window(self, agent: AgentConfig, price: Price, raw: Any, facilitator: FacilitatorConfig) -> Price:
+        """A priced agent's maxTimeoutSeconds covers its payment window plus a client's time to sign and send.
+
+        Unset, it grows to fit; set too short, it is a problem: every honest token would
+        be refused as `payment_window_too_short`.
+        """
+        window = payment_window_seconds(agent.deadline_seconds, facilitator)
+        needed = math.ceil(window) + SIGNING_ALLOWANCE_SECONDS
+        if price.max_timeout_seconds >= needed:
+            return price
+        if isinstance(raw, dict) and "max_timeout_seconds" in raw:
+            self.r.problem(
+                f"agents.{agent.name}.price.max_timeout_seconds",
+                f"{price.max_timeout_seconds} s cannot collect a payment: this agent needs {window:g} s"
+                f" (deadline_seconds {agent.deadline_seconds:g} + facilitator settle retries"
+                f" {facilitator.settle_budget_seconds:g} + settle_margin_seconds {facilitator.settle_margin_seconds:g})"
+                f" plus {SIGNING_ALLOWANCE_SECONDS} s for the client; use at least {needed} or shorten those",
+            )
+            return price
+        return replace(price, max_timeout_seconds=needed)
+
+    def price(self, raw: Any, path: str) -> Price | None:
+        r = self.r
+        if not isinstance(raw, dict):
+            r.problem(
+                path,
+                "must be a table with network, asset, amount (atomic units) and pay_to, e.g."
+                ' price = { network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318f3dCF7e",'
+                ' amount = "2000", pay_to = "0x<your address>" } (0.002 USDC on Base Sepolia)',
+            )
+            return None
+        r.unknown(
+            raw, {"scheme", "network", "asset", "amount", "pay_to", "max_timeout_seconds", "extra", "description"}, path
+        )
+        scheme = r.get(raw, "scheme", str, "exact", f"{path}.scheme")
+        if scheme != "exact":
+            r.problem(f"{path}.scheme", f"only 'exact' is supported, got {scheme!r}")
+        network = r.get(raw, "network", str, "", f"{path}.network")
+        if not CAIP2_NETWORK.match(network):
+            r.problem(f"{path}.network", f"must be a CAIP-2 network such as 'eip155:84532', got {network!r}")
+        asset = r.get(raw, "asset", str, "", f"{path}.asset")
+        if not EVM_ADDRESS.match(asset):
+            r.problem(f"{path}.asset", f"must be a 0x token address (40 hex digits), got {asset!r}")
+        pay_to = r.get(raw, "pay_to", str, "", f"{path}.pay_to")
+        if not EVM_ADDRESS.match(pay_to):
+            r.problem(f"{path}.pay_to", f"must be a 0x address (40 hex digits), got {pay_to!r}")
+        amount = raw.get("amount")
+        if isinstance(amount, int) and not isinstance(amount, bool):
+            amount = str(amount)
+        if (
+            not isinstance(amount, str)
+            or not (amount.isascii() and amount.isdigit())
+            or int(amount) <= 0
+            or len(amount) > 78
+        ):
+            r.problem(f"{path}.amount", f"must be a positive whole number of atomic units, got {amount!r}")
+            amount = "0"
+        extra = self.asset_extra(raw, network, asset, f"{path}.extra")
+        return Price(
+            scheme=scheme,
+            network=network,
+            asset=asset,
+            amount=str(int(amount)),
+            pay_to=pay_to,
+            max_timeout_seconds=r.positive(raw, "max_timeout_seconds", 300, f"{path}.max_timeout_seconds"),
+            extra=extra,
+            description=r.get(raw, "description", str, "", f"{path}.description"),
+        )
+
+    def asset_extra(self, raw: dict[str, Any], network: str, asset: str, path: str) -> dict[str, Any]:
+        """The asset's EIP-712 domain (`name`, `version`): a client cannot sign a payment without it.
+
+        Known USDC deployments bring their own; any other asset needs an `extra` table.
+        """
+        r = self.r
+        extra = r.get(raw, "extra", dict, None, path)
+        if extra is None:
+            extra = default_asset_extra(network, asset)
+            if not extra and EVM_ADDRESS.match(asset) and CAIP2_NETWORK.match(network):
+                r.problem(
+                    path,
+                    f"required for asset {asset} on {network} (no known EIP-712 domain): the token's name and"
+                    ' version, e.g. extra = { name = "USD Coin", version = "2" }',
+                )
+            return extra
+        for key in ("name", "version"):
+            if not isinstance(extra.get(key), str) or not extra[key]:
+                r.problem(f"{path}.{key}", "required: the token's EIP-712 domain name and version, as strings")
+        return extra
