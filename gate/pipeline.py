@@ -212,14 +212,16 @@ async def verified_send(
         await gate.log.append("release", **log, payer=payment.payer, error=f"not started: {exc.message}")
         return error_response(call.id, exc)
     started.append(True)
+    headers = in_band.echo(active)
+    # a stream follows the execution from now on, before anything awaits (the work may be quick)
+    streamed = gate.methods.stream(plan, execution, headers) if call.operation == "stream" else None
     try:
         await gate.claims.bind(hold, payment.payer, execution.task["id"])
     except ClaimLost:  # taken over already: the execution was revoked and delivers nothing
         pass
-    headers = in_band.echo(active)
-    if call.operation == "stream":
+    if streamed is not None:
         info.set("ok", "stream")
-        return gate.methods.stream(plan, execution, headers)
+        return streamed
     result = await gate.methods.send(plan, execution)
     info.set(*charge_outcome(execution.task))
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})
