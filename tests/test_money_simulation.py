@@ -127,12 +127,7 @@ class MoneyWorld(RuleBasedStateMachine):
     def pick_token(self, which: int, owed_first: bool = False) -> Token:
         """A token the payer used; one whose claim is owed when there is one and `owed_first`, or
         every other time: that is where a payer's retries and tricks matter."""
-        owed = {
-            c["nonce_key"].rsplit("|", 1)[-1]
-            for c in self.rows("SELECT state, nonce_key FROM claims")
-            if c["state"] in ("settle_failed", "settling")
-        }
-        candidates = [t for t in self.world.tokens if t.nonce in owed]
+        candidates = self.owed_tokens()
         if not candidates or not (owed_first or which % 2 == 0):
             candidates = self.world.tokens
         return candidates[which % len(candidates)]
@@ -191,6 +186,20 @@ class MoneyWorld(RuleBasedStateMachine):
         self.run(self.quiet())
         if owed_not_due:
             assert self.world.facilitator.settles == before, "a replay of an owed claim settled before it was due"
+
+    @precondition(lambda self: self.owed_tokens())
+    @rule(which=st.integers(0, 63), pick=st.integers(0, 7))
+    def retry_owed(self, which: int, pick: int) -> None:
+        """The payer was told `payment-verified` (the settle is owed) and retries at once."""
+        self.retry(which * 2, pick)  # an even pick: retry() takes an owed token
+
+    def owed_tokens(self) -> list[Token]:
+        owed = {
+            c["nonce_key"].rsplit("|", 1)[-1]
+            for c in self.rows("SELECT state, nonce_key FROM claims")
+            if c["state"] in ("settle_failed", "settling")
+        }
+        return [t for t in self.world.tokens if t.nonce in owed]
 
     @precondition(lambda self: self.world.tokens)
     @rule(which=st.integers(0, 63), how=st.sampled_from(["cancel", "front-run"]))
@@ -305,6 +314,7 @@ class MoneyWorld(RuleBasedStateMachine):
             await replica.services.db.close()
             return
         self.world.replicas.append(replica)
+        await self.reconcile_on(replica)  # a process starts with its recovery and a first reconciler pass
 
     # -- the invariants -------------------------------------------------------------
 
@@ -340,6 +350,14 @@ class MoneyWorld(RuleBasedStateMachine):
         for token in self.world.tokens:
             for row in stored:
                 self.check_withheld_surface(token, row["document"])
+
+    @invariant()
+    def every_running_replica_holds_the_databases_sealing_key(self) -> None:
+        recorded = {r["fingerprint"] for r in self.rows("SELECT fingerprint FROM sealing")}
+        assert len(recorded) == 1, "the database records no sealing key"
+        for replica in self.world.replicas:
+            if replica.alive:
+                assert replica.gate.sealer.fingerprint in recorded, f"{replica.name} runs with another sealing key"
 
     @invariant()
     def nothing_needs_an_operator_while_the_chain_answers(self) -> None:
