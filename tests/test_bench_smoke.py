@@ -7,6 +7,7 @@ it, measures it, cleans up, and prints a table with a number for each case.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,8 +51,10 @@ DURATION = {"a": "0.5", "b": "0.5", "c": "3", "d": "0.5", "e": "0.5"}
 @pytest.mark.parametrize("case", sorted(ROWS))
 def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     """One case per test, so a parallel run spreads the servers they start over its workers."""
+    env = dict(os.environ)
     if case == "e":
-        services_or_skip()
+        nginx = services_or_skip()
+        env["PATH"] = f"{Path(nginx).parent}{os.pathsep}{env.get('PATH', '')}"  # the one the tests chose
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [
@@ -78,6 +81,7 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
             redis_url(),
         ],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=180,
@@ -114,14 +118,15 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     assert "targets:" in table
 
 
-def services_or_skip() -> None:
-    """Case e runs on PostgreSQL and Redis, its two replicas behind nginx: skip without them (fail in CI)."""
+def services_or_skip() -> str:
+    """Case e runs on PostgreSQL and Redis, its two replicas behind nginx: skip without them (fail in CI).
+    Returns the nginx binary."""
     import psycopg
     import redis
 
     from tests.support.nginx import nginx_or_skip
 
-    nginx_or_skip()
+    nginx = nginx_or_skip()
 
     try:
         psycopg.connect(postgres_url(), connect_timeout=3).close()
@@ -134,6 +139,7 @@ def services_or_skip() -> None:
         missing(f"Redis at {where(redis_url())} is not answering ({type(exc).__name__})")
     finally:
         client.close()
+    return nginx
 
 
 def assert_postgres_figures(document: dict, table: str) -> None:
