@@ -345,9 +345,10 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
     ]
     # a request reaches the routes only whole: its body read within the deadline
     middleware = [
-        Middleware(MetricsAccess, http=settings.http),  # /metrics: its own listener, its token
-        Middleware(BodyDeadline, seconds=settings.http.body_timeout_seconds, max_bytes=settings.max_body_bytes),
+        Middleware(BodyDeadline, seconds=settings.http.body_timeout_seconds, max_bytes=settings.max_body_bytes)
     ]
+    if settings.http.metrics_listen or settings.http.metrics_token_env:
+        middleware.insert(0, Middleware(MetricsAccess, http=settings.http))  # /metrics: its listener, its token
     if settings.trusted_proxies:
         # uvicorn's proxy-header handling: forwarded headers count only from these peers
         middleware.append(Middleware(TrustedProxyMiddleware, trusted_hosts=list(settings.trusted_proxies)))
