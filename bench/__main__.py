@@ -5,10 +5,14 @@
     python -m bench --cases a,b --duration 10 --concurrency 64
     python -m bench --json results.json  # also write the numbers as JSON
     python -m bench --gate-src ../other-checkout   # benchmark another tree's server/ and gate/
+    python -m bench --against e838e6c    # that commit's gate too, in its own venv, beside this one
+    python -m bench --stacks asyncio-h11 # one stack only (default: asyncio-h11 and uvloop-httptools)
     python -m bench --cases e --postgres postgresql://postgres@127.0.0.1:5432/test --redis redis://127.0.0.1:6379/0
 
 Every server runs in its own process on a free 127.0.0.1 port and is stopped on exit,
-on Ctrl-C and on errors. The load generator runs in a separate process too.
+on Ctrl-C and on errors. The load generator runs in a separate process too. The cases
+run once per stack, every server of a table on the same one: asyncio and h11, then
+uvloop and httptools (uvicorn's faster stack, when installed).
 """
 
 from __future__ import annotations
@@ -70,15 +74,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=defaults.redis_url,
         help="case e: Redis URL for the replicas' limiters (default: $A2A_GATE_TEST_REDIS_URL or redis://127.0.0.1:6379/0)",
     )
+    parser.add_argument(
+        "--stacks",
+        default=",".join(servers.STACKS),
+        help=f"the stacks every server runs on, one table each (default: {','.join(servers.STACKS)})",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="REF",
+        help="also measure the gate of this commit (built once in its own venv, bench/reference.py) on every "
+        "gate path, in the same run, and print the ratio per path",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs, databases)")
     return parser.parse_args(argv)
 
 
-def params_from(args: argparse.Namespace) -> Params:
+def params_from(args: argparse.Namespace, stack: str = servers.STACKS[0], against: object = None) -> Params:
     factor = 5 if args.long else 1
     defaults = Params()
     return Params(
+        stack=stack,
+        against=against,
         duration=args.duration * factor,
         warmup=args.warmup,
         concurrency=args.concurrency,
@@ -198,7 +215,7 @@ def table(bench: Bench, params: Params) -> str:
     return "\n".join(out)
 
 
-def postgres_section(bench: Bench, statements: int = 6) -> list[str]:
+def postgres_section(bench: Bench, least: float = 0.05) -> list[str]:
     """Case e's figures besides the load: round trips, pool waits, Redis, backends, statements."""
     rows = [row for row in bench.rows.values() if row.extra.get("replicas")]
     if not rows:
@@ -235,34 +252,74 @@ def postgres_section(bench: Bench, statements: int = 6) -> list[str]:
         )
         for query, samples in a["lock_waiters"].items():
             out.append(f"      waited on a lock in {samples} samples: {query}")
-        for entry in x["statements"][:statements]:
+        for entry in [e for e in x["statements"] if e["per_request"] >= least]:  # every statement of the path
             sql = " ".join(entry["sql"].split())
             sql = sql if len(sql) <= 90 else sql[:87] + "..."
             out.append(f"      {entry['per_request']:4.2f}× {entry['ms_each']:6.2f} ms  {sql}")
     return out
 
 
+def against_lines(bench: Bench) -> list[str]:
+    """With --against: this tree's gate over the reference commit's, per path."""
+    ref = bench.params.against
+    if ref is None:
+        return []
+    out = ["", f"this tree / {ref.short}, per path (req/s; server CPU per request):"]
+    for key, row in bench.rows.items():
+        other = bench.rows.get(f"{key}@{ref.short}")
+        if other is None or not other.result.rps:
+            continue
+        cpu = other.cpu_ms_per_request / row.cpu_ms_per_request if row.cpu_ms_per_request else 0.0
+        out.append(
+            f"  {row.server}: {bench.ratio(key, f'{key}@{ref.short}'):.2f}× req/s; {cpu:.2f}× less CPU per request"
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    params = params_from(args)
     chosen = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in chosen if c not in CASES]
     if unknown:
         print(f"error: unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}", file=sys.stderr)
         return 2
+    stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
+    if not stacks or any(s not in servers.STACKS for s in stacks):
+        print(f"error: --stacks takes {', '.join(servers.STACKS)}", file=sys.stderr)
+        return 2
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    reference = None
+    if args.against:
+        from bench.reference import prepare
+
+        reference = prepare(args.against, log)
     # SIGTERM ends the run like Ctrl-C does: through the finally below
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = Path(tempfile.mkdtemp(prefix="a2a-gate-bench-"))
-    bench = Bench(params, workdir, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     started = time.monotonic()
+    done: list[tuple[str, Bench]] = []
     try:
-        for case in chosen:
-            CASES[case](bench)
+        for stack in stacks:
+            if stack == "uvloop-httptools":
+                missing = servers.stack_missing() or (reference and servers.stack_missing(str(reference.python)))
+                if missing:
+                    log(f"stack {stack} skipped: {missing}")
+                    continue
+            servers.use_stack(stack)
+            params = params_from(args, stack, reference)
+            bench = Bench(params, workdir / stack, log=log)
+            log(f"stack {stack}:")
+            done.append((stack, bench))
+            try:
+                for case in chosen:
+                    CASES[case](bench)
+            finally:
+                bench.close()
+                servers.stop_all()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        bench.close()
         servers.stop_all()
         if args.keep:
             print(f"work directory kept: {workdir}", file=sys.stderr)
@@ -271,19 +328,25 @@ def main(argv: list[str] | None = None) -> int:
 
             shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.monotonic() - started
+    params = params_from(args)
     print(machine())
     print(
         f"run: cases {','.join(chosen)}, duration {params.duration:g}s + warm-up {params.warmup:g}s per server, "
         f"concurrency {params.concurrency}, {params.paid_tokens} paid tokens per server, "
-        f"{params.addresses:,} addresses; {elapsed:.0f}s in all"
+        f"{params.addresses:,} addresses; stacks {', '.join(s for s, _ in done)}; {elapsed:.0f}s in all"
     )
     if params.gate_src != servers.REPO:
         print(f"a2a-gate from: {params.gate_src}")
-    print()
-    print(table(bench, params))
-    if args.json:
-        document = {
-            "params": asdict(params),
+    if reference is not None:
+        print(f"against: {args.against} = {reference.commit} (tree {reference.src}, python {reference.python})")
+    documents = {}
+    for stack, bench in done:
+        print()
+        print(f"stack: {stack} (every server in this table)")
+        print(table(bench, bench.params))
+        print("\n".join(against_lines(bench)))
+        documents[stack] = {
+            "params": asdict(bench.params),
             "rows": {
                 k: {**asdict(r), "result": {**asdict(r.result), "ok_fraction": r.result.ok_fraction}}
                 for k, r in bench.rows.items()
@@ -292,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             "targets": [{**asdict(t), "met": t.met} for t in bench.targets],
             "notes": bench.notes,
         }
-        args.json.write_text(json.dumps(document, indent=2, default=str))
+    if args.json:
+        args.json.write_text(json.dumps(documents, indent=2, default=str))
     return 0
 
 

@@ -55,6 +55,27 @@ class Params:
     gate_src: Path = servers.REPO  # the tree whose server/ and gate/ are benchmarked
     postgres_url: str = postgres.DEFAULT_URL  # case e: each configuration makes (and drops) a schema there
     redis_url: str = postgres.DEFAULT_REDIS_URL  # case e: the replicas' shared limiters
+    stack: str = servers.STACKS[0]  # every server's loop and HTTP parser (servers.use_stack)
+    against: Any = None  # a bench.reference.Reference: another commit's gate, measured beside this one
+
+
+@dataclass(frozen=True)
+class Build:
+    """One gate to measure: this tree's, or (`--against`) another commit's in its own venv."""
+
+    suffix: str  # of the row key and label: "" or "@<short commit>"
+    src: Path
+    python: str
+    short: str = ""  # how a ratio names its rows
+
+
+def builds(params: Params) -> list[Build]:
+    """This tree's gate, then the reference commit's when one is given."""
+    out = [Build("", params.gate_src, sys.executable)]
+    ref = params.against
+    if ref is not None:
+        out.append(Build(f"@{ref.short}", ref.src, str(ref.python), ref.short))
+    return out
 
 
 @dataclass
@@ -338,10 +359,10 @@ def gate_config(
     return config, port
 
 
-def create_key(config: Path, src: Path = servers.REPO) -> str:
+def create_key(config: Path, src: Path = servers.REPO, python: str = sys.executable) -> str:
     """`a2a-gate keys --config ... create bench --agent echo`; returns the key it prints once."""
     done = subprocess.run(
-        [sys.executable, "-m", "gate.cli", "keys", "--config", str(config), "create", "bench", "--agent", "echo"],
+        [python, "-m", "gate.cli", "keys", "--config", str(config), "create", "bench", "--agent", "echo"],
         capture_output=True,
         text=True,
         cwd=src,
@@ -359,6 +380,12 @@ def create_key(config: Path, src: Path = servers.REPO) -> str:
 # ---------------------------------------------------------------------------
 
 
+def against(bench: Bench, key: str) -> list[str]:
+    """The row of the same path measured on the reference commit (`--against`), if any."""
+    ref = bench.params.against
+    return [f"{key}@{ref.short}"] if ref is not None else []
+
+
 def case_a(bench: Bench) -> None:
     bench.log("case a: principal message/send on the echo agent")
     bench.bare()
@@ -371,14 +398,22 @@ def case_a(bench: Bench) -> None:
             bench.spec(server.port, send_requests(server.port, "/a2a/echo"), expect_marker=b'"completed"'),
             "a2a-sdk server (DefaultRequestHandler)",
         )
-    for key, workers in (("gate", 1), ("gate-w2", 2)):
+    runs = [("gate", 1, build) for build in builds(bench.params)] + [("gate-w2", 2, builds(bench.params)[0])]
+    for base, workers, build in runs:
+        key = base + build.suffix
         folder = bench.path(key)
         config, port = gate_config(folder)
-        api_key = create_key(config, bench.params.gate_src)
+        api_key = create_key(config, build.src, build.python)
         extra = ["--workers", "2"] if workers == 2 else []
-        with servers.gate(config, port, folder / "log.txt", *extra, src=bench.params.gate_src) as server:
+        label = (
+            "a2a-gate (API key)"
+            + (" --workers 2" if workers == 2 else "")
+            + (f" {build.suffix}" if build.suffix else "")
+        )
+        with servers.gate(
+            config, port, folder / "log.txt", *extra, src=build.src, python=build.python, label=label
+        ) as server:
             requests = send_requests(port, "/a2a/echo", {"Authorization": f"Bearer {api_key}"})
-            label = "a2a-gate (API key)" + (" --workers 2" if workers == 2 else "")
             note = "peak RSS is the supervisor and both workers together" if workers == 2 else ""
             bench.measure(
                 "a",
@@ -386,9 +421,9 @@ def case_a(bench: Bench) -> None:
                 server,
                 bench.spec(port, requests, expect_marker=b'"completed"'),
                 label,
-                reference=["sdk", "bare"],
+                reference=["sdk", "bare"] + ([] if build.suffix or workers == 2 else against(bench, key)),
                 note=note,
-            )
+            ).short = build.short
     bench.target("a", "a2a-gate req/s ≥ 5× a2a-sdk server", "gate", "sdk", 5.0)
     bench.target("a", "a2a-gate req/s ≥ 50% of bare echo", "gate", "bare", 0.5)
     bench.target("a", "a2a-gate --workers 2 req/s ≥ 5× a2a-sdk server", "gate-w2", "sdk", 5.0)
@@ -403,22 +438,26 @@ def case_a(bench: Bench) -> None:
 def case_b(bench: Bench) -> None:
     bench.log("case b: anonymous refusals")
     bench.bare()
-    for key, status, per_ip, label in (
-        ("gate-402", 402, BIG, "a2a-gate 402 (priced, no token)"),
-        ("gate-429", 429, 1, "a2a-gate 429 (per-IP limit 1/min)"),
+    for base, status, per_ip, name, goal in (
+        ("gate-402", 402, BIG, "a2a-gate 402 (priced, no token)", 0.8),
+        ("gate-429", 429, 1, "a2a-gate 429 (per-IP limit 1/min)", 0.95),
     ):
-        folder = bench.path(key)
-        config, port = gate_config(folder, per_ip=per_ip)
-        with servers.gate(config, port, folder / "log.txt", src=bench.params.gate_src) as server:
-            bench.measure(
-                "b",
-                key,
-                server,
-                bench.spec(port, send_requests(port, "/a2a/paid-echo"), expect_status=status),
-                label,
-                reference=["bare"],
-            )
-        bench.target("b", f"a2a-gate {status} req/s ≥ 70% of bare echo", key, "bare", 0.7)
+        for build in builds(bench.params):
+            key, label = base + build.suffix, name + (f" {build.suffix}" if build.suffix else "")
+            folder = bench.path(key)
+            config, port = gate_config(folder, per_ip=per_ip)
+            with servers.gate(
+                config, port, folder / "log.txt", src=build.src, python=build.python, label=label
+            ) as server:
+                bench.measure(
+                    "b",
+                    key,
+                    server,
+                    bench.spec(port, send_requests(port, "/a2a/paid-echo"), expect_status=status),
+                    label,
+                    reference=["bare"] + ([] if build.suffix else against(bench, key)),
+                ).short = build.short
+        bench.target("b", f"a2a-gate {status} req/s ≥ {goal:.0%} of bare echo", base, "bare", goal)
 
 
 # ---------------------------------------------------------------------------
@@ -479,13 +518,16 @@ def case_c(bench: Bench) -> None:
         bench.log(f"    signed {p.paid_tokens} tokens in {signing:.1f}s")
         bench.measure("c", "x402", server, spec, "x402 ASGI payment middleware (FastAPI)", also=[trusting])
 
-    folder = bench.path("gate-paid")
-    config, port = gate_config(folder, facilitator=trusting.url)
-    with servers.gate(config, port, folder / "log.txt", src=bench.params.gate_src) as server:
-        spec, signing = paid_spec(bench, server, path, p.paid_tokens)
-        bench.log(f"    signed {p.paid_tokens} tokens in {signing:.1f}s")
-        bench.measure("c", "gate-paid", server, spec, "a2a-gate paid", reference=["x402"], also=[trusting])
-    bench.target("c", "a2a-gate paid req/s ≥ 2× x402 middleware", "gate-paid", "x402", 2.0)
+    for build in builds(p):
+        key, label = "gate-paid" + build.suffix, "a2a-gate paid" + (f" {build.suffix}" if build.suffix else "")
+        folder = bench.path(key)
+        config, port = gate_config(folder, facilitator=trusting.url)
+        with servers.gate(config, port, folder / "log.txt", src=build.src, python=build.python, label=label) as server:
+            spec, signing = paid_spec(bench, server, path, p.paid_tokens)
+            bench.log(f"    signed {p.paid_tokens} tokens in {signing:.1f}s")
+            reference = ["x402"] + ([] if build.suffix else against(bench, key))
+            bench.measure("c", key, server, spec, label, reference=reference, also=[trusting]).short = build.short
+    bench.target("c", "a2a-gate paid req/s ≥ 1.5× x402 middleware", "gate-paid", "x402", 1.5)
 
     folder = bench.path("gate-paid-real")
     with servers.facilitator(folder / "ledger.db", folder / "facilitator-log.txt", trust_signatures=False) as real:

@@ -11,7 +11,8 @@ The reference servers run from this module: `python -m bench.servers KIND --port
   AgentExecutor, InMemoryTaskStore, JSON-RPC routes with `enable_v0_3_compat=True`.
 - `x402`: the x402 package's own FastAPI/ASGI payment middleware (`PaymentMiddlewareASGI`,
   `x402ResourceServer`, `HTTPFacilitatorClient`) protecting an equivalent echo route.
-All run under uvicorn with the same settings as `a2a-gate serve --log-level warning`.
+All run under uvicorn with the same settings as `a2a-gate serve --log-level warning`, and
+all on the same stack (`use_stack`): asyncio and h11, or uvloop and httptools.
 """
 
 from __future__ import annotations
@@ -39,6 +40,26 @@ NETWORK = "eip155:84532"
 ASSET = "0x036CbD53842c5426634e7929541eC2318f3dCF7e"  # USDC on Base Sepolia
 PAY_TO = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
 AMOUNT = "1000"
+
+
+STACKS = ("asyncio-h11", "uvloop-httptools")
+HOOK = Path(__file__).with_name("stack_hook")  # its sitecustomize hides uvloop and httptools on asyncio-h11
+_STACK_ENV: dict[str, str] = {}  # added to every server's environment
+
+
+def use_stack(stack: str) -> None:
+    """Run every server started from now on on `stack` (see bench/stack_hook/sitecustomize.py)."""
+    if stack not in STACKS:
+        raise ValueError(f"unknown stack {stack!r}; choose from {', '.join(STACKS)}")
+    path = os.pathsep.join(p for p in (str(HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    _STACK_ENV.clear()
+    _STACK_ENV.update({"A2A_BENCH_STACK": stack, "PYTHONPATH": path})
+
+
+def stack_missing(python: str = sys.executable) -> str:
+    """Why `python` cannot run the uvloop-httptools stack ("" when it can)."""
+    done = subprocess.run([python, "-c", "import uvloop, httptools"], capture_output=True, text=True, check=False)
+    return "" if done.returncode == 0 else f"uvloop or httptools is not installed for {python}"
 
 
 def free_port() -> int:
@@ -69,7 +90,7 @@ class ServerProcess:
     ) -> None:
         self.label = label
         self.cwd = cwd
-        self.env = {**os.environ, **env} if env else None
+        self.env = {**os.environ, **_STACK_ENV, **(env or {})}
         self.command = command
         self.port = port
         self.url = f"http://{HOST}:{port}"
@@ -210,16 +231,19 @@ def gate(
     src: Path = REPO,
     env: dict[str, str] | None = None,
     counted: Path | None = None,
+    python: str = sys.executable,
+    label: str = "a2a-gate",
 ) -> ServerProcess:
     """`a2a-gate serve --config ... --port P` (as `python -m gate.cli`, the same entry point).
 
     `src`: the tree whose `server/` and `gate/` run (another checkout, a patched copy);
-    `python -m` puts its working directory first on the import path. `counted`: run it
-    through `bench/roundtrips.py`, which counts its PostgreSQL round trips into that file.
+    `python -m` puts its working directory first on the import path; `python`: the
+    interpreter (another commit's venv). `counted`: run it through `bench/roundtrips.py`,
+    which counts its PostgreSQL round trips into that file.
     """
     entry = [str(Path(__file__).with_name("roundtrips.py")), str(counted)] if counted else ["-m", "gate.cli"]
     command = [
-        sys.executable,
+        python,
         *entry,
         "serve",
         "--config",
@@ -230,7 +254,7 @@ def gate(
         "warning",
         *extra,
     ]
-    return ServerProcess("a2a-gate", command, port, log, cwd=src, env=env)
+    return ServerProcess(label, command, port, log, cwd=src, env=env)
 
 
 NGINX_CONF = """\

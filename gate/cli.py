@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gate.sealing import SealingKeyMissing, load_key
+from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
 from server.config import ConfigError, Settings, default_settings, is_database_url, load_config
 from server.database import DatabaseRefused, DatabaseUnavailable
 
@@ -109,6 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if failure:
         print(f"error: {failure}", file=sys.stderr)
         return 2
+    _check_sealing_key(database)
     overrides: dict[str, Any] = {}
     if args.trusted_proxy:
         overrides["trusted_proxies"] = args.trusted_proxy
@@ -292,6 +293,22 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0)
             pass
         time.sleep(0.1)
     raise SystemExit(f"error: {url} did not come up within {timeout:g}s")
+
+
+def _check_sealing_key(database: str) -> None:
+    """Before serving: a key other than the one the database was sealed with stops here, in one line."""
+    from gate.sealing import Sealer
+    from server.database import open_database
+
+    async def run() -> None:
+        db = open_database(database)
+        await db.open()
+        try:
+            await Sealer(load_key(database)).check(db)
+        finally:
+            await db.close()
+
+    asyncio.run(run())
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -522,6 +539,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     async def run() -> list[dict[str, Any]]:
         async with _opened_services(args) as services:
             assert isinstance(services.anonymous, PaymentGate)
+            if args.reopen is not None:
+                await services.anonymous.check_sealing_key()
+                task_id = None if args.reopen == "all" else args.reopen
+                reopened = await services.anonymous.claims.reopen(task_id)
+                print(f"{reopened} settlement(s) needing attention re-opened")
             return await services.anonymous.reconcile_once()
 
     outcomes = asyncio.run(run())
@@ -612,6 +634,14 @@ def build_parser() -> argparse.ArgumentParser:
     payments.set_defaults(func=cmd_payments)
 
     reconcile = command(sub, "reconcile", "settle delivered-but-unsettled work now")
+    reconcile.add_argument(
+        "--reopen",
+        nargs="?",
+        const="all",
+        metavar="TASK_ID",
+        help="first put settlements needing attention (all, or one task's) back to owed with a fresh"
+        " budget, e.g. after adding the network's rpc_url",
+    )
     reconcile.set_defaults(func=cmd_reconcile)
 
     migrate = command(sub, "migrate", "create or update the database's tables, then exit", may_create=True)
@@ -628,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except (SealingKeyMissing, NoDatabase) as exc:
+    except (SealingKeyMissing, SealingKeyMismatch, NoDatabase) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (DatabaseRefused, DatabaseUnavailable) as exc:  # a management command's database

@@ -12,6 +12,7 @@ listener reports for an IPv4 peer) is the IPv4 caller it carries.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import time
 from collections.abc import Callable
@@ -78,6 +79,7 @@ class AgentLimiters:
 MAX_KEY_CHARS = 64  # a forwarded value that is not an address still gets a bucket, of bounded size
 
 
+@functools.lru_cache(maxsize=4096)  # the addresses seen lately: parsing one costs more than the bucket
 def caller_key(address: str, ipv6_prefix: int = 64) -> str:
     """The bucket key for a client address (already resolved through trusted proxies)."""
     try:

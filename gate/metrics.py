@@ -59,6 +59,22 @@ class GateMetrics:
             "Times Redis stopped answering and the limiters fell back to this replica's own buckets",
             registry=registry,
         )
+        self.claims_lost = Counter(
+            "a2a_gate_claims_lost",
+            "Claims this process found taken over by another (its lease lapsed): their work stopped here",
+            ["write"],
+            registry=registry,
+        )
+        self.reconcile_errors = Counter(
+            "a2a_gate_reconcile_errors",
+            "Owed claims put back after an error between taking them and recording an outcome",
+            registry=registry,
+        )
+        self.clock_skew = Gauge(
+            "a2a_gate_clock_skew_seconds",
+            "This process's wall clock minus the database's (leases use the database's)",
+            registry=registry,
+        )
         self.facilitator_reachable = Gauge(
             "a2a_gate_facilitator_reachable",
             "1 when the facilitator answered the last readiness check (GET /readyz, at most every 10 s), else 0",

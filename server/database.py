@@ -55,6 +55,9 @@ class Migration:
 
 class Database(ABC):
     dialect: ClassVar[str]
+    # The database's own clock, in epoch seconds, as a SQL expression: lease arithmetic is
+    # written with it so every process judges a lease by one clock, never by its own.
+    clock_sql: ClassVar[str]
 
     @abstractmethod
     async def open(self) -> None:
@@ -87,6 +90,11 @@ class Database(ABC):
     async def lock_schema(self) -> None:
         """Inside a transaction: hold off every other process migrating the schema until it ends."""
 
+    @abstractmethod
+    async def lock(self, name: str) -> None:
+        """Inside a transaction: hold off every other transaction taking the lock of this name
+        (in any process or replica) until it ends: a read, then a write that depends on it, is one step."""
+
     async def notify(self, channel: str, payload: str) -> None:
         """Tell the other processes on this database (`listen`); an engine without notifications
         does nothing, and its listeners find out by polling."""
@@ -96,6 +104,14 @@ class Database(ABC):
         """Call `handler(payload)` for every notification on `channel` from now on; False when
         this engine has no notifications (the caller polls instead)."""
         return False
+
+    async def write_together(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+        """Run these writes in one transaction (all or none; joined to the caller's, if it is in
+        one) and return their rowcounts. No statement depends on another's answer, so an engine
+        with a network between it and the data sends them at once: PostgreSQL in one round trip.
+        """
+        async with self.transaction():
+            return [await self.execute(sql, args) for sql, args in statements]
 
     async def fetchrow(self, sql: str, args: Sequence[Any] = ()) -> Row | None:
         rows = await self.fetch(sql, args)

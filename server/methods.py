@@ -12,6 +12,7 @@ import base64
 import binascii
 import copy
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -22,9 +23,11 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from server import dialects
+from server.config import StreamConfig
 from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES, V10, InvalidShape
 from server.execution import CANCEL_CHANNEL, Execution, Runner, Settlement
 from server.jsonrpc import (
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     PUSH_NOT_SUPPORTED,
     TASK_NOT_CANCELABLE,
@@ -35,13 +38,27 @@ from server.jsonrpc import (
     result_response,
     shutting_down,
 )
-from server.streams import follow_live, follow_stored, sse, sse_response
+from server.streams import (
+    StoredWatches,
+    StreamSlots,
+    TooManyStreams,
+    follow_live,
+    follow_stored,
+    holding,
+    sse,
+    sse_response,
+)
 from server.tasks import TaskQuery, TaskStore, agent_message, new_id, new_task, set_status, trim_history
+
+logger = logging.getLogger("a2a_gate.methods")
 
 CANCEL_WAIT_SECONDS = 10.0  # how long a cancel waits for the process running the task to stop it
 CANCEL_CHECK_SECONDS = 0.1
+# A blocking send's task is written once, with its outcome, unless it runs longer than this:
+# then it is written as it stands (ListTasks, housekeeping and other workers see it), and again at the end.
+UNWRITTEN_SECONDS = 0.5
 
-__all__ = ["Methods", "SendPlan", "plan_send", "sse", "unsupported"]
+__all__ = ["Methods", "SendPlan", "finished", "plan_send", "sse", "unsupported"]
 
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 100  # ListTasks, as the a2a-sdk
 
@@ -83,6 +100,13 @@ def unsupported(call: Call) -> RpcError:
     return RpcError(UNSUPPORTED_OPERATION)
 
 
+def finished(task: dict[str, Any]) -> RpcError:
+    """The answer to a message naming a task in a terminal state, which is never continued or
+    restarted (A2A 3.1.1: UnsupportedOperationError), on every path: free, paid or paid in-band."""
+    state = task["status"]["state"]
+    return RpcError(UNSUPPORTED_OPERATION, f"Task is in a terminal state ({state}): it cannot be continued")
+
+
 def keep_message(message: dict[str, Any]) -> dict[str, Any]:
     """The default message filter: keep everything."""
     return message
@@ -90,13 +114,20 @@ def keep_message(message: dict[str, Any]) -> dict[str, Any]:
 
 class Methods:
     def __init__(
-        self, store: TaskStore, runner: Runner, scrub: Callable[[dict[str, Any]], dict[str, Any]] = keep_message
+        self,
+        store: TaskStore,
+        runner: Runner,
+        scrub: Callable[[dict[str, Any]], dict[str, Any]] = keep_message,
+        streams: StreamConfig = StreamConfig(),  # noqa: B008 -- frozen
     ) -> None:
         self.store = store
         self.runner = runner
+        self.slots = StreamSlots(streams)  # resubscriptions open here, bounded
+        self.watches = StoredWatches()  # one store poller per task followed here
         # What a message may keep once it is accepted: the payment gate removes signed
         # material here, before anything is stored, run or echoed.
         self.scrub = scrub
+        self.writing: set[asyncio.Task[None]] = set()  # deferred tasks being written while they run
 
     async def start_send(
         self, plan: SendPlan, agent: str, owner: str, settlement: Settlement | None = None
@@ -106,21 +137,30 @@ class Methods:
         task_id = message.get("taskId")
         if task_id is None:
             task = new_task(message.get("contextId"), message)
-            await self.store.create(task, agent=agent, owner=owner)
+            # a free blocking send: no one can name the task before its answer, which waits for the write
+            deferred = settlement is None and plan.blocking and plan.call.operation == "send"
+            await self.store.create(task, agent=agent, owner=owner, deferred=deferred)
         else:
             found = await self.store.get(task_id, owner, agent)
             if found is None:
                 raise RpcError(TASK_NOT_FOUND)
+            if found["status"]["state"] in TERMINAL_STATES:
+                raise finished(found)
             if found["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
                 raise RpcError(
                     INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued"
                 )
-            task = found
+            task, interrupted = found, found["status"]["state"]
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
-            set_status(task, "submitted")
-            await self.store.save(task)
+            set_status(task, "working")  # resumed: it was submitted on its first turn, not now
+            # the turn starts now, and so does its deadline; unless another message or a cancel came first
+            if not await self.store.start_turn(task, interrupted):
+                now = await self.store.get(task_id, owner, agent)
+                if now is not None and now["status"]["state"] in TERMINAL_STATES:
+                    raise finished(now)
+                raise RpcError(INVALID_PARAMS, "Task changed meanwhile: only an interrupted task can be continued")
         return self.runner.start(task, agent, message, settlement)
 
     async def start_task(
@@ -134,11 +174,39 @@ class Methods:
     async def send(self, plan: SendPlan, execution: Execution) -> dict[str, Any]:
         """The send result in the caller's dialect, after the work when blocking."""
         if plan.blocking:
-            await execution.answerable.wait()
-            if not execution.done.is_set():  # a shutdown could wait no longer for its settlement
-                raise shutting_down()
+            if execution.task["id"] in self.store.unwritten:
+                await self.wait_unwritten(execution)
+            else:
+                await execution.answerable.wait()
+                if not execution.done.is_set():  # a shutdown could wait no longer for its settlement
+                    raise shutting_down()
         task = trim_history(execution.task, plan.history_length)
         return dialects.send_result(task, plan.call.dialect)
+
+    async def wait_unwritten(self, execution: Execution) -> None:
+        """Wait for a deferred task to end; it is stored before its answer leaves (DatabaseUnavailable
+        if it cannot be), and stored as it stands if it runs past UNWRITTEN_SECONDS."""
+        timer = asyncio.get_running_loop().call_later(UNWRITTEN_SECONDS, self._write_soon, execution.task)
+        try:
+            await execution.done.wait()
+        finally:
+            timer.cancel()
+        try:
+            await self.store.write(execution.task)  # nothing to do when the last save wrote it
+        except BaseException:
+            self.store.unwritten.pop(execution.task["id"], None)  # the caller is told it failed
+            raise
+
+    def _write_soon(self, task: dict[str, Any]) -> None:
+        job = asyncio.create_task(self._write_running(task))
+        self.writing.add(job)
+        job.add_done_callback(self.writing.discard)
+
+    async def _write_running(self, task: dict[str, Any]) -> None:
+        try:
+            await self.store.write(task)
+        except Exception as exc:  # noqa: BLE001 -- the final save, or the answer, writes it again
+            logger.warning("storing running task %s failed: %s", task["id"], type(exc).__name__)
 
     def stream(self, plan: SendPlan, execution: Execution, headers: dict[str, str] | None = None) -> StreamingResponse:
         call = plan.call
@@ -147,29 +215,39 @@ class Methods:
         first = dialects.send_result(copy.deepcopy(trim_history(execution.task, plan.history_length)), call.dialect)
         return sse_response(follow_live(call.id, call.dialect, execution, subscriber, first), headers)
 
-    async def subscribe(self, call: Call, agent: str, owner: str) -> StreamingResponse:
-        """Resubscription: the Task now, then every event until it ends, from any worker."""
+    async def subscribe(self, call: Call, agent: str, owner: str, client: str = "") -> StreamingResponse:
+        """Resubscription: the Task now, then every event until it ends, from any worker.
+
+        Each open stream holds a slot (at most so many per task, per owner and per `client`,
+        the caller's address); past a cap, -32603 `too_many_streams`, retryable."""
         if not self.runner.agents.get(agent).streaming:  # type: ignore[union-attr]
             raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
         task = await self.store.get(call.params.get("id"), owner, agent)
         if task is None:
             raise RpcError(TASK_NOT_FOUND)
         live = self.runner.live.get(task["id"])
+        if live is None and task["status"]["state"] in TERMINAL_STATES:
+            raise RpcError(UNSUPPORTED_OPERATION, f"Task is {task['status']['state']}: a finished task has no stream")
+        try:
+            release = self.slots.take(task["id"], owner, client)
+        except TooManyStreams as exc:
+            raise RpcError(
+                INTERNAL_ERROR,
+                f"Too many open streams per {exc.scope}",
+                {"code": "too_many_streams", "retryable": True, "scope": exc.scope, "limit": exc.limit},
+            ) from None
         if live is not None:
             subscriber = live.subscribe()
             first = dialects.send_result(copy.deepcopy(live.task), call.dialect)
-            return sse_response(follow_live(call.id, call.dialect, live, subscriber, first))
-        if task["status"]["state"] in TERMINAL_STATES:
-            raise RpcError(UNSUPPORTED_OPERATION, f"Task is {task['status']['state']}: a finished task has no stream")
-        return sse_response(
-            follow_stored(
-                call.id,
-                call.dialect,
-                task,
-                lambda: self.store.get(task["id"], owner, agent),
-                self.store.deadline_seconds,
-            )
-        )
+            return sse_response(holding(follow_live(call.id, call.dialect, live, subscriber, first), release))
+        watch = self.watches.join(task, lambda: self.store.get(task["id"], owner, agent))
+
+        def done() -> None:
+            release()
+            self.watches.leave(task["id"], watch)
+
+        events = follow_stored(call.id, call.dialect, task, watch, self.store.deadline_seconds)
+        return sse_response(holding(events, once(done)))
 
     async def list(self, call: Call, agent: str, owner: str | None) -> dict[str, Any]:
         """ListTasks: `owner`'s tasks at this agent, newest first, one page at a time
@@ -245,6 +323,19 @@ class Methods:
             if state not in ("submitted", "working"):
                 raise RpcError(TASK_NOT_CANCELABLE, f"Task is {state}")
         raise RpcError(TASK_NOT_CANCELABLE, "The task did not stop in time (it runs in another process)")
+
+
+def once(action: Callable[[], None]) -> Callable[[], None]:
+    """`action`, run at its first call only."""
+    ran = False
+
+    def run() -> None:
+        nonlocal ran
+        if not ran:
+            ran = True
+            action()
+
+    return run
 
 
 def task_answer(plan: SendPlan, task: dict[str, Any], headers: dict[str, str] | None = None) -> Response:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import select
@@ -138,6 +139,8 @@ async def alive(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 class PostgresDatabase(Database):
     dialect = "postgresql"
+    # The server's clock, read afresh per statement (now() would be the transaction's start).
+    clock_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
     def __init__(self, url: str) -> None:
         self.conninfo, self.min_size, self.max_size = pool_sizes(url)
@@ -263,6 +266,26 @@ class PostgresDatabase(Database):
                 unavailable(exc)
             raise
 
+    async def write_together(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+        """One round trip: the statements as ONE simple query, which PostgreSQL runs as one
+        (implicit) transaction, all or none, or inside the caller's. The values are bound by
+        psycopg on this side (`ClientCursor`, libpq's quoting): the simple protocol has no
+        parameters, and it is what runs several statements in one message."""
+        text = "; ".join(translate(sql) for sql, _ in statements)
+        values = [value for _, args in statements for value in arguments(args)]
+        try:
+            async with self._connection() as conn:
+                cursor = psycopg.AsyncClientCursor(conn)
+                await cursor.execute(text, values)
+                counts = [cursor.rowcount]
+                while cursor.nextset():
+                    counts.append(cursor.rowcount)
+                return counts
+        except psycopg.Error as exc:
+            if retryable(exc):
+                unavailable(exc)
+            raise
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         if self._joined() is not None:  # this task is in a transaction already: join it
@@ -304,6 +327,12 @@ class PostgresDatabase(Database):
         if self._joined() is None:
             raise RuntimeError("lock_schema() holds the lock until the transaction ends: call it inside one")
         await self.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+
+    async def lock(self, name: str) -> None:
+        if self._joined() is None:
+            raise RuntimeError("lock() holds the lock until the transaction ends: call it inside one")
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)  # a bigint
+        await self.execute("SELECT pg_advisory_xact_lock(?)", (key,))
 
     async def notify(self, channel: str, payload: str) -> None:
         """Delivered to every listener on this database; inside a transaction, when it commits."""

@@ -59,6 +59,7 @@ OUTCOMES = frozenset(
         "unavailable",
         "rpc_error",
         "internal_error",
+        "agent_error",  # the agent raised: its task failed, uncharged
     }
 )
 
@@ -74,8 +75,13 @@ class RequestInfo:
     payer: str = ""
     started: float = field(default_factory=time.perf_counter)
 
+    def __post_init__(self) -> None:
+        _current.set(self)  # the request's own: work it starts (an agent's run) inherits it
+
     def set(self, outcome: str, detail: str = "") -> None:
         assert outcome in OUTCOMES, outcome
+        if self.outcome == "agent_error":
+            return  # what the agent did outranks how a later step names the answer
         self.outcome, self.detail = outcome, detail
 
     def fields(self, status: int) -> dict[str, Any]:
@@ -90,6 +96,20 @@ class RequestInfo:
             "client": self.client,
             "latency_ms": round((time.perf_counter() - self.started) * 1000, 2),
         }
+
+
+_current: ContextVar[RequestInfo | None] = ContextVar("a2a_gate_request_info", default=None)
+
+
+def agent_failed(detail: str) -> None:
+    """The agent working for the current request raised: its line says `outcome=agent_error`.
+
+    Called from the agent's run, which inherits the request's context; a run that outlives
+    its request (a non-blocking send) finds the line already written, and nothing changes.
+    """
+    info = _current.get()
+    if info is not None:
+        info.set("agent_error", detail)
 
 
 def write(info: RequestInfo, status: int) -> None:
@@ -182,8 +202,8 @@ class TextFormatter(logging.Formatter):
             value = getattr(record, name, "")
             if value:
                 text += f" {name}={_quote(value)}"
-        if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
+        if record.exc_info:  # indented, escaped: a message in a traceback cannot start a line of its own
+            text += "".join("\n    " + _printable(line) for line in self.formatException(record.exc_info).split("\n"))
         return text
 
 

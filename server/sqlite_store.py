@@ -5,13 +5,29 @@ writers of every worker serialise at its start, not at its first write. Statemen
 inline: SQLite answers in microseconds, and a coroutine that never suspends keeps a
 transaction whole on the event loop. A lock still queues transactions of one process
 behind each other, should one ever wait on something else.
+
+What does not take microseconds is the WAL checkpoint: copying the log back into the
+database file and syncing it, which SQLite runs inside whichever commit crosses
+``wal_autocheckpoint`` pages (a commit in twenty then took milliseconds, on the event
+loop). Here the serving connection never checkpoints; a thread of the process does, on
+a connection of its own, after every `CHECKPOINT_COMMITS` commits or `CHECKPOINT_SECONDS`.
+A checkpoint does not block writers (PASSIVE), and a crash loses nothing: the WAL is the
+record until it is copied.
+
+A commit is the other cost that is not a statement's (the WAL frames of every page it
+touched, written out): a write outside a transaction is therefore committed together with
+the other such writes issued in the same turn of the event loop (group commit), one
+``BEGIN IMMEDIATE ... COMMIT`` for all, and its caller resumes only once that commit is
+done. Each keeps its own outcome (rowcount or error); none waits longer than the loop's turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -21,14 +37,65 @@ import sqlite_utils
 
 from server.database import Database, DatabaseUnavailable, Row
 
+logger = logging.getLogger("a2a_gate.database")
+
+CHECKPOINT_COMMITS = 500  # commits between two checkpoints, at most (about 1,000 WAL pages)
+CHECKPOINT_SECONDS = 1.0  # and at least this often while anything was committed
+WAL_LIMIT_BYTES = 64 * 1024 * 1024  # what a checkpointed WAL is truncated back to
+WRITES = ("INSERT", "UPDATE", "DELETE", "insert", "update", "delete")  # statements committed in groups
+
+
+class Checkpointer:
+    """A thread that checkpoints one SQLite file's WAL, off the event loop."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.commits = 0  # since the last wake-up; only the event loop's thread writes it
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread = threading.Thread(target=self.run, name="sqlite-checkpoint", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def committed(self) -> None:
+        self.commits += 1
+        if self.commits >= CHECKPOINT_COMMITS:
+            self.commits = 0
+            self.wake.set()
+
+    def run(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+        try:
+            conn.execute("PRAGMA busy_timeout=10000")
+            while not self.stopping:
+                self.wake.wait(CHECKPOINT_SECONDS)
+                self.wake.clear()
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # busy, full: the WAL waits for the next pass
+                    logger.warning("sqlite checkpoint failed: %s", exc)
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        self.thread.join(timeout=30.0)
+
 
 class SQLiteDatabase(Database):
     dialect = "sqlite"
+    # One machine, one clock: the same wall clock every process on it reads, in SQL.
+    clock_sql = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._db: sqlite_utils.Database | None = None
+        self._checkpointer: Checkpointer | None = None
         self._transaction = asyncio.Lock()
+        self._batch: list[tuple[str, tuple[Any, ...], asyncio.Future[int]]] = []  # writes to commit together
+        self._later: set[asyncio.Future[None]] = set()  # batches waiting for a transaction to end
         self._inside: ContextVar[bool] = ContextVar(f"sqlite-transaction-{id(self)}", default=False)
 
     @property
@@ -47,21 +114,94 @@ class SQLiteDatabase(Database):
                 db.enable_wal()  # needs the file to itself for a moment: busy while others start too
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=10000")
+            if self.path != ":memory:":
+                conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's job, off the loop
+                conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         except sqlite3.OperationalError as exc:
             conn.close()
             raise DatabaseUnavailable(f"sqlite: {exc}") from exc
         self._db = db
+        if self.path != ":memory:":
+            self._checkpointer = Checkpointer(self.path)
+            self._checkpointer.start()
 
     async def close(self) -> None:
+        if self._batch and self._db is not None:  # writes issued are committed before the file closes
+            self._commit_batch()
+        if self._later:
+            await asyncio.wait(self._later)
+        if self._checkpointer is not None:
+            await asyncio.to_thread(self._checkpointer.stop)
+            self._checkpointer = None
         if self._db is not None:
             self._db.conn.close()
             self._db = None
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        if self._inside.get() or not sql.lstrip().startswith(WRITES):
+            return self._run(sql, tuple(args))
+        self.conn  # noqa: B018 -- raises DatabaseUnavailable when closed, as a statement would
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._batch.append((sql, tuple(args), future))
+        if len(self._batch) == 1:
+            asyncio.get_running_loop().call_soon(self._commit_batch)
+        return await future  # a write issued is committed, even if its caller is cancelled meanwhile
+
+    def _run(self, sql: str, args: tuple[Any, ...]) -> int:
+        conn = self.conn
         try:
-            return self.conn.execute(sql, tuple(args)).rowcount
+            changed = conn.execute(sql, args).rowcount
         except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O
             raise DatabaseUnavailable(f"sqlite: {exc}") from exc
+        if self._checkpointer is not None and not conn.in_transaction:  # a commit: on its own, or COMMIT
+            self._checkpointer.committed()
+        return changed
+
+    def _commit_batch(self) -> None:
+        batch, self._batch = self._batch, []
+        if self._transaction.locked():  # a transaction of this process is open: after it
+            job = asyncio.ensure_future(self._commit_after_transaction(batch))
+            self._later.add(job)
+            job.add_done_callback(self._later.discard)
+            return
+        self._commit(batch)
+
+    async def _commit_after_transaction(self, batch: list[tuple[str, tuple[Any, ...], asyncio.Future[int]]]) -> None:
+        async with self._transaction:
+            self._commit(batch)
+
+    def _commit(self, batch: list[tuple[str, tuple[Any, ...], asyncio.Future[int]]]) -> None:
+        """One transaction for `batch`: each statement's rowcount or error to its own future."""
+        outcomes: list[int | BaseException] = []
+        try:
+            conn = self.conn
+            conn.execute("BEGIN IMMEDIATE")
+            for sql, args, _ in batch:
+                try:
+                    outcomes.append(conn.execute(sql, args).rowcount)
+                except sqlite3.OperationalError as exc:
+                    outcomes.append(DatabaseUnavailable(f"sqlite: {exc}"))
+                except sqlite3.Error as exc:  # a constraint: this statement alone is undone
+                    outcomes.append(exc)
+                if not conn.in_transaction:  # SQLite gave the whole transaction up (full, I/O)
+                    raise DatabaseUnavailable("sqlite: the transaction was rolled back")
+            conn.execute("COMMIT")
+        except (sqlite3.Error, DatabaseUnavailable) as exc:
+            with contextlib.suppress(sqlite3.Error, DatabaseUnavailable):
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+            failed = exc if isinstance(exc, DatabaseUnavailable) else DatabaseUnavailable(f"sqlite: {exc}")
+            outcomes = [failed] * len(batch)
+        else:
+            if self._checkpointer is not None:
+                self._checkpointer.committed()
+        for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+            if future.done():  # its caller was cancelled: the write stands all the same
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
 
     async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         try:
@@ -77,11 +217,11 @@ class SQLiteDatabase(Database):
             yield
             return
         async with self._transaction:
-            await self.execute("BEGIN IMMEDIATE")
+            self._run("BEGIN IMMEDIATE", ())
             token = self._inside.set(True)
             try:
                 yield
-                await self.execute("COMMIT")
+                self._run("COMMIT", ())
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     self.conn.execute("ROLLBACK")
@@ -98,3 +238,6 @@ class SQLiteDatabase(Database):
 
     async def lock_schema(self) -> None:
         return None  # BEGIN IMMEDIATE already holds every other writer off
+
+    async def lock(self, name: str) -> None:
+        return None  # the same

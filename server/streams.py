@@ -2,24 +2,37 @@
 
 A task running in this worker is followed through its `Execution` (every status and
 artifact event as it is published); a task running in another worker is followed
-through the shared store, polled until it ends. Either way the stream opens with the
-Task as it is now and closes after the final event. A slow reader never holds the
-server up: it loses intermediate events and is sent the final state.
+through the shared store, polled until it ends: ONE poller per task in this process
+(`StoredWatches`), however many streams follow it, each stream reading the poller's
+latest copy. Either way the stream opens with the Task as it is now and closes after
+the final event. A slow reader never holds the server up: it loses intermediate events
+and is sent the final state.
+
+Resubscriptions are bounded (`StreamSlots`): per task, per owner (a key, a payer) and per
+client address, so nobody can hold an unbounded number of connections and pollers open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
+import weakref
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.responses import StreamingResponse
 
 from server import dialects
+from server.config import StreamConfig
 from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES
 from server.execution import Execution, Subscriber, status_event
+
+logger = logging.getLogger("a2a_gate.streams")
 
 KEEPALIVE_SECONDS = 15.0
 STORE_POLL_SECONDS = 0.5
@@ -61,16 +74,128 @@ async def follow_live(
         execution.unsubscribe(subscriber)
 
 
+class TooManyStreams(Exception):
+    """A resubscription past one of the caps; `scope` names which (task, owner, client)."""
+
+    def __init__(self, scope: str, limit: int) -> None:
+        super().__init__(f"too many open streams per {scope} (at most {limit})")
+        self.scope, self.limit = scope, limit
+
+
+class StreamSlots:
+    """The open resubscription streams of this process, counted per task, owner and client."""
+
+    def __init__(self, limits: StreamConfig) -> None:
+        self.limits = limits
+        self.open: dict[str, Counter[str]] = {"task": Counter(), "owner": Counter(), "client": Counter()}
+
+    def take(self, task_id: str, owner: str, client: str) -> Callable[[], None]:
+        """A slot for one stream, or TooManyStreams; returns its release (idempotent)."""
+        keys = {"task": task_id, "owner": owner, "client": client}
+        caps = {
+            "task": self.limits.max_per_task,
+            "owner": self.limits.max_per_owner,
+            "client": self.limits.max_per_client,
+        }
+        for scope, key in keys.items():
+            if key and self.open[scope][key] >= caps[scope]:
+                raise TooManyStreams(scope, caps[scope])
+        for scope, key in keys.items():
+            if key:
+                self.open[scope][key] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            for scope, key in keys.items():
+                if key:
+                    self.open[scope][key] -= 1
+                    if self.open[scope][key] <= 0:
+                        del self.open[scope][key]  # nothing grows with the callers seen
+
+        return release
+
+
+def holding(events: AsyncIterator[bytes], release: Callable[[], None]) -> AsyncIterator[bytes]:
+    """`events`, holding a stream slot until they end or are dropped (also never started)."""
+
+    async def held() -> AsyncIterator[bytes]:
+        try:
+            async for event in events:
+                yield event
+        finally:
+            release()
+            if hasattr(events, "aclose"):
+                await events.aclose()
+
+    stream = held()
+    weakref.finalize(stream, release)  # a stream never iterated (its answer never sent) frees its slot too
+    return stream
+
+
+@dataclass
+class StoredWatch:
+    """One task followed through the store: the poller's latest copy, and who reads it."""
+
+    reload: Callable[[], Awaitable[dict[str, Any] | None]]
+    current: dict[str, Any] | None
+    readers: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # replaced at every new copy
+    gone: bool = False  # the task disappeared: every reader closes
+    poller: asyncio.Task[None] | None = None
+
+
+class StoredWatches:
+    """One store poller per task followed here, shared by every stream that follows it."""
+
+    def __init__(self, interval: float = STORE_POLL_SECONDS) -> None:
+        self.interval = interval
+        self.watches: dict[str, StoredWatch] = {}
+
+    def join(self, task: dict[str, Any], reload: Callable[[], Awaitable[dict[str, Any] | None]]) -> StoredWatch:
+        watch = self.watches.get(task["id"])
+        if watch is None:
+            watch = self.watches[task["id"]] = StoredWatch(reload, task)
+            watch.poller = asyncio.create_task(self.poll(task["id"], watch), name=f"watch-{task['id']}")
+        watch.readers += 1
+        return watch
+
+    def leave(self, task_id: str, watch: StoredWatch) -> None:
+        watch.readers -= 1
+        if watch.readers <= 0 and self.watches.get(task_id) is watch:
+            del self.watches[task_id]
+            if watch.poller is not None:
+                watch.poller.cancel()
+
+    async def poll(self, task_id: str, watch: StoredWatch) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                current = await watch.reload()
+            except Exception as exc:  # noqa: BLE001 -- a store outage delays the streams, it ends none
+                logger.warning("reading task %s for its streams failed: %s", task_id, type(exc).__name__)
+                continue
+            if current is None:
+                watch.gone = True
+            elif current == watch.current:
+                continue
+            watch.current = current
+            changed, watch.changed = watch.changed, asyncio.Event()
+            changed.set()
+            if watch.gone:
+                return
+
+
 async def follow_stored(
-    call_id: Any,
-    dialect: str,
-    task: dict[str, Any],
-    reload: Callable[[], Awaitable[dict[str, Any] | None]],
-    deadline_seconds: float,
+    call_id: Any, dialect: str, task: dict[str, Any], watch: StoredWatch, deadline_seconds: float
 ) -> AsyncIterator[bytes]:
     """The Task, then its changes as they are stored (by another worker, or by the next
     turn of an interrupted task), until the turn under way ends: a terminal state, or a
-    new interruption. An interrupted task waits for its caller's next message.
+    new interruption. An interrupted task waits for its caller's next message. The copies
+    come from `watch`, the task's one poller in this process.
 
     Bounded: past `deadline_seconds` (by then housekeeping has failed a task nobody runs)
     the stream closes with the last stored state; a task that disappears closes it too."""
@@ -78,11 +203,18 @@ async def follow_stored(
     seen = {a.get("artifactId") for a in task.get("artifacts") or []}
     status = task["status"]
     give_up = time.monotonic() + deadline_seconds
-    quiet_since = time.monotonic()
-    while time.monotonic() < give_up:
-        await asyncio.sleep(STORE_POLL_SECONDS)
-        current = await reload()
-        if current is None:
+    read: dict[str, Any] | None = task  # the copy this stream read last; a slow reader skips to the latest
+    while (left := give_up - time.monotonic()) > 0:
+        if watch.current is read:
+            changed = watch.changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(KEEPALIVE_SECONDS, left))
+            if watch.current is read and not watch.gone:
+                if time.monotonic() < give_up:
+                    yield b": keepalive\n\n"
+                continue
+        current = read = watch.current
+        if watch.gone or current is None:
             return
         for artifact in current.get("artifacts") or []:
             if artifact.get("artifactId") not in seen:
@@ -101,7 +233,3 @@ async def follow_stored(
             yield sse(call_id, dialects.event_out(status_event(current, final=final), dialect))
             if final:
                 return
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
-            quiet_since = time.monotonic()
-            yield b": keepalive\n\n"

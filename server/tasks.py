@@ -7,10 +7,11 @@ tasks stuck past their deadline are failed, so the table never grows without bou
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import time
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +31,12 @@ def now_iso() -> str:
 
 
 def new_id() -> str:
-    return str(uuid.uuid4())
+    """A random (version 4) UUID as text: `str(uuid.uuid4())`, without building the UUID object."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def new_task(context_id: str | None, message: dict[str, Any]) -> dict[str, Any]:
@@ -110,40 +116,96 @@ MIGRATIONS = (
 )
 
 
+@dataclass
+class Unwritten:
+    """A task created but not written yet (see `TaskStore.create`): what its INSERT needs."""
+
+    agent: str
+    owner: str
+    created_at: float
+    deadline_at: float
+    writing: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
 class TaskStore:
     def __init__(self, db: Database, *, deadline_seconds: float = 600.0) -> None:
         self.db = db
         self.deadline_seconds = deadline_seconds
+        self.unwritten: dict[str, Unwritten] = {}
 
     async def create_tables(self) -> None:
         await self.db.migrate("tasks", MIGRATIONS)
 
     _INSERT = (
         "INSERT INTO tasks (id, agent, context_id, state, owner, document, backend_ref, created_at, updated_at,"
-        " deadline_at) VALUES (?, ?, ?, ?, ?, ?, '{}', ?, ?, ?)"
+        " deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     )
 
     async def create(
-        self, task: dict[str, Any], *, agent: str, owner: str, deadline_seconds: float | None = None
+        self,
+        task: dict[str, Any],
+        *,
+        agent: str,
+        owner: str,
+        deadline_seconds: float | None = None,
+        deferred: bool = False,
     ) -> None:
+        """Store a new task; `deferred`: at its first `save` (or `write`) instead, in its
+        state then, one statement for both. For a task nobody can name before its answer
+        (a blocking send): the answer waits for `write`."""
         now = time.time()
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
+        unwritten = Unwritten(agent, owner, now, now + deadline)
+        if deferred:
+            self.unwritten[task["id"]] = unwritten
+            return
+        await self._insert(task, unwritten, {})
+
+    async def _insert(self, task: dict[str, Any], row: Unwritten, backend_ref: dict[str, Any]) -> None:
         await self.db.execute(
             self._INSERT,
             (
                 task["id"],
-                agent,
+                row.agent,
                 task["contextId"],
                 task["status"]["state"],
-                owner,
+                row.owner,
                 json.dumps(task, separators=(",", ":")),
-                now,
-                now,
-                now + deadline,
+                json.dumps(backend_ref),
+                row.created_at,
+                time.time(),
+                row.deadline_at,
             ),
         )
 
+    async def create_pending(
+        self, task: dict[str, Any], *, agent: str, owner: str, deadline_seconds: float, cap: int
+    ) -> bool:
+        """Create a request awaiting payment unless its owner (one caller) already has `cap` of them
+        awaiting it: counted and created as one step, however many requests of that caller arrive
+        at once, on any process or replica. False, and nothing created, at the cap."""
+        async with self.db.transaction():
+            await self.db.lock(owner)
+            if await self.count_pending(owner) >= cap:
+                return False
+            await self.create(task, agent=agent, owner=owner, deadline_seconds=deadline_seconds)
+        return True
+
+    async def write(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> bool:
+        """Write a deferred task as it is now, once; False when it was written already."""
+        row = self.unwritten.get(task["id"])
+        if row is None:
+            return False
+        async with row.writing:  # one INSERT, even when two writers come at once
+            if task["id"] not in self.unwritten:
+                return False
+            await self._insert(task, row, backend_ref or {})
+            del self.unwritten[task["id"]]
+        return True
+
     async def save(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> None:
+        if task["id"] in self.unwritten and await self.write(task, backend_ref):
+            return
         document = json.dumps(task, separators=(",", ":"))
         if backend_ref is None:
             sql = "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ?"
@@ -152,6 +214,24 @@ class TaskStore:
             sql = "UPDATE tasks SET state = ?, document = ?, backend_ref = ?, updated_at = ? WHERE id = ?"
             args = (task["status"]["state"], document, json.dumps(backend_ref), time.time(), task["id"])
         await self.db.execute(sql, args)
+
+    async def start_turn(self, task: dict[str, Any], interrupted: str) -> bool:
+        """Store `task` as its next turn starts, only while it is still `interrupted` (the state
+        it was read in): the turn's deadline counts from now. False when the task changed meanwhile
+        (another turn started, or it was canceled), and then nothing is written."""
+        now = time.time()
+        changed = await self.db.execute(
+            "UPDATE tasks SET state = ?, document = ?, updated_at = ?, deadline_at = ? WHERE id = ? AND state = ?",
+            (
+                task["status"]["state"],
+                json.dumps(task, separators=(",", ":")),
+                now,
+                now + self.deadline_seconds,
+                task["id"],
+                interrupted,
+            ),
+        )
+        return changed == 1
 
     async def backend_ref(self, task_id: str) -> dict[str, Any]:
         found = await self.db.fetchval("SELECT backend_ref FROM tasks WHERE id = ?", (task_id,))
@@ -196,15 +276,29 @@ class TaskStore:
         cursor = (rows[-1]["updated_at"], rows[-1]["id"]) if more and rows else None
         return [json.loads(r["document"]) for r in rows], int(total), cursor
 
-    async def pending(self, task_id: Any, agent: str) -> dict[str, Any] | None:
-        """A request of `agent` still awaiting its first payment (unexpired), whoever asked."""
+    async def unpaid(self, task_id: Any, agent: str) -> dict[str, Any] | None:
+        """A request of `agent` nobody has paid for, whoever asked: one awaiting its first
+        payment (unexpired), or one that ended unpaid (declined) and is not deleted yet."""
         if not isinstance(task_id, str):
             return None
         document = await self.db.fetchval(
-            "SELECT document FROM tasks WHERE id = ? AND agent = ? AND owner LIKE ? AND deadline_at > ?",
+            "SELECT document FROM tasks WHERE id = ? AND agent = ? AND owner LIKE ?"
+            " AND (state <> 'input-required' OR deadline_at > ?)",
             (task_id, agent, _PENDING_LIKE, time.time()),
         )
         return None if document is None else json.loads(document)
+
+    async def save_unpaid(self, task: dict[str, Any]) -> bool:
+        """Store a request awaiting payment as `task` now stands, only while it still awaits it
+        (unexpired, unpaid, not declined): False when it changed meanwhile, and then nothing is written."""
+        now = time.time()
+        document = json.dumps(task, separators=(",", ":"))
+        changed = await self.db.execute(
+            "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ? AND owner LIKE ?"
+            " AND state = 'input-required' AND deadline_at > ?",
+            (task["status"]["state"], document, now, task["id"], _PENDING_LIKE, now),
+        )
+        return changed == 1
 
     async def count_pending(self, owner: str) -> int:
         """How many unexpired requests of one caller are awaiting payment."""

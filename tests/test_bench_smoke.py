@@ -48,19 +48,20 @@ ADDRESSES = 1000
 DURATION = {"a": "0.5", "b": "0.5", "c": "3", "d": "0.5", "e": "0.5"}
 
 
-@pytest.mark.parametrize("case", sorted(ROWS))
-def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
-    """One case per test, so a parallel run spreads the servers they start over its workers."""
+def run_bench(tmp_path: Path, case: str, stack: str, nginx: str | None = None) -> tuple[str, dict]:
+    """`python -m bench` on one case and one stack, tiny; (its table, its JSON document for the stack).
+    `nginx`: the binary the tests chose (A2A_GATE_TEST_NGINX), found first on the benchmark's PATH."""
     env = dict(os.environ)
-    if case == "e":
-        nginx = services_or_skip()
-        env["PATH"] = f"{Path(nginx).parent}{os.pathsep}{env.get('PATH', '')}"  # the one the tests chose
+    if nginx:
+        env["PATH"] = f"{Path(nginx).parent}{os.pathsep}{env.get('PATH', '')}"
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "bench",
+            "--stacks",
+            stack,
             "--cases",
             case,
             "--duration",
@@ -88,8 +89,15 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    table = done.stdout
-    document = json.loads(out.read_text())
+    assert f"stack: {stack} (every server in this table)" in done.stdout
+    return done.stdout, json.loads(out.read_text())[stack]
+
+
+@pytest.mark.parametrize("case", sorted(ROWS))
+def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
+    """One case per test, so a parallel run spreads the servers they start over its workers."""
+    nginx = services_or_skip() if case == "e" else None
+    table, document = run_bench(tmp_path, case, "asyncio-h11", nginx)
 
     assert set(document["rows"]) == set(ROWS[case])
     for key, label in ROWS[case].items():
@@ -116,6 +124,31 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     assert {t["case"] for t in document["targets"]} == {case}
     assert all(t["measured"] != 0 for t in document["targets"] if t["case"] != "d")
     assert "targets:" in table
+
+
+def test_bench_runs_every_server_on_the_faster_stack_too(tmp_path: Path) -> None:
+    pytest.importorskip("uvloop")
+    pytest.importorskip("httptools")
+    _, document = run_bench(tmp_path, "b", "uvloop-httptools")
+    assert set(document["rows"]) == set(ROWS["b"]) and document["params"]["stack"] == "uvloop-httptools"
+
+
+@pytest.mark.parametrize(
+    ("stack", "loop", "protocol"),
+    [("asyncio-h11", "asyncio", "H11Protocol"), ("uvloop-httptools", "uvloop", "HttpToolsProtocol")],
+)
+def test_the_stack_switch_decides_what_uvicorn_picks(stack: str, loop: str, protocol: str) -> None:
+    """What bench/stack_hook does to a server process: uvicorn's "auto" follows the stack."""
+    pytest.importorskip("uvloop")
+    pytest.importorskip("httptools")
+    probe = (
+        "import uvicorn, uvicorn.protocols.http.auto as a\n"
+        "loop = uvicorn.Config(None, loop='auto', http='auto').get_loop_factory()()\n"
+        "print(type(loop).__module__.split('.')[0], a.AutoHTTPProtocol.__name__)"
+    )
+    env = {**os.environ, "A2A_BENCH_STACK": stack, "PYTHONPATH": str(REPO / "bench" / "stack_hook")}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [loop, protocol], done.stdout + done.stderr
 
 
 def services_or_skip() -> str:

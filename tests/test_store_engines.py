@@ -15,6 +15,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -587,3 +588,174 @@ def test_postgresql_listening_comes_back_after_its_connection_is_terminated(post
             assert time.monotonic() < deadline, "the listener did not come back"
 
     with_db(location, body)
+
+
+def test_sqlite_checkpoints_its_wal_off_the_serving_connection(tmp_path: Path) -> None:
+    """The serving connection never runs a checkpoint inside a commit (a commit in hundreds
+    took milliseconds on the event loop); the store's thread copies the WAL back instead."""
+    from server import sqlite_store
+
+    path = tmp_path / "store.db"
+
+    async def body(db: Database) -> tuple[int, int]:
+        assert isinstance(db, sqlite_store.SQLiteDatabase)
+        assert db.conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+        await db.execute(ROWS)
+        for i in range(sqlite_store.CHECKPOINT_COMMITS):
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", (str(i), i))
+        frames = wal_progress(path)
+        for _ in range(100):  # bounded: the commits woke the thread
+            if frames[0] and frames[0] == frames[1]:
+                break
+            await asyncio.sleep(0.05)
+            frames = wal_progress(path)
+        return frames
+
+    written, copied = with_db(str(path), body)
+    assert written > 0 and copied == written, f"{copied} of {written} WAL frames copied back"
+    assert not any(t.name == "sqlite-checkpoint" for t in threading.enumerate())  # stopped with the store
+
+
+def wal_progress(path: Path) -> tuple[int, int]:
+    """(frames in the WAL, frames a checkpoint copied back), from the WAL index (the -shm file):
+    the header's mxFrame at byte 16, the checkpoint information's nBackfill at byte 96."""
+    shm = path.with_name(path.name + "-shm").read_bytes()
+    return int.from_bytes(shm[16:20], sys.byteorder), int.from_bytes(shm[96:100], sys.byteorder)
+
+
+def test_sqlite_commits_the_writes_of_one_loop_turn_together(tmp_path: Path) -> None:
+    """Writes outside a transaction issued in the same turn of the event loop share one commit
+    (group commit); each still gets its own rowcount or error, and only after the commit."""
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        await db.execute("INSERT INTO t (id, n) VALUES ('taken', 0)")
+        statements: list[str] = []
+        db.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        writes = [db.execute("INSERT INTO t (id, n) VALUES (?, ?)", (f"r{i}", i)) for i in range(8)]
+        writes.append(db.execute("INSERT INTO t (id, n) VALUES ('taken', 1)"))  # a duplicate key
+        writes.append(db.execute("UPDATE t SET n = 5 WHERE id = 'nobody'"))
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        assert outcomes[:8] == [1] * 8 and outcomes[9] == 0
+        assert isinstance(outcomes[8], Exception) and "UNIQUE" in str(outcomes[8])
+        assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+        assert await db.fetchval("SELECT count(*) FROM t") == 9
+        assert await db.fetchval("SELECT n FROM t WHERE id = 'taken'") == 0
+
+    with_db(str(tmp_path / "store.db"), body)
+
+
+def test_writes_together_commit_whole_or_not_at_all(location: str) -> None:
+    """`write_together`: one transaction for independent writes, their rowcounts in order; a
+    failing one leaves none of them. Inside a transaction they join it."""
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        counts = await db.write_together(
+            [
+                ("INSERT INTO t (id, n) VALUES (?, ?)", ("a", 1)),
+                ("INSERT INTO t (id, n) VALUES (?, ?)", ("b", 2)),
+                ("UPDATE t SET n = n + 10 WHERE id IN (?, ?)", ("a", "nobody")),
+            ]
+        )
+        assert counts == [1, 1, 1]
+        with pytest.raises(Exception):  # noqa: B017 -- a duplicate key: the engine's own error
+            await db.write_together(
+                [("INSERT INTO t (id, n) VALUES (?, ?)", ("c", 3)), ("INSERT INTO t (id, n) VALUES (?, ?)", ("a", 4))]
+            )
+        assert await db.fetchval("SELECT count(*) FROM t WHERE id = 'c'") == 0
+        with pytest.raises(RuntimeError):
+            async with db.transaction():
+                assert await db.write_together([("UPDATE t SET n = 0 WHERE id = ?", ("b",))]) == [1]
+                raise RuntimeError
+        assert await db.fetchval("SELECT n FROM t WHERE id = 'b'") == 2  # joined, so rolled back with it
+        assert await db.fetchval("SELECT n FROM t WHERE id = 'a'") == 11
+
+    with_db(location, body)
+
+
+def test_postgres_writes_together_in_one_round_trip(pg_location: str) -> None:
+    """BEGIN, the statements and COMMIT travel together. A loopback proxy reads the client's
+    side of the protocol and counts what asks the server to answer now: a Sync (the extended
+    protocol) or a simple Query. Four INSERTs in a transaction: one."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(pg_location)
+    proxy = SyncCounter(parts.hostname or "127.0.0.1", parts.port or 5432)
+    through = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"))
+    through += "&sslmode=disable"
+
+    async def body(db: Database) -> tuple[int, int]:
+        await db.execute(ROWS)
+        before = proxy.syncs
+        await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("one", 0))
+        alone = proxy.syncs - before
+        before = proxy.syncs
+        statements = [("INSERT INTO t (id, n) VALUES (?, ?)", (str(i), i)) for i in range(4)]
+        assert await db.write_together(statements) == [1, 1, 1, 1]
+        return alone, proxy.syncs - before
+
+    try:
+        alone, together = with_db(through, body)
+    finally:
+        proxy.close()
+    assert alone == 1, f"the counter counts {alone} round trips for one statement"
+    assert together == 1, f"{together} round trips for BEGIN, 4 INSERTs and COMMIT"
+
+
+class SyncCounter:
+    """A TCP proxy on loopback to one PostgreSQL, counting the client's Sync and Query messages."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import socket
+
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.syncs = 0
+        self.closing = False
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        import socket
+
+        while not self.closing:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self.relay, args=(client, server), daemon=True).start()
+
+    def relay(self, client: Any, server: Any) -> None:
+        import select
+
+        pending, typed = b"", False  # the client's bytes not yet read as messages; past the startup?
+        with client, server:
+            while not self.closing:
+                ready, _, _ = select.select([client, server], [], [], 0.5)
+                for sock in ready:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    (server if sock is client else client).sendall(data)
+                    if sock is not client:
+                        continue
+                    pending += data
+                    while True:
+                        head = 5 if typed else 4
+                        if len(pending) < head:
+                            break
+                        length = int.from_bytes(pending[head - 4 : head], "big")
+                        if len(pending) < head - 4 + length:
+                            break
+                        message, pending = pending[: head - 4 + length], pending[head - 4 + length :]
+                        if typed:
+                            self.syncs += message[:1] in (b"S", b"Q")
+                        elif int.from_bytes(message[4:8], "big") not in (80877103, 80877104):  # not SSL/GSS
+                            typed = True  # the startup message: typed messages from now on
+
+    def close(self) -> None:
+        self.closing = True
+        self.listener.close()

@@ -1,0 +1,62 @@
+"""Another commit's gate, for `python -m bench --against REF`: its tree and its own venv.
+
+The tree is `git archive REF` unpacked into a cache directory keyed by the full commit
+(``~/.cache/a2a-gate-bench/<sha>/src``, or ``$A2A_GATE_BENCH_CACHE``), the venv beside it
+with that tree's own dependencies installed (``pip install -e src[bench]``, plus uvloop
+and httptools for the faster stack). Built once, reused by every later run; nothing is
+registered in the repository (no worktree to clean up).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.servers import REPO
+
+
+@dataclass(frozen=True)
+class Reference:
+    commit: str  # the full hash
+    short: str
+    src: Path  # the tree whose server/ and gate/ run
+    python: Path  # its venv's interpreter
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("A2A_GATE_BENCH_CACHE") or Path.home() / ".cache" / "a2a-gate-bench")
+
+
+def git(*args: str) -> bytes:
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, check=True, timeout=120).stdout
+
+
+def prepare(ref: str, log=print) -> Reference:
+    """The tree and venv of `ref` (a commit, branch or tag of this repository), built if missing."""
+    commit = git("rev-parse", "--verify", f"{ref}^{{commit}}").decode().strip()
+    home = cache_root() / commit
+    src, venv = home / "src", home / "venv"
+    python = venv / "bin" / "python"
+    ready = home / "ready"
+    reference = Reference(commit, commit[:7], src, python)
+    if ready.exists():
+        return reference
+    log(f"building {ref} ({commit[:7]}) in {home} (once) ...")
+    home.mkdir(parents=True, exist_ok=True)
+    if not (src / "pyproject.toml").exists():
+        with tarfile.open(fileobj=io.BytesIO(git("archive", "--format=tar", commit))) as archive:
+            archive.extractall(src, filter="data")
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "-e", f"{src}[bench]", "uvloop", "httptools"],
+        check=True,
+        timeout=1200,
+    )
+    ready.write_text(commit + "\n")
+    return reference
