@@ -100,6 +100,7 @@ class Services:
     def begin_drain(self) -> None:
         """Stop taking on work and drain what runs (`Runner.drain`); once, from the stop signal on."""
         if self.draining is None:
+            self.methods.watches.stop()  # streams of tasks running elsewhere end now, retryably
             self.draining = asyncio.create_task(self.runner.drain(self.settings.http.drain_seconds), name="drain")
 
     async def close(self) -> None:
