@@ -52,7 +52,7 @@ def test_a_replica_that_lost_its_lease_while_frozen_neither_delivers_nor_writes(
 
     def send_on_a() -> None:
         try:
-            answers["a"] = post(a, "paid-slow", body, headers, timeout=40)
+            answers["a"] = post(a, "paid-slow", body, headers, timeout=30)
         except httpx.HTTPError as exc:
             answers["a_error"] = type(exc).__name__
 
@@ -65,7 +65,7 @@ def test_a_replica_that_lost_its_lease_while_frozen_neither_delivers_nor_writes(
         wait_for(lambda: replicas.claim_states() == [], timeout=30)  # B: the lease lapsed, "not delivered"
         answers["b"] = post(b, "paid-slow", body, headers, timeout=40)  # the payer's retry, on B
         wait_for(lambda: replicas.claim_states() == ["settled"], timeout=30)
-    on_a.join(45)
+    on_a.join(35)
     assert not on_a.is_alive(), "replica A never answered"
     wait_for(lambda: "running" not in replicas.claim_states() and "settling" not in replicas.claim_states())
 

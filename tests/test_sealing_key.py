@@ -81,19 +81,22 @@ def test_a_replica_with_another_sealing_key_refuses_to_start_and_the_owed_claim_
     assert owed["metadata"]["x402.payment.status"] == "payment-verified", owed  # delivered, owed
     a.stop()
     replicas.faults()  # the facilitator is back: whoever can unseal the payment can collect it
-    assert replicas.claim_states() == ["settle_failed"]
+    # owed; or `settling` if A's stop cut a reconciler pass short (then owed again once its lease lapses)
+    claim = "SELECT state, owner_instance, lease_until FROM claims"
+    [left_by_a] = replicas.rows(claim)
+    assert left_by_a[0] in ("settle_failed", "settling"), left_by_a
 
     wrong = {"A2A_GATE_SEALING_KEY": new_sealing_key()}
     b_config = replicas.config("b", lease=LEASE, reconcile=0.5, facilitator_extra=OWED_FOR_LONG)
     b, b_stderr = serve_until_it_refuses_or_serves(b_config, wrong, b_config.parent)
-    claim_after_b = replicas.claim_states()
+    b_took_the_claim = replicas.rows(claim) != [left_by_a]
     wrong_reconcile = reconcile(b_config, wrong)
     right_reconcile = reconcile(a.config, {"A2A_GATE_SEALING_KEY": replicas.sealing_key})
 
     observed = {
         "replica_b": b.split(" ")[0],
         "replica_b_stderr": refusal(b_stderr),
-        "claim_after_b": claim_after_b,
+        "b_took_the_claim": b_took_the_claim,
         "reconcile_with_the_wrong_key": "refused" if wrong_reconcile.returncode != 0 else "ran",
         "its_stderr": refusal(wrong_reconcile.stderr),
         "claim": replicas.claim_states(),
@@ -102,7 +105,7 @@ def test_a_replica_with_another_sealing_key_refuses_to_start_and_the_owed_claim_
     assert observed == {
         "replica_b": "refused",
         "replica_b_stderr": "one line naming the sealing key",
-        "claim_after_b": ["settle_failed"],
+        "b_took_the_claim": False,
         "reconcile_with_the_wrong_key": "refused",
         "its_stderr": "one line naming the sealing key",
         "claim": ["settled"],
