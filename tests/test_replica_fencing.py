@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from typing import Any
 
 import httpx
 
+from devnet.chain import DEV_NETWORK
 from devnet.payer import encode_header
 from tests.support import replicas as support
 from tests.support.gate_helpers import wait_for
@@ -84,3 +86,43 @@ def test_a_replica_that_lost_its_lease_while_frozen_neither_delivers_nor_writes(
         "claim": ["settled"],
         "a_says_it_lost_the_claim": True,
     }, f"observed {observed}; payment log {replicas.payment_actions()}"
+
+
+HOLD = 10.0  # the facilitator holds A's settle this long, then decides
+
+
+def test_a_replica_frozen_while_settling_an_owed_claim_writes_no_outcome_over_the_new_owners(replicas) -> None:
+    """The same fence on the reconciler's path: A takes an owed claim and sends its settle, which
+    the facilitator holds; A freezes past its lease; B takes the claim over and settles it. A
+    wakes to an answer about a claim that is no longer its own: it records nothing (one `settle`
+    row, the one transfer), and says it lost the claim."""
+    chain = f'\n[networks."{DEV_NETWORK}"]\nrpc_url = "{replicas.facilitator}/rpc"\n'
+    settings = {"lease": LEASE, "reconcile": 0.5, "facilitator_extra": "settle_passes = 100\n", "sections": chain}
+    a = replicas.start("a", **settings)
+    replicas.faults(settle="http500")
+    owed = post(a, "paid", send_body("owed"), Payer().header_for(a.url)).json()["result"]
+    assert owed["metadata"]["x402.payment.status"] == "payment-verified", owed  # delivered, owed
+    replicas.faults(settle=f"slow:{HOLD}", count=1)  # A's next pass: its settle is held
+    calls = replicas.ledger()["settle_calls"]
+    wait_for(lambda: replicas.ledger()["settle_calls"] > calls and replicas.claim_states() == ["settling"])
+    with frozen(a):
+        held_since = time.monotonic()
+        b = replicas.start("b", **settings)  # finds A's lease lapsed, takes the claim over, settles it
+        wait_for(lambda: replicas.claim_states() == ["settled"], timeout=30)
+        time.sleep(max(0.0, HOLD + 1 - (time.monotonic() - held_since)))  # A's held settle is answered meanwhile
+    time.sleep(3)  # A wakes and hears that answer: whatever it does with it, it has done it now
+    assert b.process is not None and b.process.poll() is None
+
+    actions = replicas.payment_actions()
+    observed = {
+        "settle_rows": actions.count("settle"),
+        "claim": replicas.claim_states(),
+        "transfers": len(replicas.ledger()["settlements"]),
+        "a_says_it_lost_the_claim": says_it_lost_the_claim(a.log.read_text()),
+    }
+    assert observed == {
+        "settle_rows": 1,
+        "claim": ["settled"],
+        "transfers": 1,
+        "a_says_it_lost_the_claim": True,
+    }, f"observed {observed}; payment log {actions}"

@@ -33,11 +33,14 @@ def new_sealing_key() -> str:
     return base64.urlsafe_b64encode(os.urandom(32)).decode()
 
 
-def replica_config(facilitator: str, database: str, *, lease: float, reconcile: float, extra: str = "") -> str:
-    """The paid test config on `database`, with this lease and reconcile interval."""
+def replica_config(
+    facilitator: str, database: str, *, lease: float, reconcile: float, extra: str = "", sections: str = ""
+) -> str:
+    """The paid test config on `database`, with this lease and reconcile interval, `extra` lines
+    in its [facilitator] table and more `sections` at the end."""
     text = paid_config(PUBLIC_URL, facilitator, reconcile=reconcile)
     text = text.replace('database = "gate.db"', f'database = "{database}"\nclaim_lease_seconds = {lease}')
-    return text.replace("[facilitator]\n", f"[facilitator]\n{extra}", 1) if extra else text
+    return text.replace("[facilitator]\n", f"[facilitator]\n{extra}", 1) + sections
 
 
 @dataclass
@@ -50,15 +53,18 @@ class Replicas:
     sealing_key: str = field(default_factory=new_sealing_key)
     started: list[GateProcess] = field(default_factory=list)
 
-    def config(self, name: str, *, lease: float, reconcile: float, facilitator_extra: str = "") -> Path:
+    def config(
+        self, name: str, *, lease: float, reconcile: float, facilitator_extra: str = "", sections: str = ""
+    ) -> Path:
         """Write replica `name`'s directory and config; its path."""
         home = self.home / name
         home.mkdir(exist_ok=True)
         config = home / "gate.toml"
         database = self.postgres.store_url()
-        config.write_text(
-            replica_config(self.facilitator, database, lease=lease, reconcile=reconcile, extra=facilitator_extra)
+        text = replica_config(
+            self.facilitator, database, lease=lease, reconcile=reconcile, extra=facilitator_extra, sections=sections
         )
+        config.write_text(text)
         return config
 
     def env(self, *, sealing_key: str | None = None, clock_offset: float = 0.0) -> dict[str, str]:
@@ -78,8 +84,11 @@ class Replicas:
         sealing_key: str | None = None,
         clock_offset: float = 0.0,
         facilitator_extra: str = "",
+        sections: str = "",
     ) -> GateProcess:
-        config = self.config(name, lease=lease, reconcile=reconcile, facilitator_extra=facilitator_extra)
+        config = self.config(
+            name, lease=lease, reconcile=reconcile, facilitator_extra=facilitator_extra, sections=sections
+        )
         env = self.env(sealing_key=sealing_key, clock_offset=clock_offset)
         gate = GateProcess(config, config.parent / "gate.log", port=free_port(), env=env)
         self.started.append(gate)
