@@ -222,16 +222,9 @@ class LedgerEvmSigner:
         row = self.ledger.settlement(tx_hash)
         if row is None:
             raise RuntimeError(f"transaction {tx_hash} not found in the dev ledger")
-        log = {
-            "address": row["asset"],
-            "topics": [
-                ERC20_TRANSFER_EVENT_TOPIC,
-                _address_topic(row["from_address"]),
-                _address_topic(row["to_address"]),
-            ],
-            "data": "0x" + int(row["amount"]).to_bytes(32, "big").hex(),
-        }
-        return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=[log])
+        return TransactionReceipt(
+            status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=transfer_logs(row, row["tx_hash"])
+        )
 
     def verify_typed_data(
         self,
@@ -491,11 +484,8 @@ class ChainRpc:
         ledger = self.signer.ledger
         transfer = ledger.settlement(tx_hash)
         if transfer is not None:
-            asset, authorizer = transfer["asset"], transfer["from_address"]
-            used = [AUTHORIZATION_USED_TOPIC, _address_topic(authorizer), transfer["nonce"]]
-            moved = [TRANSFER_TOPIC, _address_topic(authorizer), _address_topic(transfer["to_address"])]
-            value = "0x" + int(transfer["amount"]).to_bytes(32, "big").hex()
-            logs = [_log(asset, used, "0x", tx_hash, 0), _log(asset, moved, value, tx_hash, 1)]
+            asset = transfer["asset"]
+            logs = transfer_logs(transfer, tx_hash)
         else:
             cancel = ledger.cancellation(tx_hash)
             if cancel is None:
@@ -520,6 +510,15 @@ class ChainRpc:
 
 
 _HASH = re.compile(r"0x[0-9a-fA-F]{64}")
+
+
+def transfer_logs(transfer: dict[str, Any], tx_hash: str) -> list[dict[str, Any]]:
+    """What a ``transferWithAuthorization`` emits, in order: ``AuthorizationUsed``, then ``Transfer``."""
+    asset, authorizer = transfer["asset"], transfer["from_address"]
+    used = [AUTHORIZATION_USED_TOPIC, _address_topic(authorizer), transfer["nonce"]]
+    moved = [TRANSFER_TOPIC, _address_topic(authorizer), _address_topic(transfer["to_address"])]
+    value = "0x" + int(transfer["amount"]).to_bytes(32, "big").hex()
+    return [_log(asset, used, "0x", tx_hash, 0), _log(asset, moved, value, tx_hash, 1)]
 
 
 def _log(address: str, topics: list[str], data: str, tx_hash: str, index: int) -> dict[str, Any]:

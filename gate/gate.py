@@ -20,6 +20,7 @@ from gate.claims import Claims
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.parts import GateParts
 from gate.pipeline import handle_anonymous
+from gate.sealing import Sealer
 from server.anonymous import Parts
 from server.cards import agent_url
 from server.config import AgentConfig
@@ -53,6 +54,10 @@ class PaymentGate:
     @property
     def chain(self) -> Chain:
         return self.parts.chain
+
+    @property
+    def sealer(self) -> Sealer:
+        return self.parts.sealer
 
     async def handle(self, request: Request, agent: str) -> Response:
         return await handle_anonymous(self.parts, request, agent)

@@ -229,14 +229,16 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
         await parts.log.append("release", **attempt.log, payer=payment.payer, error=f"not started: {exc.message}")
         return error_response(call.id, exc)
     attempt.started = True
+    headers = in_band.echo(attempt.active)
+    # a stream follows the execution from now on, before anything awaits (the work may be quick)
+    streamed = parts.methods.stream(plan, execution, headers) if call.operation == "stream" else None
     try:
         await parts.claims.bind(hold, payment.payer, execution.task["id"])
     except ClaimLost:  # taken over already: the execution was revoked and delivers nothing
         pass
-    headers = in_band.echo(attempt.active)
-    if call.operation == "stream":
+    if streamed is not None:
         info.set("ok", "stream")
-        return parts.methods.stream(plan, execution, headers)
+        return streamed
     result = await parts.methods.send(plan, execution)
     info.set(*charge_outcome(execution.task))
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})

@@ -102,6 +102,7 @@ class Services:
     def begin_drain(self) -> None:
         """Stop taking on work and drain what runs (`Runner.drain`); once, from the stop signal on."""
         if self.draining is None:
+            self.methods.watches.stop()  # streams of tasks running elsewhere end now, retryably
             self.draining = asyncio.create_task(self.runner.drain(self.settings.http.drain_seconds), name="drain")
 
     async def close(self) -> None:
@@ -361,7 +362,9 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
         Route("/metrics", metrics, methods=["GET"]),
     ]
     # the read deadlines live in the protocol (server/deadlines.py): a route may answer before it reads the body
-    middleware = [Middleware(MetricsAccess, http=settings.http)]  # /metrics: its own listener, its token
+    middleware: list[Middleware] = []
+    if settings.http.metrics_listen or settings.http.metrics_token_env:
+        middleware.append(Middleware(MetricsAccess, http=settings.http))  # /metrics: its listener, its token
     if settings.trusted_proxies:
         # uvicorn's proxy-header handling: forwarded headers count only from these peers
         middleware.append(Middleware(TrustedProxyMiddleware, trusted_hosts=list(settings.trusted_proxies)))

@@ -32,6 +32,8 @@ CANCEL_POLL_NOTIFIED_SECONDS = 2.0  # the same, as a fallback, where notificatio
 STOP_SECONDS = 5.0  # on shutdown, how long undelivered work has to record that it stopped
 SETTLE_SECONDS = 5.0  # ... then how long delivered work may settle before its waiting request is answered
 UNDELIVERED_STATES = INTERRUPTED_STATES | {"failed", "rejected", "canceled"}
+# published to an execution's streams by a shutdown's drain that can wait no longer for it
+SHUTTING_DOWN_EVENT: dict[str, Any] = {"kind": "shutting-down"}
 PAST_DEADLINE = "The task passed its deadline."  # a turn failed by housekeeping, uncharged
 
 
@@ -295,6 +297,7 @@ class Runner:
             await asyncio.wait(jobs, timeout=SETTLE_SECONDS)
         for execution in self.live.values():
             execution.answerable.set()
+            execution.publish(SHUTTING_DOWN_EVENT)
 
     def _jobs(self) -> list[asyncio.Task[None]]:
         return [e.job for e in self.live.values() if e.job is not None]

@@ -24,9 +24,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
 import re
 import time
-import uuid
 from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -133,7 +133,7 @@ class RequestIds:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = self.given(scope) or uuid.uuid4().hex
+        request_id = self.given(scope) or os.urandom(16).hex()
         header = (REQUEST_ID_HEADER.lower().encode(), request_id.encode())
 
         async def send_with_id(message: Message) -> None:
@@ -150,12 +150,12 @@ class RequestIds:
 
     def given(self, scope: Scope) -> str | None:
         """The trusted proxy's id for this request, if it sent a well-formed one."""
-        client = scope.get("client")
-        if not client or not self.from_trusted(client[0]):
-            return None
         for name, value in scope["headers"]:
             if name == b"x-request-id":
-                return value.decode("ascii") if WELL_FORMED_ID.fullmatch(value) else None
+                client = scope.get("client")
+                if client and WELL_FORMED_ID.fullmatch(value) and self.from_trusted(client[0]):
+                    return value.decode("ascii")
+                return None
         return None
 
     def from_trusted(self, host: str) -> bool:

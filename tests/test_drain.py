@@ -166,3 +166,69 @@ def test_delivered_work_still_settling_when_the_drain_ends_is_answered_retry_and
     gate.process.wait(30)
     assert paid.claim_states() != []  # owed: the reconciler or the payer's retry settles it
     assert "Traceback" not in gate.log.read_text()
+
+
+def test_a_resubscription_to_work_running_elsewhere_ends_with_a_retryable_error_at_sigterm(tmp_path, write_config):
+    """A stream that follows a task another process runs (through the store) cannot end with the
+    task here: at a stop it ends with a retryable error, to resubscribe elsewhere, never cut off."""
+    config = write_config(
+        f'database = "gate.db"\n{DRAIN}\n[agents.slow]\nbackend = "python"\ncallable = "tests.support.agents:slow"\n'
+    )
+    runner = GateProcess(config, tmp_path / "runner.log").start()
+    follower = GateProcess(config, tmp_path / "follower.log").start()  # the same SQLite file
+    try:
+        headers = {"Authorization": f"Bearer {create_key(config, 'ops')}"}
+        body = send_body("sleep 30", blocking=False)
+        task = httpx.post(f"{runner.url}/a2a/slow", json=body, headers=headers).json()["result"]
+        follow = {"jsonrpc": "2.0", "id": 4, "method": "tasks/resubscribe", "params": {"id": task["id"]}}
+        texts: list[str] = []
+
+        def read() -> None:
+            with httpx.stream("POST", f"{follower.url}/a2a/slow", json=follow, headers=headers, timeout=60) as r:
+                texts.append(r.read().decode())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(1.0)  # the stream is open and has its first event
+        assert follower.process is not None
+        follower.process.send_signal(signal.SIGTERM)
+        reader.join(60)
+        assert texts, "the stream was cut off"
+        events = sse_events(texts[0])
+        assert events[0]["result"]["id"] == task["id"]
+        assert events[-1]["error"]["data"] == {"code": "shutting_down", "retryable": True}
+        follower.process.wait(30)
+        assert "Traceback" not in follower.log.read_text()
+    finally:
+        follower.stop()
+        runner.stop()
+
+
+def test_a_paid_stream_still_settling_when_the_drain_ends_ends_with_a_retryable_error(
+    tmp_path, facilitator, write_config
+):
+    port = free_port()
+    text = paid_config(f"http://127.0.0.1:{port}", facilitator).replace("timeout_seconds = 1.5", "timeout_seconds = 30")
+    gate = GateProcess(write_config("claim_lease_seconds = 300\n" + text + DRAIN), tmp_path / "gate.log", port=port)
+    paid = PaidSetup(gate=gate.start(), facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+    paid.faults(settle="slow:40")
+    headers = Payer().header_for(gate.url, "paid")
+    texts: list[str] = []
+
+    def read() -> None:
+        body = send_body("x", method="message/stream")
+        with httpx.stream("POST", f"{gate.url}/a2a/paid", json=body, headers=headers, timeout=60) as r:
+            texts.append(r.read().decode())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    wait_for(lambda: paid.claim_states() == ["settling"])
+    assert gate.process is not None
+    gate.process.send_signal(signal.SIGTERM)
+    reader.join(60)
+    assert texts, "the stream was cut off"
+    events = sse_events(texts[0])
+    assert events[-1]["error"]["data"] == {"code": "shutting_down", "retryable": True}
+    gate.process.wait(30)
+    assert paid.claim_states() != []  # owed
+    assert "Traceback" not in gate.log.read_text()

@@ -21,6 +21,7 @@ is still running, settling or owed.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -38,7 +39,8 @@ from tests.support import money_world
 from tests.support.money_world import LEASE, MAX_DELAY, PASS_INTERVAL, PAY_TO, Replica, Token, World, answer_for
 
 QUIET_SECONDS = 10.0  # real time a step may take to come to rest (a hang is a failure)
-CALM_ROUNDS = 14  # reconciler rounds that must bring every claim to an end
+CALM_ROUNDS = 14
+RUNS = itertools.count()  # reconciler rounds that must bring every claim to an end
 
 
 class MoneyWorld(RuleBasedStateMachine):
@@ -57,10 +59,7 @@ class MoneyWorld(RuleBasedStateMachine):
     def database_location(self) -> str:
         """A fresh database per run: a new SQLite file, or the PostgreSQL schema emptied."""
         if self.database == "sqlite":
-            path = self.workdir / "gate.db"
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{path}{suffix}").unlink(missing_ok=True)
-            return str(path)
+            return str(self.workdir / f"gate-{next(RUNS)}.db")  # never reused: no connection sees another run
         self.run(self.empty_schema())
         return self.database
 
@@ -125,6 +124,14 @@ class MoneyWorld(RuleBasedStateMachine):
     def start(self, replica: Replica, token: Token) -> None:
         replica.requests.append(self.loop.create_task(self.send(replica, token)))
 
+    def pick_token(self, which: int, owed_first: bool = False) -> Token:
+        """A token the payer used; one whose claim is owed when there is one and `owed_first`, or
+        every other time: that is where a payer's retries and tricks matter."""
+        candidates = self.owed_tokens()
+        if not candidates or not (owed_first or which % 2 == 0):
+            candidates = self.world.tokens
+        return candidates[which % len(candidates)]
+
     def rows(self, sql: str) -> list[dict[str, Any]]:
         db = self.world.replicas[0].services.db
         return self.run(db.fetch(sql))
@@ -166,7 +173,7 @@ class MoneyWorld(RuleBasedStateMachine):
         replica = self.replica(pick)
         if replica is None:
             return
-        token = self.world.tokens[which % len(self.world.tokens)]
+        token = self.pick_token(which)
         before = self.world.facilitator.settles
         owed_not_due = [
             c
@@ -180,19 +187,27 @@ class MoneyWorld(RuleBasedStateMachine):
         if owed_not_due:
             assert self.world.facilitator.settles == before, "a replay of an owed claim settled before it was due"
 
+    @precondition(lambda self: self.owed_tokens())
+    @rule(which=st.integers(0, 63), pick=st.integers(0, 7))
+    def retry_owed(self, which: int, pick: int) -> None:
+        """The payer was told `payment-verified` (the settle is owed) and retries at once."""
+        self.retry(which * 2, pick)  # an even pick: retry() takes an owed token
+
+    def owed_tokens(self) -> list[Token]:
+        owed = {
+            c["nonce_key"].rsplit("|", 1)[-1]
+            for c in self.rows("SELECT state, nonce_key FROM claims")
+            if c["state"] in ("settle_failed", "settling")
+        }
+        return [t for t in self.world.tokens if t.nonce in owed]
+
     @precondition(lambda self: self.world.tokens)
     @rule(which=st.integers(0, 63), how=st.sampled_from(["cancel", "front-run"]))
     def spend_elsewhere(self, which: int, how: str) -> None:
         """The payer spends the nonce without paying us: cancelAuthorization, or 1 unit to someone else.
         The payer knows when it pays off (a withheld answer says the settle is unavailable), so an
         owed claim's token is the one picked when there is one."""
-        owed = {
-            c["nonce_key"].rsplit("|", 1)[-1]
-            for c in self.rows("SELECT state, nonce_key FROM claims")
-            if c["state"] in ("settle_failed", "settling")
-        }
-        candidates = [t for t in self.world.tokens if t.nonce in owed] or self.world.tokens
-        token = candidates[which % len(candidates)]
+        token = self.pick_token(which, owed_first=True)
         if how == "cancel":
             self.world.chain.spend(token.authorizer, token.nonce, "cancel")
         else:
@@ -201,9 +216,13 @@ class MoneyWorld(RuleBasedStateMachine):
     # -- the agent, the facilitator, time ------------------------------------------
 
     @precondition(lambda self: money_world.CALLS)
-    @rule(which=st.integers(0, 63), fail=st.booleans())
-    def finish(self, which: int, fail: bool) -> None:
-        """One agent call ends (on a replica that is running): completed, or failed."""
+    @rule(which=st.integers(0, 63), then=st.sampled_from(["agent fails", *money_world.Facilitator.MODES]))
+    def finish(self, which: int, then: str) -> None:
+        """One agent call ends (on a replica that is running): it fails, or it completes and the
+        facilitator answers its settle as `then` says."""
+        fail = then == "agent fails"
+        if not fail:
+            self.world.facilitator.mode = then
         calls = [c for c in money_world.CALLS.values() if any(c.task_id in r.services.runner.live for r in self.live())]
         if not calls:
             return
@@ -291,8 +310,11 @@ class MoneyWorld(RuleBasedStateMachine):
         try:
             await replica.gate.check_sealing_key()  # what `serve` and `reconcile` do before anything else
         except SealingKeyMismatch:
+            await replica.client.aclose()
+            await replica.services.db.close()
             return
         self.world.replicas.append(replica)
+        await self.reconcile_on(replica)  # a process starts with its recovery and a first reconciler pass
 
     # -- the invariants -------------------------------------------------------------
 
@@ -330,6 +352,14 @@ class MoneyWorld(RuleBasedStateMachine):
                 self.check_withheld_surface(token, row["document"])
 
     @invariant()
+    def every_running_replica_holds_the_databases_sealing_key(self) -> None:
+        recorded = {r["fingerprint"] for r in self.rows("SELECT fingerprint FROM sealing")}
+        assert len(recorded) == 1, "the database records no sealing key"
+        for replica in self.world.replicas:
+            if replica.alive:
+                assert replica.gate.sealer.fingerprint in recorded, f"{replica.name} runs with another sealing key"
+
+    @invariant()
     def nothing_needs_an_operator_while_the_chain_answers(self) -> None:
         stuck = self.rows("SELECT state, last_error FROM claims WHERE state = 'needs_attention'")
         assert not stuck, stuck
@@ -359,7 +389,7 @@ class MoneyWorld(RuleBasedStateMachine):
         self.run(self.quiet())
         for _ in range(CALM_ROUNDS):
             self.world.now += MAX_DELAY + LEASE
-            for replica in self.live():
+            for replica in reversed(self.live()):  # the newest process first: whoever runs first takes the work
                 self.run(replica.gate.claims.renew())
                 self.run(self.reconcile_on(replica))
         left = self.rows("SELECT state, last_error FROM claims WHERE state IN ('running', 'settling', 'settle_failed')")

@@ -350,5 +350,6 @@ class World:
     async def add_replica(self, skew: float = 0.0) -> Replica:
         replica = Replica(self, f"r{len(self.replicas)}", skew)
         await replica.open()
+        await replica.gate.check_sealing_key()  # what `serve` does first: the key is the database's
         self.replicas.append(replica)
         return replica
