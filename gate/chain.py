@@ -1,5 +1,7 @@
 """Settlement ground truth: ask the chain whether an EIP-3009 authorization PAID us.
 
+(Which payload carries such an authorization is its scheme's to say: `Scheme.authorization`.)
+
 When the facilitator cannot tell us (timeouts, an outage, "nonce already used" after
 an attempt whose answer we never heard), the token contract can. A spent nonce is not
 yet a payment: `authorizationState(authorizer, nonce)` is also set by the payer's own
@@ -15,13 +17,14 @@ that will never come. Everything is read over plain Ethereum JSON-RPC (`eth_call
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from gate.config import NetworkConfig
+from gate.schemes.base import CHAIN_ADDRESS as ADDRESS
+from gate.schemes.base import WORD, Authorization
 
 # The ABI needs no library for a few fixed shapes (the production install carries none):
 # keccak("authorizationState(address,bytes32)")[:4], and the keccak of the three event signatures.
@@ -29,8 +32,6 @@ AUTHORIZATION_STATE = "0xe94a0102"
 AUTHORIZATION_USED_TOPIC = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5"
 AUTHORIZATION_CANCELED_TOPIC = "0x1cdd46ff242716cdaa72d159d339a485b3438398348d68f09d7c8c0a59353d81"
 TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
-ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
-WORD = re.compile(r"^0x[0-9a-fA-F]{64}$")
 
 
 def address_word(address: str) -> str:
@@ -52,41 +53,6 @@ class AuthorizationFacts:
     paid: bool = False  # the transaction that spent it moved at least the price from the payer to payTo
     transaction: str = ""  # the transaction that spent it, when one did
     detail: str = ""  # why a spent nonce is not a payment
-
-
-@dataclass(frozen=True)
-class Authorization:
-    """The EIP-3009 authorization a payment carries, as the chain knows it."""
-
-    network: str
-    asset: str  # 0x address, lowercase
-    authorizer: str  # 0x address, lowercase
-    nonce: str  # 0x + 64 hex digits, lowercase
-    valid_before: int
-
-    @classmethod
-    def of(cls, payload: dict[str, Any], requirements: dict[str, Any], network: str) -> Authorization | None:
-        """The authorization of an EIP-3009 payload; None for any other shape."""
-        inner = payload.get("payload")
-        auth = inner.get("authorization") if isinstance(inner, dict) else None
-        if not isinstance(auth, dict):
-            return None
-        asset, authorizer, nonce = requirements.get("asset"), auth.get("from"), auth.get("nonce")
-        if not (isinstance(asset, str) and isinstance(authorizer, str) and isinstance(nonce, str)):
-            return None
-        if not (ADDRESS.match(asset) and ADDRESS.match(authorizer) and WORD.match(nonce)):
-            return None
-        try:
-            valid_before = int(auth["validBefore"])
-        except (KeyError, ValueError, TypeError):
-            return None
-        return cls(
-            network=network,
-            asset=asset.lower(),
-            authorizer=authorizer.lower(),
-            nonce=nonce.lower(),
-            valid_before=valid_before,
-        )
 
 
 class Chain:

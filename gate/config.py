@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from gate import schemes
+from gate.price import Price
 from server import anonymous
 from server.config import AgentConfig, Reader, Settings
 from server.config import default_settings as server_defaults
@@ -24,6 +26,19 @@ from server.config import default_settings as server_defaults
 EVM_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
 CAIP2_NETWORK = re.compile(r"^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}$")
 SETTLE_FAILURE_POLICIES = ("deliver", "withhold")
+PRICE_KEYS = frozenset(
+    {
+        "scheme",
+        "asset_transfer_method",
+        "network",
+        "asset",
+        "amount",
+        "pay_to",
+        "max_timeout_seconds",
+        "extra",
+        "description",
+    }
+)
 SIGNING_ALLOWANCE_SECONDS = 30  # inside maxTimeoutSeconds: a client's time to sign a token and send it
 
 # EIP-712 domain of well-known USDC deployments, so a price needs no `extra` table.
@@ -31,18 +46,6 @@ KNOWN_ASSETS: dict[tuple[str, str], dict[str, str]] = {
     ("eip155:84532", "0x036cbd53842c5426634e7929541ec2318f3dcf7e"): {"name": "USDC", "version": "2"},
     ("eip155:8453", "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913"): {"name": "USD Coin", "version": "2"},
 }
-
-
-@dataclass(frozen=True)
-class Price:
-    scheme: str
-    network: str
-    asset: str
-    amount: str
-    pay_to: str
-    max_timeout_seconds: int = 300
-    extra: dict[str, Any] = field(default_factory=dict)
-    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -409,12 +412,17 @@ class _GateReader:
                 ' amount = "2000", pay_to = "0x<your address>" } (0.002 USDC on Base Sepolia)',
             )
             return None
-        r.unknown(
-            raw, {"scheme", "network", "asset", "amount", "pay_to", "max_timeout_seconds", "extra", "description"}, path
-        )
+        r.unknown(raw, PRICE_KEYS, path)
         scheme = r.get(raw, "scheme", str, "exact", f"{path}.scheme")
-        if scheme != "exact":
-            r.problem(f"{path}.scheme", f"only 'exact' is supported, got {scheme!r}")
+        method = r.get(
+            raw, "asset_transfer_method", str, schemes.DEFAULT_TRANSFER_METHOD, f"{path}.asset_transfer_method"
+        )
+        if not any(name == scheme for name, _ in schemes.SCHEMES):
+            known = ", ".join(sorted({name for name, _ in schemes.SCHEMES}))
+            r.problem(f"{path}.scheme", f"must be one of {known}, got {scheme!r}")
+        elif schemes.named(scheme, method) is None:
+            known = ", ".join(sorted(m for name, m in schemes.SCHEMES if name == scheme))
+            r.problem(f"{path}.asset_transfer_method", f"must be one of {known} for {scheme!r}, got {method!r}")
         network = r.get(raw, "network", str, "", f"{path}.network")
         if not CAIP2_NETWORK.match(network):
             r.problem(f"{path}.network", f"must be a CAIP-2 network such as 'eip155:84532', got {network!r}")
@@ -445,6 +453,7 @@ class _GateReader:
             max_timeout_seconds=r.positive(raw, "max_timeout_seconds", 300, f"{path}.max_timeout_seconds"),
             extra=extra,
             description=r.get(raw, "description", str, "", f"{path}.description"),
+            asset_transfer_method=method,
         )
 
     def asset_extra(self, raw: dict[str, Any], network: str, asset: str, path: str) -> dict[str, Any]:

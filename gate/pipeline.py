@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gate import in_band, pricing, reconciler, tokens
+from gate import in_band, pricing, reconciler, schemes, tokens
 from gate.claims import Claim, ClaimLost, ClaimState, Hold
 from gate.config import AgentPayment, Price, payment_window_seconds
 from gate.facilitator import Unavailable
@@ -136,12 +136,12 @@ async def paid_send(
         return parts.answers_402.response(agent.name, price, resource, agent.description)
     attempt = Attempt(plan, agent, terms, offer, info, active, pending, token)
     # 7. local checks; a retry of a claimed token is answered by its claim whatever the clock says
+    scheme = schemes.for_price(price)  # the one kind of payload this price takes
     try:
         attempt.requirements = tokens.check_payload(token, price, resource)
         if await parts.claims.find(token.digest) is None:
-            tokens.check_window(
-                token, min_window=payment_window_seconds(agent.deadline_seconds, parts.config.facilitator)
-            )
+            window = payment_window_seconds(agent.deadline_seconds, parts.config.facilitator)
+            tokens.check_window(token, min_window=window, scheme=scheme)
     except tokens.Rejection as exc:
         return await refuse(parts, attempt, exc.reason)
     # 8. claim, before anything is executed
@@ -158,7 +158,8 @@ async def paid_send(
     )
     sealed = parts.sealer.seal(payment.sealable(), token.digest)
     digest = await claim_digest(parts, agent, plan, token, pending)
-    outcome = await parts.claims.claim(token.digest, tokens.nonce_key(token, price.asset), digest, agent.name, sealed)
+    nonce_key = tokens.nonce_key(token, price.asset, scheme)
+    outcome = await parts.claims.claim(token.digest, nonce_key, digest, agent.name, sealed)
     if outcome.kind == "conflict":
         return await refuse(parts, attempt, outcome.reason)
     if outcome.kind == "in_flight":

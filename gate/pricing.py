@@ -18,7 +18,8 @@ from typing import Any
 from cachetools import LRUCache
 from starlette.responses import JSONResponse, Response
 
-from gate.config import Price
+from gate import schemes
+from gate.price import Price
 
 # CAIP-2 ids and the x402 v1 network names for the same chains.
 V1_NETWORKS = {
@@ -55,8 +56,13 @@ def requirement(price: Price, resource: str) -> dict[str, Any]:
         "amount": price.amount,
         "payTo": price.pay_to,
         "maxTimeoutSeconds": price.max_timeout_seconds,
-        "extra": dict(price.extra),
+        "extra": offered_extra(price),
     }
+
+
+def offered_extra(price: Price) -> dict[str, Any]:
+    """The requirements' `extra`: the asset's EIP-712 domain, and what the scheme asks the signer for."""
+    return {**price.extra, **schemes.for_price(price).extra()}
 
 
 def b64_json(document: dict[str, Any]) -> str:
@@ -85,7 +91,7 @@ def requirement_v1(price: Price, resource_url: str, description: str = "") -> di
         "payTo": price.pay_to,
         "maxTimeoutSeconds": price.max_timeout_seconds,
         "asset": price.asset,
-        "extra": dict(price.extra),
+        "extra": offered_extra(price),
     }
 
 

@@ -27,12 +27,14 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from gate.chain import Authorization, Chain, ChainUnavailable
+from gate import schemes
+from gate.chain import Chain, ChainUnavailable
 from gate.claims import Claim, Claims, ClaimState, Hold
 from gate.config import FacilitatorConfig
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
+from gate.schemes.base import Scheme
 from server.database import commit_until_stored
 from server.tasks import agent_message, set_status
 
@@ -41,27 +43,6 @@ logger = logging.getLogger("a2a_gate.settlement")
 STATUS = "x402.payment.status"
 RECEIPTS = "x402.payment.receipts"
 ERROR = "x402.payment.error"
-
-# Settle refusals that say the payment itself cannot be collected: retrying cannot help.
-# (x402's exact-EVM codes, and the plain names other facilitators use.)
-DEFINITIVE_REASONS = frozenset(
-    {
-        "invalid_exact_evm_payload_signature",
-        "invalid_signature",
-        "invalid_exact_evm_insufficient_balance",
-        "insufficient_funds",
-        "insufficient_balance",
-        "invalid_exact_evm_payload_authorization_valid_before",
-        "expired",
-        "authorization_expired",
-        "invalid_exact_evm_payload_recipient_mismatch",
-        "invalid_exact_evm_payload_authorization_value_mismatch",
-        "invalid_permit2_signature",
-        "permit2_deadline_expired",
-        "permit2_insufficient_balance",
-    }
-)
-NONCE_USED_REASONS = frozenset({"invalid_exact_evm_nonce_already_used", "nonce_already_used"})
 
 
 @dataclass(frozen=True)
@@ -164,11 +145,15 @@ def attach_payment_metadata(task: dict[str, Any], metadata: dict[str, Any]) -> N
     task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)
 
 
-def classify(reason: str) -> str:
-    """A settle refusal's meaning: "refused", "nonce_used" or "unknown"."""
-    if reason in NONCE_USED_REASONS:
+def classify(reason: str, scheme: Scheme | None) -> str:
+    """A settle refusal's meaning, as the payment's scheme reads it: "refused", "nonce_used" or "unknown".
+
+    (A payment of no known scheme cannot be read: every refusal is "unknown", and the chain is asked.)"""
+    if scheme is None:
+        return "unknown"
+    if reason in scheme.nonce_used_reasons:
         return "nonce_used"
-    return "refused" if reason in DEFINITIVE_REASONS else "unknown"
+    return "refused" if reason in scheme.definitive_reasons else "unknown"
 
 
 class Settler:
@@ -200,6 +185,7 @@ class Settler:
         unknown = claim.settle_unknown if claim is not None else False
         passes = claim.settle_passes if claim is not None else 0
         error = "settle_failed"
+        scheme = schemes.for_requirements(payment.requirements)
         for attempt in range(1, self.attempts + 1):
             try:
                 result = await self.facilitator.settle(payment.version, payment.payload, payment.requirements)
@@ -208,7 +194,7 @@ class Settler:
             else:
                 if result.success:
                     return await self._settled(pass_, result.receipt, result.transaction)
-                verdict = classify(result.reason)
+                verdict = classify(result.reason, scheme)
                 if verdict == "refused":
                     return await self._unsettled(pass_, result.reason)
                 if verdict == "nonce_used":
@@ -230,7 +216,8 @@ class Settler:
     async def _ask_chain(self, p: Pass, heard: str, passes: int) -> Collection:
         """Ground truth for an unknown settlement: the token contract's own record, as a transfer."""
         payment = p.payment
-        authorization = Authorization.of(payment.payload, payment.requirements, payment.network)
+        scheme = schemes.for_requirements(payment.requirements)
+        authorization = scheme.authorization(payment.payload, payment.requirements, payment.network) if scheme else None
         if authorization is None or not self.chain.knows(payment.network):
             why = "no rpc_url for the network" if authorization is not None else "not an EIP-3009 authorization"
             return await self._needs_attention(p, f"{heard}; chain not asked: {why}")

@@ -9,10 +9,11 @@ Parsing is total: any value, of any content, is a `Token` or "no token here"
 which a protobuf Struct makes of every integer, are integers), so its digest and
 its claim do not depend on how a client's JSON library spelled it.
 
-The local checks then read every key of the signed payload: an EIP-3009 payload is
-exactly ``{signature, authorization}``, with exactly the six authorization fields, in
-canonical spellings. Anything else, a Permit2 payload included, is refused before it
-can reach the facilitator (see the README's "Payment tokens").
+The local checks then read every key of the signed payload, by the scheme the agent's
+price names (`gate/schemes/`): an EIP-3009 payload is exactly ``{signature,
+authorization}``, with exactly the six authorization fields, in canonical spellings.
+Anything else is refused before it can reach the facilitator (see the README's
+"Payment tokens").
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import binascii
 import hashlib
 import json
 import math
-import re
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -30,8 +30,13 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from gate.config import Price
+from gate import schemes
+from gate.price import Price
 from gate.pricing import CAIP2_FOR_V1, V1_NETWORKS, requirement, requirement_v1
+from gate.schemes import exact_eip3009
+from gate.schemes.base import Rejection, Scheme
+
+__all__ = ["Rejection", "Token", "check", "check_payload", "check_window", "extract", "nonce_key"]
 
 METADATA_KEY = "x402.payment.payload"
 MAX_TOKEN_BYTES = 16_384
@@ -43,13 +48,6 @@ MAX_INTEGER = 2**53  # beyond this a JSON number is not exact everywhere: x402 s
 V2_KEYS = frozenset({"x402Version", "payload", "accepted", "resource", "extensions"})
 V1_KEYS = frozenset({"x402Version", "scheme", "network", "payload"})
 ACCEPTED_KEYS = frozenset({"scheme", "network", "asset", "amount", "payTo", "maxTimeoutSeconds", "extra"})
-EIP3009_PAYLOAD_KEYS = frozenset({"signature", "authorization"})
-EIP3009_AUTHORIZATION_KEYS = frozenset({"from", "to", "value", "validAfter", "validBefore", "nonce"})
-
-ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
-NONCE = re.compile(r"0x[0-9a-fA-F]{64}")
-SIGNATURE = re.compile(r"0x(?:[0-9a-fA-F]{2})+")
-UINT = re.compile(r"0|[1-9][0-9]{0,77}")  # canonical decimal uint256: no sign, no leading zeros, no `_`
 
 
 class NotAToken(Exception):
@@ -81,14 +79,6 @@ class Token:
         if self.version == 2:
             return str(self.payload["accepted"].get("network", ""))
         return CAIP2_FOR_V1.get(str(self.payload.get("network", "")), str(self.payload.get("network", "")))
-
-
-class Rejection(Exception):
-    """A token refused before or by the facilitator; `reason` is safe to show the payer."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def extract(metadata: Any, headers: Headers) -> Token | None:
@@ -204,7 +194,7 @@ def check(
 ) -> dict[str, Any]:
     """Every local check (DESIGN 4.7); returns the requirements to send the facilitator."""
     required = check_payload(token, price, resource_url)
-    check_window(token, now, min_window)
+    check_window(token, now, min_window, schemes.for_price(price))
     return required
 
 
@@ -238,40 +228,15 @@ def check_payload(token: Token, price: Price, resource_url: str) -> dict[str, An
         if document["scheme"] != price.scheme or document["network"] != V1_NETWORKS.get(price.network, price.network):
             raise Rejection("accepted_requirements_mismatch")
         required = requirement_v1(price, resource_url)
-    _check_eip3009(document["payload"], price)
+    schemes.for_price(price).check(document["payload"], price)
     return required
 
 
-def _check_eip3009(inner: dict[str, Any], price: Price) -> None:
-    """The exact-EVM EIP-3009 payload, every key of it: shape, recipient, value, nonce."""
-    if "authorization" not in inner or "permit2Authorization" in inner:
-        raise Rejection("unsupported_payload")  # Permit2, or anything else the gate cannot claim exactly
-    auth = inner["authorization"]
-    if set(inner) != EIP3009_PAYLOAD_KEYS or not isinstance(auth, dict) or set(auth) != EIP3009_AUTHORIZATION_KEYS:
-        raise Rejection("invalid_payload")
-    if not all(isinstance(v, str) for v in auth.values()) or not isinstance(inner["signature"], str):
-        raise Rejection("invalid_payload")
-    if not (
-        ADDRESS.fullmatch(auth["from"]) and ADDRESS.fullmatch(auth["to"]) and SIGNATURE.fullmatch(inner["signature"])
-    ):
-        raise Rejection("invalid_payload")
-    if not all(UINT.fullmatch(auth[k]) for k in ("value", "validAfter", "validBefore")):
-        raise Rejection("invalid_payload")
-    if auth["to"].lower() != price.pay_to.lower():
-        raise Rejection("recipient_mismatch")
-    if auth["value"] != price.amount:
-        raise Rejection("amount_mismatch")
-    if not NONCE.fullmatch(auth["nonce"]):
-        raise Rejection("invalid_nonce")
-
-
-def check_window(token: Token, now: float | None = None, min_window: float = 0.0) -> None:
-    """The time window is open and leaves `min_window` seconds to do the work and collect."""
-    auth = token.authorization
-    try:
-        valid_after, valid_before = int(auth["validAfter"]), int(auth["validBefore"])
-    except (KeyError, TypeError, ValueError):
-        raise Rejection("invalid_payload") from None
+def check_window(
+    token: Token, now: float | None = None, min_window: float = 0.0, scheme: Scheme = exact_eip3009.SCHEME
+) -> None:
+    """The time window (as `scheme` reads it) is open and leaves `min_window` seconds to do the work and collect."""
+    valid_after, valid_before = scheme.window(_inner(token))
     now = time.time() if now is None else now
     if valid_after > now:
         raise Rejection("payment_not_yet_valid")
@@ -281,9 +246,11 @@ def check_window(token: Token, now: float | None = None, min_window: float = 0.0
         raise Rejection("payment_window_too_short")
 
 
-def nonce_key(token: Token, asset: str) -> str:
-    """Chain, asset and authorization nonce: one EVM authorization pays once, whatever wraps it."""
-    auth = token.authorization
-    return "|".join(
-        (token.network, asset.lower(), str(auth.get("from", "")).lower(), str(auth.get("nonce", "")).lower())
-    )
+def nonce_key(token: Token, asset: str, scheme: Scheme = exact_eip3009.SCHEME) -> str:
+    """The nonce the token spends, as `scheme` names it: one signature pays once, whatever wraps it."""
+    return scheme.nonce_key(_inner(token), token.network, asset)
+
+
+def _inner(token: Token) -> dict[str, Any]:
+    inner = token.payload.get("payload")
+    return inner if isinstance(inner, dict) else {}

@@ -182,7 +182,7 @@ class Reader:
     def warn(self, path: str, message: str) -> None:
         self.warnings.append(f"{path}: {message}")
 
-    def unknown(self, table: dict[str, Any], known: set[str], path: str) -> None:
+    def unknown(self, table: dict[str, Any], known: set[str] | frozenset[str], path: str) -> None:
         for key in sorted(set(table) - known):
             where = f"{path}.{key}" if path else key
             self.problem(where, "unknown key")

@@ -15,11 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gate.chain import Authorization, Chain
+from gate.chain import Chain
 from gate.claims import MIGRATED_COLUMNS, ClaimLost, Claims, ClaimState
 from gate.config import FacilitatorConfig, NetworkConfig
 from gate.facilitator import FacilitatorClient
 from gate.payment_log import PaymentLog
+from gate.schemes.exact_eip3009 import SCHEME as EXACT_EIP3009
 from gate.settlement import Payment, Settler
 from server.database import Database
 from server.engines import open_database
@@ -125,7 +126,7 @@ def test_unused_and_expired_authorization_is_written_off_by_the_chain(tmp_path: 
     )
     config = FacilitatorConfig(url=facilitator, timeout_seconds=2, settle_attempts=1, settle_passes=1)
     chain = Chain({"eip155:84532": NetworkConfig(rpc_url=f"{facilitator}/rpc")})
-    assert Authorization.of(payload, requirements, "eip155:84532") is not None
+    assert EXACT_EIP3009.authorization(payload, requirements, "eip155:84532") is not None
     httpx.post(f"{facilitator}/dev/faults", json={"settle": "http500"}).raise_for_status()  # no answer, ever
 
     async def settle() -> None:
@@ -152,5 +153,8 @@ def test_unused_and_expired_authorization_is_written_off_by_the_chain(tmp_path: 
 
 def test_authorization_of_a_payload_that_is_not_eip3009_is_none() -> None:
     requirements = {"asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e"}
-    assert Authorization.of({"payload": {"permit2Authorization": {}}}, requirements, "eip155:84532") is None
-    assert Authorization.of({"payload": {"authorization": {"from": "x", "nonce": "y"}}}, requirements, "n") is None
+    assert EXACT_EIP3009.authorization({"payload": {"permit2Authorization": {}}}, requirements, "eip155:84532") is None
+    assert (
+        EXACT_EIP3009.authorization({"payload": {"authorization": {"from": "x", "nonce": "y"}}}, requirements, "n")
+        is None
+    )

@@ -1,0 +1,36 @@
+"""The payment schemes the gate takes, one module each, found by the names a price gives.
+
+An agent's price names its scheme and transfer method (`scheme = "exact"`,
+`asset_transfer_method = "eip3009"`); its 402 offers that scheme, and every payload for it
+is read by that scheme's module alone. A new scheme is a module behind `base.Scheme`
+and one entry here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gate.price import Price
+from gate.schemes import exact_eip3009
+from gate.schemes.base import Rejection, Scheme
+
+__all__ = ["SCHEMES", "Rejection", "Scheme", "for_price", "for_requirements", "named"]
+
+SCHEMES: dict[tuple[str, str], Scheme] = {(s.scheme, s.transfer_method): s for s in (exact_eip3009.SCHEME,)}
+DEFAULT_TRANSFER_METHOD = "eip3009"
+
+
+def named(scheme: str, transfer_method: str) -> Scheme | None:
+    return SCHEMES.get((scheme, transfer_method))
+
+
+def for_price(price: Price) -> Scheme:
+    """The scheme a (validated) price takes payment in."""
+    return SCHEMES[(price.scheme, price.asset_transfer_method)]
+
+
+def for_requirements(requirements: dict[str, Any]) -> Scheme | None:
+    """The scheme of requirements the gate itself wrote (v1 or v2): its price's."""
+    extra = requirements.get("extra")
+    method = extra.get("assetTransferMethod") if isinstance(extra, dict) else None
+    return named(str(requirements.get("scheme", "")), method if isinstance(method, str) else DEFAULT_TRANSFER_METHOD)
