@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from tests.support.gate_helpers import unexpected_tracebacks
 from tests.support.paid import PaidView, Payer, send_body
 
 
@@ -80,7 +81,7 @@ def test_odd_token_content_never_raises_and_tasks_get_stays_identical(paid, head
         got = paid.post("paid", get_body(task["id"]), raw)
         assert (got.status_code, got.content) == (200, NOT_FOUND), (name, got.text)
     log = paid.gate.log.read_text(errors="replace")
-    assert "Traceback" not in log
+    assert unexpected_tracebacks(log) == []
     assert "internal error" not in log
 
 
@@ -110,7 +111,7 @@ def test_odd_values_in_metadata_never_raise(paid):
         got = _post_raw(paid, "paid", json.dumps(body).replace('"@ODD@"', raw))
         assert got.status_code == 200 and got.json()["error"]["code"] in (-32001, -32700, -32600), (name, got.text)
     log = paid.gate.log.read_text(errors="replace")
-    assert "Traceback" not in log
+    assert unexpected_tracebacks(log) == []
 
 
 def _post_raw(paid, agent: str, text: str):

@@ -184,3 +184,15 @@ def gate_recursion_limit() -> Iterator[None]:
         yield
     finally:
         sys.setrecursionlimit(before)
+
+
+def unexpected_tracebacks(log: str) -> list[str]:
+    """The tracebacks in a gate's log that are not an agent's own exception (those are logged with
+    their traceback on purpose, for the operator: "agent NAME raised ..."); each with its line."""
+    found, heading = [], ""
+    for line in log.splitlines():
+        if not line.startswith((" ", "\t")):
+            heading = line
+        elif "Traceback" in line and not re.search(r"\bagent \S+ raised\b", heading):
+            found.append(heading)
+    return found

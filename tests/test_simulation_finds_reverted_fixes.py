@@ -1,0 +1,149 @@
+"""The money simulation earns its place: with any one of its fixes reverted, it fails.
+
+Each case below puts back, in memory, what the code did before one fix (a "mutant"), runs
+the state machine of `tests/test_money_simulation.py` on SQLite, and asserts that it finds
+the violation, by the invariant that names it:
+
+| reverted fix | what the code did before | the rule that finds it |
+|---|---|---|
+| fencing | claim writes named only the token digest; a lost renewal went unnoticed | one delivery per signature, charged only when delivered |
+| one clock | leases judged by the replica's own clock | a live claim taken over before its lease ran out by the database's clock |
+| evidence | a spent nonce counted as paid | settled means a transfer to payTo |
+| settle budget | a replay re-drove a settle whenever the claim was owed | a replay of an owed claim settled before it was due |
+| sealing key | a replica with another key started | every running replica holds the database's sealing key |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from gate import chain as gate_chain
+from gate import claims as gate_claims
+from gate import sealing
+from tests import test_money_simulation as simulation
+
+
+def without_fencing(mp: pytest.MonkeyPatch) -> None:
+    async def write(self: Any, hold: Any, write: str, expected: Any, **values: Any) -> None:
+        columns = [f"{k} = ?" for k in values if k not in ("lease", "next_settle_in")]
+        args = [v for k, v in values.items() if k not in ("lease", "next_settle_in")]
+        if values.get("lease"):
+            columns.append(f"lease_until = {self.now} + ?")
+            args.append(self.lease_seconds)
+        if "next_settle_in" in values:
+            columns.append(f"next_settle_at = {self.now} + ?")
+            args.append(values["next_settle_in"])
+        sql = f"UPDATE claims SET {', '.join(columns)} WHERE token_digest = ?"
+        await self.db.execute(sql, (*args, hold.token_digest))
+
+    async def release(self: Any, hold: Any) -> None:
+        self.held.pop(hold.token_digest, None)
+        await self.db.execute("DELETE FROM claims WHERE token_digest = ? AND state = 'running'", (hold.token_digest,))
+
+    async def renew(self: Any) -> list[Any]:
+        if self.held:
+            marks = ", ".join("?" for _ in self.held)
+            sql = f"UPDATE claims SET lease_until = {self.now} + ? WHERE token_digest IN ({marks})"
+            await self.db.execute(sql, (self.lease_seconds, *self.held))
+        return []
+
+    mp.setattr(gate_claims.Claims, "_write", write)
+    mp.setattr(gate_claims.Claims, "release", release)
+    mp.setattr(gate_claims.Claims, "renew", renew)
+
+
+def with_each_replicas_own_clock(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(gate_claims.Claims, "now", property(lambda self: repr(float(self.local_clock()))))
+
+
+def with_a_spent_nonce_as_payment(mp: pytest.MonkeyPatch) -> None:
+    async def facts(self: Any, authorization: Any, pay_to: str, amount: int) -> Any:
+        used = await self._authorization_state(authorization)
+        return gate_chain.AuthorizationFacts(used=used, paid=used, transaction="0x" + "00" * 32)
+
+    mp.setattr(gate_chain.Chain, "facts", facts)
+
+
+def with_replays_settling_at_once(mp: pytest.MonkeyPatch) -> None:
+    take_owed = gate_claims.Claims.take_owed
+
+    async def at_once(self: Any, token_digest: str, *, due_only: bool = True) -> Any:
+        return await take_owed(self, token_digest, due_only=False)
+
+    mp.setattr(gate_claims.Claims, "take_owed", at_once)
+
+
+def with_any_sealing_key(mp: pytest.MonkeyPatch) -> None:
+    async def check(self: Any, db: Any) -> None:  # records the first key, never refuses another
+        await db.migrate("sealing", sealing.MIGRATIONS)
+        await db.execute(
+            "INSERT INTO sealing (name, fingerprint) VALUES ('key', ?) ON CONFLICT DO NOTHING", (self.fingerprint,)
+        )
+
+    mp.setattr(sealing.Sealer, "check", check)
+
+
+MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "fencing": without_fencing,
+    "one clock": with_each_replicas_own_clock,
+    "evidence": with_a_spent_nonce_as_payment,
+    "settle budget": with_replays_settling_at_once,
+    "sealing key": with_any_sealing_key,
+}
+# what the simulation's invariants say when they find a violation (a failure of its own
+# plumbing, a hang or an error, is not a finding)
+VIOLATIONS = (
+    "delivered 2 times",
+    "charged but not delivered",
+    "charged, never delivered",
+    "charged, no settled claim",
+    "before its lease ran out",
+    "settled without a transfer",
+    "settled before it was due",
+    "runs with another sealing key",
+    "withheld answer shown unpaid",
+    "claims never ended",
+)
+
+
+@pytest.mark.parametrize("fix", list(MUTANTS))
+def test_the_simulation_finds_the_reverted_fix(fix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    revert = MUTANTS[fix]
+    monkeypatch.setenv("A2A_GATE_SEALING_KEY", "Vf0zQw4Jm9q8u4C7bJ9oZr2H1s0xk3L5n6p7r8t9v0w=")
+    revert(monkeypatch)
+    machine = type("MutantWorld", (simulation.MoneyWorld,), {"database": "sqlite", "workdir": tmp_path})
+    with pytest.raises(BaseException) as found:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=60,
+                stateful_step_count=40,
+                deadline=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+                phases=[Phase.explicit, Phase.generate],  # finding it is the point, not the smallest case
+                print_blob=False,
+            ),
+        )
+    failures = [f for f in flatten(found.value) if isinstance(f, AssertionError)]
+    found_by = [m for m in VIOLATIONS if any(m in str(f) for f in failures)]
+    print(f"{fix}: found by {found_by}")
+    assert found_by, [f"{type(f).__name__}: {f}" for f in flatten(found.value)]
+
+
+def flatten(exc: BaseException) -> list[BaseException]:
+    """Every failure inside hypothesis's groups and flaky reports."""
+    out, todo = [], [exc]
+    while todo:
+        e = todo.pop()
+        out.append(e)
+        todo.extend(getattr(e, "exceptions", ()) or ())
+        if e.__cause__ is not None:
+            todo.append(e.__cause__)
+    return out
