@@ -10,7 +10,6 @@ token expired.
 from __future__ import annotations
 
 import copy
-import os
 import time
 
 import httpx
@@ -20,7 +19,7 @@ from devnet.payer import encode_header, sign_payment
 from gate.config import parse_config
 from server.config import ConfigError
 from tests.support.gate_process import free_port
-from tests.support.paid import PAY_TO, PaidView, Payer, decode_header, paid_config, send_body
+from tests.support.paid import PAY_TO, PaidView, Payer, decode_header, decoy_authorization, paid_config, send_body
 
 
 @pytest.fixture
@@ -33,18 +32,6 @@ def price_of(gate_url: str, agent: str = "paid") -> dict:
     response = httpx.post(f"{gate_url}/a2a/{agent}", json=send_body("price?"))
     assert response.status_code == 402
     return decode_header(response.headers["PAYMENT-REQUIRED"])
-
-
-def decoy_authorization(payer: Payer) -> dict:
-    """An EIP-3009 authorization nobody signed, with every field the gate checks right."""
-    return {
-        "from": payer.address,
-        "to": PAY_TO,
-        "value": "1000",
-        "validAfter": "0",
-        "validBefore": str(int(time.time()) + 300),
-        "nonce": "0x" + os.urandom(32).hex(),
-    }
 
 
 @pytest.fixture

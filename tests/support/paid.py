@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,3 +330,15 @@ def send_refused_at_settle(
     make_poor_after_verify(paid, ledger_path, payer)
     sender.join(30)
     return answer
+
+
+def decoy_authorization(payer: Payer) -> dict:
+    """An EIP-3009 authorization nobody signed, with every field the gate checks right."""
+    return {
+        "from": payer.address,
+        "to": PAY_TO,
+        "value": "1000",
+        "validAfter": "0",
+        "validBefore": str(int(time.time()) + 300),
+        "nonce": "0x" + os.urandom(32).hex(),
+    }
