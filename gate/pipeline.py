@@ -297,19 +297,12 @@ async def replay(parts: GateParts, plan: SendPlan, claim: Claim, payment: Paymen
 async def bound_task_call(parts: GateParts, request: Request, call: Call, agent: AgentConfig, price: Price) -> Response:
     """Task calls for a payer: every failure is the same -32001 bytes (a list, an empty page)."""
     owner = await prove_payer(parts, request, call, agent, price)
-    methods = parts.methods
     if owner is None:
         if call.operation == "list":  # nothing is visible without proof
-            return result_response(call.id, await methods.list(call, agent.name, None))
+            return result_response(call.id, await parts.methods.list(call, agent.name, None))
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
     try:
-        if call.operation == "get":
-            return result_response(call.id, await methods.get(call, agent.name, owner))
-        if call.operation == "subscribe":
-            return await methods.subscribe(call, agent.name, owner)
-        if call.operation == "list":
-            return result_response(call.id, await methods.list(call, agent.name, owner))
-        return result_response(call.id, await methods.cancel(call, agent.name, owner))
+        return await parts.methods.task_call(call, agent.name, owner, request.state.info.client)
     except RpcError as exc:
         return error_response(call.id, exc)
 

@@ -42,7 +42,7 @@ from server.jsonrpc import (
     result_response,
     store_unavailable,
 )
-from server.methods import Methods, plan_send, unsupported
+from server.methods import Methods, plan_send
 from server.metrics import Metrics, MetricsAccess, agent_label
 from server.principals import Principals, create_tables
 from server.proxy import TrustedProxyMiddleware, public_base_url
@@ -221,15 +221,7 @@ async def dispatch_free(services: Services, call: Call, agent: str, owner: str, 
                 raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
             plan = plan_send(call)
             return methods.stream(plan, await methods.start_send(plan, agent, owner))
-        if call.operation == "get":
-            return result_response(call.id, await methods.get(call, agent, owner))
-        if call.operation == "cancel":
-            return result_response(call.id, await methods.cancel(call, agent, owner))
-        if call.operation == "subscribe":
-            return await methods.subscribe(call, agent, owner, client)
-        if call.operation == "list":
-            return result_response(call.id, await methods.list(call, agent, owner))
-        raise unsupported(call)
+        return await methods.task_call(call, agent, owner, client)
     except RpcError as exc:
         return error_response(call.id, exc)
     except DatabaseUnavailable as exc:

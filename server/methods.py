@@ -249,6 +249,19 @@ class Methods:
         events = follow_stored(call.id, call.dialect, task, watch, self.store.deadline_seconds)
         return sse_response(holding(events, once(done)))
 
+    async def task_call(self, call: Call, agent: str, owner: str, client: str = "") -> Response:
+        """The task calls (get, cancel, subscribe, list) of a caller proved to be `owner`, from
+        `client` (its address): one table for every path, so principals and payers get the same."""
+        if call.operation == "get":
+            return result_response(call.id, await self.get(call, agent, owner))
+        if call.operation == "cancel":
+            return result_response(call.id, await self.cancel(call, agent, owner))
+        if call.operation == "subscribe":
+            return await self.subscribe(call, agent, owner, client)
+        if call.operation == "list":
+            return result_response(call.id, await self.list(call, agent, owner))
+        raise unsupported(call)
+
     async def list(self, call: Call, agent: str, owner: str | None) -> dict[str, Any]:
         """ListTasks: `owner`'s tasks at this agent, newest first, one page at a time
         (an empty page for a caller who owns nothing here: no owner)."""
