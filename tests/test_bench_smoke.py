@@ -183,8 +183,9 @@ def assert_postgres_figures(document: dict, table: str) -> None:
     for key, row in document["rows"].items():
         extra = row["extra"]
         assert extra["replicas"] == (2 if key.endswith("r2") else 1)
-        # the free path stores its task (insert, update); the paid path claims, logs and settles too
-        assert extra["round_trips_per_request"] >= (1.5 if "free" in key else 8), (key, extra)
+        # the free path stores its task (one write, which concurrent requests may share); the paid
+        # path claims, logs and settles too: counted, whatever the figure
+        assert extra["round_trips_per_request"] >= (0.3 if "free" in key else 2), (key, extra)
         assert extra["statements"] and all(s["per_request"] > 0 for s in extra["statements"])
         assert extra["schema_rows"]["tasks"] > 0, extra["schema_rows"]
         if "paid" in key:
