@@ -1,7 +1,7 @@
 """The `a2a-gate` command: serve, check a configuration, manage keys, see payments.
 
-The composition root: the one place that puts the A2A server (`server/`) and the
-payment gate (its anonymous path) together, in `build_app`.
+Its parser and subcommands; the app they serve is composed in `gate/app.py`, and the
+processes `serve` runs beside it (workers, the development facilitator) are `gate/processes.py`'s.
 
 Every subcommand finds its configuration the same way: `--config FILE`, before or after
 the subcommand, else the file A2A_GATE_CONFIG names, else the embedded defaults (the
@@ -18,29 +18,25 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gate import config as gate_config
-from gate.config import default_settings, load_config
+from gate import processes
+from gate.app import CONFIG_ENV, apply_overrides, build_app, load_settings
+from gate.config import load_config
 from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
 from server.config import ConfigError, Settings, is_database_url
 from server.database import DatabaseRefused, DatabaseUnavailable
 
 if TYPE_CHECKING:
-    from starlette.applications import Starlette
-
     from server.app import Services
     from server.database import Database
 
-CONFIG_ENV = "A2A_GATE_CONFIG"
 CONFIG_HELP = (
     f"TOML configuration file, before or after the subcommand (default: the file ${CONFIG_ENV} names, "
     "else the embedded defaults: a2a-gate.db in the working directory)"
@@ -51,43 +47,6 @@ T = TypeVar("T")
 
 class NoDatabase(Exception):
     """A command that needs an existing database found none where its configuration points."""
-
-
-def load_settings(path: str | None) -> Settings:
-    if path:
-        return load_config(path)
-    if os.environ.get(CONFIG_ENV):
-        return load_config(os.environ[CONFIG_ENV])
-    return default_settings()
-
-
-def build_app(settings: Settings) -> Starlette:
-    """The server for `settings`, with the payment gate answering callers without a key."""
-    from gate.gate import PaymentGate
-    from server.app import create_app
-
-    return create_app(settings, anonymous=PaymentGate.from_parts)
-
-
-def app_from_env() -> Starlette:  # uvicorn factory for --workers > 1
-    from server import request_log
-
-    request_log.configure(
-        json_lines=os.environ.get("A2A_GATE_LOG_JSON") == "1", level=os.environ.get("A2A_GATE_LOG_LEVEL", "info")
-    )
-    settings = load_settings(None)
-    overrides = json.loads(os.environ.get("A2A_GATE_OVERRIDES", "{}"))
-    return build_app(_apply_overrides(settings, overrides))
-
-
-def _apply_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
-    if overrides.get("trusted_proxies"):
-        settings = replace(settings, trusted_proxies=tuple(overrides["trusted_proxies"]))
-    if overrides.get("facilitator_url"):
-        settings = gate_config.with_facilitator_url(settings, overrides["facilitator_url"])
-    if overrides.get("database"):
-        settings = replace(settings, database=overrides["database"])
-    return settings
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -117,21 +76,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["trusted_proxies"] = args.trusted_proxy
     if args.database:
         overrides["database"] = args.database
-    _unwind_on_sigterm()
+    processes.unwind_on_sigterm()
     with contextlib.ExitStack() as stack:
         if args.dev_facilitator:
             ledger = settings.database + ".ledger"
-            overrides["facilitator_url"] = stack.enter_context(_dev_facilitator(args.dev_facilitator, ledger))
-        settings = _apply_overrides(settings, overrides)
+            overrides["facilitator_url"] = stack.enter_context(processes.dev_facilitator(args.dev_facilitator, ledger))
+        settings = apply_overrides(settings, overrides)
         if args.workers > 1:
             if args.config:
                 os.environ[CONFIG_ENV] = os.path.abspath(args.config)
             os.environ["A2A_GATE_OVERRIDES"] = json.dumps(overrides)
             os.environ["A2A_GATE_LOG_JSON"] = "1" if args.log_json else "0"
             os.environ["A2A_GATE_LOG_LEVEL"] = args.log_level
-            _run_workers(
+            processes.run_workers(
                 server_config(
-                    "gate.cli:app_from_env",
+                    "gate.app:app_from_env",
                     settings.http,
                     factory=True,
                     host=args.host,
@@ -158,7 +117,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 )
             )
             if settings.http.metrics_listen:  # two listeners, one process: the A2A port and the metrics one
-                server.run(sockets=[_tcp(server.config.bind_socket()), _listen(settings.http.metrics_listen)])
+                server.run(
+                    sockets=[processes.tcp(server.config.bind_socket()), processes.listen(settings.http.metrics_listen)]
+                )
             else:
                 server.run()
             if not server.started:
@@ -185,116 +146,6 @@ def _database_failure(location: str) -> str | None:
     except (DatabaseRefused, DatabaseUnavailable) as exc:
         return f"the database cannot be opened: {exc}"
     return None
-
-
-def _unwind_on_sigterm() -> None:
-    """Let SIGTERM (and SIGHUP) unwind the stack like Ctrl-C does, so cleanup (`finally`, `with`) runs.
-
-    uvicorn handles SIGTERM itself (the server drains SIGHUP the same way: `server.shutdown`),
-    shuts down, then raises the signal again; with the default action the process ended right
-    there, before the development facilitator was stopped. Exit status 143 (128 + SIGTERM),
-    or 129 for SIGHUP, is what a supervisor expects.
-    """
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
-
-
-@contextlib.contextmanager
-def _dev_facilitator(port: int, ledger: str) -> Iterator[str]:
-    """The development facilitator as a child process; yields its URL, stops it on the way out.
-
-    On Linux the child also asks the kernel for SIGTERM when this process dies, however
-    it dies (SIGKILL, a crash), so it never outlives the gate holding its port.
-    """
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", ledger],
-        preexec_fn=_die_with_parent(),
-    )
-    try:
-        _wait_for(f"{url}/healthz", process)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` that makes Linux send the child SIGTERM when this process ends; None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getpid()
-
-    def preexec() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os._exit(1)
-
-    return preexec
-
-
-def _run_workers(config: Any, metrics_listen: tuple[str, int] | None = None) -> None:
-    """`uvicorn.run(..., workers=N)`, but with TCP_NODELAY on every accepted connection.
-
-    uvicorn's `Config.bind_socket()` creates the listener with `proto` 0, accepted sockets
-    inherit it, and asyncio only sets TCP_NODELAY when `proto == IPPROTO_TCP`, so every
-    keep-alive request after the first waited ~40 ms for a delayed ACK
-    (https://github.com/Kludex/uvicorn/issues/3149). Re-wrapping the descriptor makes
-    Python ask the kernel, which says IPPROTO_TCP.
-    """
-    from uvicorn.supervisors import Multiprocess
-
-    sockets = [_tcp(config.bind_socket())]
-    if metrics_listen:
-        sockets.append(_listen(metrics_listen))
-    Multiprocess(config, sockets=sockets).run()
-
-
-def _tcp(sock: socket.socket) -> socket.socket:
-    """The listener re-wrapped so Python asks the kernel its protocol: accepted connections then
-    get TCP_NODELAY (see `_run_workers`)."""
-    if sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock = socket.socket(fileno=sock.detach())
-    return sock
-
-
-def _listen(address: tuple[str, int]) -> socket.socket:
-    """A listener on `[http] metrics_listen` (an IP literal), as uvicorn binds its own."""
-    host, port = address
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        sock = socket.create_server((host, port), family=family, backlog=128)
-    except OSError as exc:
-        raise SystemExit(f"error: http.metrics_listen {host}:{port}: {exc.strerror}") from None
-    sock.set_inheritable(True)
-    return _tcp(sock)
-
-
-def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    """Wait for `process` to answer on `url`; stop at once if it exits (the message is its own)."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"error: the development facilitator exited with status {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"error: {url} did not come up within {timeout:g}s")
 
 
 def _check_sealing_key(database: str) -> None:

@@ -27,7 +27,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from starlette.testclient import TestClient
 
 from devnet.facilitator import create_facilitator_app
-from gate.cli import build_app
+from gate.app import build_app
 from gate.config import parse_config
 from tests.support.in_band import ACTIVATE, offer_v1, paying_body, task_of
 from tests.support.paid import ASSET, PAY_TO, Payer, send_body

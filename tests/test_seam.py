@@ -12,7 +12,7 @@ import tomllib
 import pytest
 from starlette.testclient import TestClient
 
-from gate.cli import build_app
+from gate.app import build_app
 from gate.config import parse_config
 from server.app import create_app
 

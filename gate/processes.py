@@ -1,0 +1,125 @@
+"""The processes `a2a-gate serve` runs: uvicorn's workers on shared listeners, the development
+facilitator as a child, and the signal handling that lets both be cleaned up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+def unwind_on_sigterm() -> None:
+    """Let SIGTERM (and SIGHUP) unwind the stack like Ctrl-C does, so cleanup (`finally`, `with`) runs.
+
+    uvicorn handles SIGTERM itself (the server drains SIGHUP the same way: `server.shutdown`),
+    shuts down, then raises the signal again; with the default action the process ended right
+    there, before the development facilitator was stopped. Exit status 143 (128 + SIGTERM),
+    or 129 for SIGHUP, is what a supervisor expects.
+    """
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+
+
+@contextlib.contextmanager
+def dev_facilitator(port: int, ledger: str) -> Iterator[str]:
+    """The development facilitator as a child process; yields its URL, stops it on the way out.
+
+    On Linux the child also asks the kernel for SIGTERM when this process dies, however
+    it dies (SIGKILL, a crash), so it never outlives the gate holding its port.
+    """
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", ledger],
+        preexec_fn=die_with_parent(),
+    )
+    try:
+        wait_for(f"{url}/healthz", process)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` that makes Linux send the child SIGTERM when this process ends; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return preexec
+
+
+def run_workers(config: Any, metrics_listen: tuple[str, int] | None = None) -> None:
+    """`uvicorn.run(..., workers=N)`, but with TCP_NODELAY on every accepted connection.
+
+    uvicorn's `Config.bind_socket()` creates the listener with `proto` 0, accepted sockets
+    inherit it, and asyncio only sets TCP_NODELAY when `proto == IPPROTO_TCP`, so every
+    keep-alive request after the first waited ~40 ms for a delayed ACK
+    (https://github.com/Kludex/uvicorn/issues/3149). Re-wrapping the descriptor makes
+    Python ask the kernel, which says IPPROTO_TCP.
+    """
+    from uvicorn.supervisors import Multiprocess
+
+    sockets = [tcp(config.bind_socket())]
+    if metrics_listen:
+        sockets.append(listen(metrics_listen))
+    Multiprocess(config, sockets=sockets).run()
+
+
+def tcp(sock: socket.socket) -> socket.socket:
+    """The listener re-wrapped so Python asks the kernel its protocol: accepted connections then
+    get TCP_NODELAY (see `run_workers`)."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock = socket.socket(fileno=sock.detach())
+    return sock
+
+
+def listen(address: tuple[str, int]) -> socket.socket:
+    """A listener on `[http] metrics_listen` (an IP literal), as uvicorn binds its own."""
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=128)
+    except OSError as exc:
+        raise SystemExit(f"error: http.metrics_listen {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return tcp(sock)
+
+
+def wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Wait for `process` to answer on `url`; stop at once if it exits (the message is its own)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"error: the development facilitator exited with status {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"error: {url} did not come up within {timeout:g}s")
