@@ -1,7 +1,7 @@
 """The hooks one paid execution calls: settle after delivery, release otherwise.
 
 `Charges.hooks(payment, hold)` is what the server's execution is handed
-(`server.execution.Settlement`). Every write names the execution's `hold`; one that finds
+(`server.execution.DeliveryHooks`). Every write names the execution's `hold`; one that finds
 the claim taken over raises `OwnershipLost` to the server, and a claim found lost by any
 write (or a renewal) revokes the live execution it covered.
 """
@@ -23,7 +23,7 @@ from gate.settlement import (
     withheld_metadata,
 )
 from server.database import commit_until_stored
-from server.execution import Collected, OwnershipLost, Settlement
+from server.execution import Collected, DeliveryHooks, OwnershipLost
 
 logger = logging.getLogger("a2a_gate.gate")
 
@@ -35,10 +35,10 @@ class Charges:
 
     def __init__(self, claims: Claims, settler: Settler, log: PaymentLog, metrics: GateMetrics) -> None:
         self.claims, self.settler, self.log, self.metrics = claims, settler, log, metrics
-        self.live: dict[Hold, Settlement] = {}
+        self.live: dict[Hold, DeliveryHooks] = {}
         claims.on_lost = self.lost
 
-    def hooks(self, payment: Payment, hold: Hold, *, withhold: bool) -> Settlement:
+    def hooks(self, payment: Payment, hold: Hold, *, withhold: bool) -> DeliveryHooks:
         """The hooks an execution calls for `payment`, claimed under `hold`."""
         claims, live = self.claims, self.live
         outcome: list[Collection] = []
@@ -85,7 +85,7 @@ class Charges:
             live.pop(hold, None)
             claims.let_go(hold)
 
-        settlement = Settlement(
+        hooks = DeliveryHooks(
             mark_delivered=mark_delivered,
             delivered=delivered,
             not_delivered=not_delivered,
@@ -93,8 +93,8 @@ class Charges:
             abandoned=abandoned,
             withhold=withhold,
         )
-        live[hold] = settlement
-        return settlement
+        live[hold] = hooks
+        return hooks
 
     def lost(self, lost: ClaimLost) -> None:
         """A fenced write (or a renewal) found a claim of ours taken over: stop the work it covered."""
@@ -105,6 +105,6 @@ class Charges:
             lost.write,
         )
         self.metrics.claims_lost.labels(lost.write).inc()
-        settlement = self.live.pop(lost.hold, None)
-        if settlement is not None:
-            settlement.revoke()
+        hooks = self.live.pop(lost.hold, None)
+        if hooks is not None:
+            hooks.revoke()

@@ -30,7 +30,7 @@ from gate.pricing import Offer, PaymentRequiredAnswers
 from gate.settlement import ERROR, RECEIPTS, STATUS
 from server.config import AgentConfig
 from server.dialects import TERMINAL_STATES
-from server.execution import Execution, Settlement
+from server.execution import DeliveryHooks, Execution
 from server.jsonrpc import TASK_NOT_FOUND, RpcError
 from server.methods import Methods, SendPlan, finished, task_answer
 from server.tasks import TaskStore, agent_message, new_task, pending_owner, set_status
@@ -256,13 +256,13 @@ class InBand:
         await self.store_pending(pending)
         return task_answer(plan, task, echo(active))
 
-    async def start_paid(self, pending: Pending, agent: AgentConfig, owner: str, settlement: Settlement) -> Execution:
+    async def start_paid(self, pending: Pending, agent: AgentConfig, owner: str, hooks: DeliveryHooks) -> Execution:
         """The payment is verified: the payer adopts the task and the agent runs the ORIGINAL message."""
         task = await self.store.adopt(pending.id, owner, agent.name)
         if task is None:  # paid for by someone else a moment ago, declined, or expired
             raise await self.no_longer_pending(pending)
         task.pop("metadata", None)
-        return await self.methods.start_task(task, agent.name, task["history"][0], settlement)
+        return await self.methods.start_task(task, agent.name, task["history"][0], hooks)
 
 
 def ask(

@@ -219,12 +219,12 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
     payment = attempt.payment = replace(attempt.payment, payer=verification.payer)
     owner = f"payer:{payment.payer}"
-    settlement = parts.charges.hooks(payment, hold, withhold=attempt.terms.on_settle_failure == "withhold")
+    hooks = parts.charges.hooks(payment, hold, withhold=attempt.terms.on_settle_failure == "withhold")
     try:
         if attempt.pending is not None:  # in-band: the agent runs the original message of the task
-            execution = await parts.in_band.start_paid(attempt.pending, agent, owner, settlement)
+            execution = await parts.in_band.start_paid(attempt.pending, agent, owner, hooks)
         else:
-            execution = await parts.methods.start_send(plan, agent.name, owner, settlement)
+            execution = await parts.methods.start_send(plan, agent.name, owner, hooks)
     except RpcError as exc:
         await parts.release(hold)
         await parts.log.append("release", **attempt.log, payer=payment.payer, error=f"not started: {exc.message}")

@@ -38,7 +38,7 @@ PAST_DEADLINE = "The task passed its deadline."  # a turn failed by housekeeping
 
 
 class OwnershipLost(Exception):
-    """Raised by a `Settlement` hook: the anonymous path no longer holds this execution's
+    """Raised by one of the `DeliveryHooks`: the anonymous path no longer holds this execution's
     right to deliver or record (another process took it over). Nothing more is delivered,
     saved or published as this execution's outcome."""
 
@@ -52,7 +52,7 @@ class Collected:
 
 
 @dataclass
-class Settlement:
+class DeliveryHooks:
     """What the payment gate plugs into an execution (None on the free path).
 
     `mark_delivered` records the delivery in the same transaction that saves the
@@ -94,7 +94,7 @@ class Subscriber:
 class Execution:
     task: dict[str, Any]
     agent: str
-    settlement: Settlement | None
+    hooks: DeliveryHooks | None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     # set with `done`, or by a shutdown's drain that can wait no longer: a blocking request answers then
     answerable: asyncio.Event = field(default_factory=asyncio.Event)
@@ -144,7 +144,7 @@ class LiveProgress:
     def __init__(self, execution: Execution) -> None:
         self.execution = execution
         self.chunks = 0
-        self.shown = execution.settlement is None or not execution.settlement.withhold
+        self.shown = execution.hooks is None or not execution.hooks.withhold
 
     def status(self, text: str) -> None:
         if not self.shown:
@@ -190,14 +190,14 @@ class Runner:
         self.stopping = False  # a shutdown's drain is over: work that starts now is stopped at once
 
     def start(
-        self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None
+        self, task: dict[str, Any], agent: str, message: dict[str, Any], hooks: DeliveryHooks | None
     ) -> Execution:
-        execution = Execution(task=task, agent=agent, settlement=settlement, stopped_by_shutdown=self.stopping)
+        execution = Execution(task=task, agent=agent, hooks=hooks, stopped_by_shutdown=self.stopping)
         self.live[task["id"]] = execution
         TASK_ID.set(task["id"])  # the request's log lines from here on, and the work's, name the task
         execution.job = asyncio.create_task(self._run(execution, message), name=f"task-{task['id']}")
-        if settlement is not None:
-            settlement.revoke = lambda: self.revoke(execution)
+        if hooks is not None:
+            hooks.revoke = lambda: self.revoke(execution)
         return execution
 
     def revoke(self, execution: Execution) -> None:
@@ -335,8 +335,8 @@ class Runner:
             logger.exception("execution of task %s failed", task["id"])
             if execution.delivering:
                 # delivered: the claim's recorded outcome stands, the reconciler repairs the task
-                if execution.settlement is not None:
-                    execution.settlement.abandoned()
+                if execution.hooks is not None:
+                    execution.hooks.abandoned()
             else:  # a bug of ours before delivery: the task fails, nothing is charged
                 set_status(task, "failed", agent_message(task, "Internal error while running the agent."))
                 await self._finish_undelivered(execution)
@@ -376,33 +376,33 @@ class Runner:
         return reply
 
     async def _deliver(self, execution: Execution, reply: AgentReply) -> None:
-        task, settlement = execution.task, execution.settlement
+        task, hooks = execution.task, execution.hooks
         artifact = {"artifactId": execution.artifact_id, "name": "result", "parts": reply.parts}
         text = reply.text or "Done."
-        if settlement is None:  # the free path: the artifact is saved with the final status
+        if hooks is None:  # the free path: the artifact is saved with the final status
             self._show(execution, artifact)
             set_status(task, "completed", agent_message(task, text))
             await self.store.save(task)
             execution.publish(status_event(task, final=True))
             return
         try:
-            if settlement.withhold:  # the answer stays out of the task, its streams and the store until paid
+            if hooks.withhold:  # the answer stays out of the task, its streams and the store until paid
                 async with self.store.db.transaction():
-                    await settlement.mark_delivered({"artifact": artifact, "text": text})
+                    await hooks.mark_delivered({"artifact": artifact, "text": text})
             else:
                 task.setdefault("artifacts", []).append(artifact)
                 async with self.store.db.transaction():
                     await self.store.save(task)
-                    await settlement.mark_delivered(None)
+                    await hooks.mark_delivered(None)
         except OwnershipLost:  # the transaction rolled back: nothing was delivered
             execution.delivering = False
             raise
-        if not settlement.withhold:
+        if not hooks.withhold:
             execution.publish(artifact_event(task, artifact))
         # shielded: a cancel arriving now must not interrupt a settlement
-        collected = await asyncio.shield(settlement.delivered(task))
-        if collected.paid or not settlement.withhold:
-            if settlement.withhold:
+        collected = await asyncio.shield(hooks.delivered(task))
+        if collected.paid or not hooks.withhold:
+            if hooks.withhold:
                 self._show(execution, artifact)
             set_status(task, "completed", agent_message(task, text, collected.metadata))
         else:
@@ -435,18 +435,18 @@ class Runner:
 
     async def _save_final(self, execution: Execution) -> None:
         """Store the task with its settlement outcome, again until it sticks (money has moved)."""
-        settlement = execution.settlement
-        assert settlement is not None
+        hooks = execution.hooks
+        assert hooks is not None
 
         async def write() -> None:
             await self.store.save(execution.task)
-            await settlement.saved()
+            await hooks.saved()
 
         await commit_until_stored(self.store.db, write, "a settled task")
 
     async def _end_undelivered(self, execution: Execution, reply: AgentReply) -> None:
         task = execution.task
-        if reply.state in INTERRUPTED_STATES and reply.parts and execution.settlement is None:
+        if reply.state in INTERRUPTED_STATES and reply.parts and execution.hooks is None:
             # partial work of a paused task is kept for a principal; a payer's pause is not
             # a delivery (nothing is charged), so it carries no work
             artifact = {"artifactId": new_id(), "name": "partial", "parts": reply.parts}
@@ -468,9 +468,9 @@ class Runner:
 
     async def _finish_undelivered(self, execution: Execution) -> None:
         task = execution.task
-        if execution.settlement is not None:
+        if execution.hooks is not None:
             try:
-                await asyncio.shield(execution.settlement.not_delivered(task))
+                await asyncio.shield(execution.hooks.not_delivered(task))
             except OwnershipLost:  # the new owner released the claim and tells the task's end
                 self._lose(execution)
                 return

@@ -25,7 +25,7 @@ from starlette.responses import Response, StreamingResponse
 from server import dialects
 from server.config import StreamConfig
 from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES, V10, InvalidShape
-from server.execution import CANCEL_CHANNEL, Execution, Runner, Settlement
+from server.execution import CANCEL_CHANNEL, DeliveryHooks, Execution, Runner
 from server.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -129,16 +129,14 @@ class Methods:
         self.scrub = scrub
         self.writing: set[asyncio.Task[None]] = set()  # deferred tasks being written while they run
 
-    async def start_send(
-        self, plan: SendPlan, agent: str, owner: str, settlement: Settlement | None = None
-    ) -> Execution:
+    async def start_send(self, plan: SendPlan, agent: str, owner: str, hooks: DeliveryHooks | None = None) -> Execution:
         """Create the task (or continue an interrupted one of the same owner) and run it."""
         message = self.scrub(plan.message)
         task_id = message.get("taskId")
         if task_id is None:
             task = new_task(message.get("contextId"), message)
             # a free blocking send: no one can name the task before its answer, which waits for the write
-            deferred = settlement is None and plan.blocking and plan.call.operation == "send"
+            deferred = hooks is None and plan.blocking and plan.call.operation == "send"
             await self.store.create(task, agent=agent, owner=owner, deferred=deferred)
         else:
             found = await self.store.get(task_id, owner, agent)
@@ -161,15 +159,15 @@ class Methods:
                 if now is not None and now["status"]["state"] in TERMINAL_STATES:
                     raise finished(now)
                 raise RpcError(INVALID_PARAMS, "Task changed meanwhile: only an interrupted task can be continued")
-        return self.runner.start(task, agent, message, settlement)
+        return self.runner.start(task, agent, message, hooks)
 
     async def start_task(
-        self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None = None
+        self, task: dict[str, Any], agent: str, message: dict[str, Any], hooks: DeliveryHooks | None = None
     ) -> Execution:
         """Run an existing task on one of its messages (a request paid for after it was made)."""
         set_status(task, "submitted")
         await self.store.save(task)
-        return self.runner.start(task, agent, self.scrub(message), settlement)
+        return self.runner.start(task, agent, self.scrub(message), hooks)
 
     async def send(self, plan: SendPlan, execution: Execution) -> dict[str, Any]:
         """The send result in the caller's dialect, after the work when blocking."""
