@@ -56,6 +56,19 @@ class OneTransactionChain:
         for index, log in enumerate(self.logs):
             log["logIndex"] = hex(index)
 
+    def spend_beside_a_payment_by_another_address(self, payer: str, nonce: str) -> None:
+        """`nonce` moves 1 unit to someone else; in the same transaction ANOTHER address pays payTo the price."""
+        self.spent = {nonce.lower()}
+        self.logs = [
+            self.log([AUTHORIZATION_USED_TOPIC, "0x" + address_word(payer), nonce.lower()], "0x"),
+            self.log([TRANSFER_TOPIC, "0x" + address_word(payer), "0x" + address_word(SOMEONE_ELSE)], self.word(1)),
+            self.log(
+                [TRANSFER_TOPIC, "0x" + address_word(SOMEONE_ELSE), "0x" + address_word(PAY_TO)], self.word(PRICE)
+            ),
+        ]
+        for index, log in enumerate(self.logs):
+            log["logIndex"] = hex(index)
+
     def log(self, topics: list[str], data: str) -> dict[str, Any]:
         return {"address": ASSET.lower(), "topics": topics, "data": data, "transactionHash": MULTICALL_TX}
 
@@ -88,6 +101,15 @@ class OneTransactionChain:
         return Starlette(routes=[Route("/", rpc, methods=["POST"])])
 
 
+def chain_checking_gate(rpc_url: str, tmp_path: Path, facilitator: str, start_gate, write_config) -> PaidSetup:
+    port = free_port()
+    config = paid_config(f"http://127.0.0.1:{port}", facilitator)
+    config = config.replace("settle_backoff_seconds = 0.05", "settle_backoff_seconds = 0.05\nsettle_passes = 1")
+    config += f'\n[networks."eip155:84532"]\nrpc_url = "{rpc_url}/"\n'
+    gate = start_gate(write_config(config), port=port)
+    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+
+
 def nonce_of(token: dict[str, Any]) -> str:
     return token["payload"]["authorization"]["nonce"]
 
@@ -97,13 +119,7 @@ def test_one_transfer_to_pay_to_settles_at_most_one_of_the_nonces_its_transactio
 ) -> None:
     chain = OneTransactionChain()
     with serve_app(chain.app(), wait_on_exit=False) as rpc_url:
-        port = free_port()
-        config = paid_config(f"http://127.0.0.1:{port}", facilitator)
-        config = config.replace("settle_backoff_seconds = 0.05", "settle_backoff_seconds = 0.05\nsettle_passes = 1")
-        config += f'\n[networks."eip155:84532"]\nrpc_url = "{rpc_url}/"\n'
-        paid = PaidSetup(
-            gate=start_gate(write_config(config), port=port), facilitator_url=facilitator, db_path=tmp_path / "gate.db"
-        )
+        paid = chain_checking_gate(rpc_url, tmp_path, facilitator, start_gate, write_config)
         paid.faults(settle="http500")
         payer = Payer()
         tokens = [payer.token_for(paid.gate.url, "paid") for _ in range(2)]
@@ -127,3 +143,21 @@ def test_one_transfer_to_pay_to_settles_at_most_one_of_the_nonces_its_transactio
             f" payments: {json.dumps(observed)}"
         )
         assert observed["claims"] == ["settled", "unsettled"], observed
+
+
+def test_a_transfer_to_pay_to_from_another_address_is_not_the_payers_payment(
+    tmp_path: Path, facilitator: str, start_gate, write_config
+) -> None:
+    """The payer spends its nonce on 1 unit elsewhere; the same transaction carries a transfer of the
+    price to payTo from another address. That is not this authorization paying: written off."""
+    chain = OneTransactionChain()
+    with serve_app(chain.app(), wait_on_exit=False) as rpc_url:
+        paid = chain_checking_gate(rpc_url, tmp_path, facilitator, start_gate, write_config)
+        paid.faults(settle="http500")
+        payer = Payer()
+        token = payer.token_for(paid.gate.url, "paid")
+        answer = paid.post("paid", send_body("job"), {"PAYMENT-SIGNATURE": encode_header(token)}).json()
+        assert answer["result"]["metadata"]["x402.payment.status"] == "payment-verified", answer
+        chain.spend_beside_a_payment_by_another_address(payer.address, nonce_of(token))
+        cli("reconcile", "--config", str(paid.gate.config))
+        assert paid.claim_states() == ["unsettled"], paid.payment_rows()[-1]
