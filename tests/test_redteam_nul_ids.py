@@ -17,6 +17,7 @@ import pytest
 
 from devnet.payer import encode_header
 from tests.support import replicas as support
+from tests.support.gate_helpers import bearer, create_key
 from tests.support.paid import Payer, send_body
 from tests.support.replicas import post
 
@@ -59,4 +60,25 @@ def test_a_nul_in_an_id_is_never_an_internal_error(gate_and_payer) -> None:
             internal[what] = answer.text[:160]
     log = gate.log.read_text()
     tracebacks = [line[:200] for line in log.splitlines() if "Traceback" in line or "DataError" in line]
+    assert (internal, tracebacks) == ({}, []), f"internal errors {internal}; log {tracebacks[:4]}"
+
+
+def test_a_nul_in_an_id_on_the_free_path_is_never_an_internal_error(replicas) -> None:
+    """The same ids from a principal (an API key allowed for the free `echo` agent)."""
+    gate = replicas.start("a", lease=3, reconcile=3600)
+    key = create_key(gate.config, "nul-probe", ["echo"])
+    headers = bearer(key)
+    bodies = {
+        "send, taskId": send_body("x", task_id=NUL_ID),
+        "tasks/get": {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": NUL_ID}},
+        "tasks/cancel": {"jsonrpc": "2.0", "id": 2, "method": "tasks/cancel", "params": {"id": NUL_ID}},
+    }
+    internal = {}
+    for what, body in bodies.items():
+        answer = post(gate, "echo", body, headers)
+        if answer.status_code >= 500 or '"code":-32603' in answer.text:
+            internal[what] = answer.text[:160]
+    tracebacks = [
+        line[:200] for line in gate.log.read_text().splitlines() if "Traceback" in line or "DataError" in line
+    ]
     assert (internal, tracebacks) == ({}, []), f"internal errors {internal}; log {tracebacks[:4]}"
