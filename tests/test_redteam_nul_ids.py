@@ -27,10 +27,17 @@ NUL_ID = "task\u0000id"
 IN_BAND = {"X-A2A-Extensions": "https://github.com/google-a2a/a2a-x402/v0.1"}
 
 
-def requests(headers: dict[str, str]) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
-    """(what, body, headers): an unpaid send continuing a NUL task id, in-band too, and task calls by a payer."""
+def with_context(body: dict[str, Any]) -> dict[str, Any]:
+    body["params"]["message"]["contextId"] = NUL_ID
+    return body
+
+
+def requests(headers: dict[str, str], fresh: dict[str, str]) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    """(what, body, headers): an unpaid send continuing a NUL task id, in-band too, task calls by a
+    payer, and a paid send (a fresh token) naming a NUL context id."""
     v1 = {**headers, "A2A-Version": "1.0"}
     return [
+        ("paid send, contextId", with_context(send_body("x")), fresh),
         ("unpaid send, taskId", send_body("x", task_id=NUL_ID), {}),
         ("unpaid in-band send, taskId", send_body("x", task_id=NUL_ID), IN_BAND),
         ("tasks/get", {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": NUL_ID}}, headers),
@@ -54,7 +61,8 @@ def gate_and_payer(replicas) -> tuple[Any, dict[str, str]]:
 def test_a_nul_in_an_id_is_never_an_internal_error(gate_and_payer) -> None:
     gate, headers = gate_and_payer
     internal = {}
-    for what, body, sent in requests(headers):
+    fresh = {"PAYMENT-SIGNATURE": encode_header(Payer().token_for(gate.url, "paid"))}
+    for what, body, sent in requests(headers, fresh):
         answer = post(gate, "paid", body, sent)
         if answer.status_code >= 500 or '"code":-32603' in answer.text:
             internal[what] = answer.text[:160]
@@ -70,6 +78,8 @@ def test_a_nul_in_an_id_on_the_free_path_is_never_an_internal_error(replicas) ->
     headers = bearer(key)
     bodies = {
         "send, taskId": send_body("x", task_id=NUL_ID),
+        "send, contextId": with_context(send_body("x")),
+        "resubscribe": {"jsonrpc": "2.0", "id": 2, "method": "tasks/resubscribe", "params": {"id": NUL_ID}},
         "tasks/get": {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": NUL_ID}},
         "tasks/cancel": {"jsonrpc": "2.0", "id": 2, "method": "tasks/cancel", "params": {"id": NUL_ID}},
     }
