@@ -172,7 +172,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_config(path)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    priced = [name for name in settings.agents if gate_config.of(settings).price(name)]
+    payments = gate_config.of(settings)
+    priced = [name for name in settings.agents if payments.price(name)]
     print(f"{path}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")
     return 0
 
