@@ -53,6 +53,8 @@ class ClaimState(StrEnum):
 LIVE_STATES = (ClaimState.RUNNING, ClaimState.SETTLING)
 FINAL_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION)
 RECORDED_STATES = (*FINAL_STATES, ClaimState.SETTLE_FAILED)  # a settle pass's outcome is on the claim
+# no pass will ever change these (needs_attention may be re-opened: it keeps what a payment needs)
+ENDED_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED)
 DEFAULT_LEASE_SECONDS = 30.0
 
 # Columns added after the first release; existing files gain them on start.

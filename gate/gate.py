@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from gate import in_band, sealing
 from gate.chain import Chain
-from gate.claims import FINAL_STATES, Claim, ClaimLost, Claims, ClaimState, Hold
+from gate.claims import ENDED_STATES, Claim, ClaimLost, Claims, ClaimState, Hold
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.limiter import AgentLimiters, CallerLimiter, RateLimit
 from gate.metrics import GateMetrics
@@ -183,7 +183,7 @@ class PaymentGate:
         async def saved() -> None:
             self.settlements.pop(hold, None)
             try:
-                await self.claims.task_synced(hold, final=bool(outcome) and outcome[-1].state in FINAL_STATES)
+                await self.claims.task_synced(hold, final=bool(outcome) and outcome[-1].state in ENDED_STATES)
             except ClaimLost as lost:
                 raise OwnershipLost(str(lost)) from None
 
@@ -381,10 +381,15 @@ class PaymentGate:
         return {**summary, "state": str(collection.state), **collection.metadata}
 
     def _owed_payment(self, claim: Claim) -> Payment:
+        """The payment as it was signed and sealed; a claim sealed before the price was sealed
+        with it falls back to the agent's price now."""
         sealed = self.sealer.unseal(claim.sealed_payment, claim.token_digest)
         config = self.agents.get(claim.agent)
         price = config.price if config is not None else None
         amount, network, asset = (price.amount, price.network, price.asset) if price else ("", "", "")
+        signed = sealed.get("price")
+        if isinstance(signed, dict):
+            amount, network, asset = str(signed["amount"]), str(signed["network"]), str(signed["asset"])
         return Payment(
             claim.token_digest,
             sealed["version"],
@@ -413,7 +418,7 @@ class PaymentGate:
         async def write() -> None:
             if task is not None:
                 await store.save(task)
-            await self.claims.task_synced(hold, final=state in FINAL_STATES)
+            await self.claims.task_synced(hold, final=state in ENDED_STATES)
 
         await commit_until_stored(self.claims.db, write, "a repaired task")
 

@@ -135,15 +135,21 @@ def artifact_event(
 class LiveProgress:
     """A running agent's progress, published to the execution's stream subscribers as it comes.
 
-    Nothing of it is stored: the task keeps the whole answer once it is delivered. An agent
-    whose answer is withheld until paid shows none of it (its chunks and status texts are
-    its answer too): the whole answer is sent once the payment is settled.
+    Nothing of it is stored: the task keeps the whole answer once it is delivered. A paid
+    run streams its status texts but not its chunks, which are its answer: the whole answer
+    is sent once its delivery is recorded. An agent whose answer is withheld until paid
+    shows not even its status texts: the whole answer is sent once the payment is settled.
     """
 
     def __init__(self, execution: Execution) -> None:
         self.execution = execution
         self.chunks = 0
-        self.shown = execution.settlement is None or not execution.settlement.withhold
+        # A paid answer is delivered whole, once its delivery is recorded (a chunk streamed
+        # before that would be work given away if the run then fails or its claim is lost);
+        # a withheld one shows not even its status texts.
+        paid = execution.settlement is not None
+        self.shown_chunks = not paid
+        self.shown = not paid or not execution.settlement.withhold  # type: ignore[union-attr]
 
     def status(self, text: str) -> None:
         if not self.shown:
@@ -153,7 +159,7 @@ class LiveProgress:
         self.execution.publish(status_event(task, final=False))
 
     def chunk(self, parts: list[dict[str, Any]]) -> None:
-        if not self.shown:
+        if not self.shown_chunks:
             return
         artifact = {"artifactId": self.execution.artifact_id, "name": "result", "parts": parts}
         event = artifact_event(self.execution.task, artifact, append=self.chunks > 0, last=False)
@@ -384,16 +390,19 @@ class Runner:
             await self.store.save(task)
             execution.publish(status_event(task, final=True))
             return
+        # Nothing of the answer is visible (the live task, its streams, tasks/get) before the
+        # delivery is recorded: a delivery that could not be recorded was never made.
         try:
             if settlement.withhold:  # the answer stays out of the task, its streams and the store until paid
                 async with self.store.db.transaction():
                     await settlement.mark_delivered({"artifact": artifact, "text": text})
             else:
-                task.setdefault("artifacts", []).append(artifact)
+                delivered = {**task, "artifacts": [*(task.get("artifacts") or []), artifact]}
                 async with self.store.db.transaction():
-                    await self.store.save(task)
+                    await self.store.save(delivered)
                     await settlement.mark_delivered(None)
-        except OwnershipLost:  # the transaction rolled back: nothing was delivered
+                task["artifacts"] = delivered["artifacts"]
+        except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
             execution.delivering = False
             raise
         if not settlement.withhold:
