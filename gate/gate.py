@@ -149,9 +149,9 @@ class PaymentGate:
         withhold = agent is not None and agent.on_settle_failure == "withhold"
         outcome: list[Collection] = []
 
-        async def mark_delivered(withheld: dict[str, Any] | None) -> None:
-            try:
-                await self.claims.mark_delivered(hold, withheld)
+        async def mark_delivered(task: dict[str, Any], withheld: dict[str, Any] | None) -> None:
+            try:  # it names the payer and the task too: a delivery is findable even if its bind failed
+                await self.claims.mark_delivered(hold, withheld, payer=payment.payer, task_id=task["id"])
             except ClaimLost as lost:
                 self.settlements.pop(hold, None)
                 raise OwnershipLost(str(lost)) from None

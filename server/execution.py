@@ -66,7 +66,7 @@ class Settlement:
     the right to deliver is gone.
     """
 
-    mark_delivered: Callable[[dict[str, Any] | None], Awaitable[None]]
+    mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None], Awaitable[None]]
     delivered: Callable[[dict[str, Any]], Awaitable[Collected]]
     not_delivered: Callable[[dict[str, Any]], Awaitable[None]]
     saved: Callable[[], Awaitable[None]]
@@ -395,12 +395,12 @@ class Runner:
         try:
             if settlement.withhold:  # the answer stays out of the task, its streams and the store until paid
                 async with self.store.db.transaction():
-                    await settlement.mark_delivered({"artifact": artifact, "text": text})
+                    await settlement.mark_delivered(task, {"artifact": artifact, "text": text})
             else:
                 delivered = {**task, "artifacts": [*(task.get("artifacts") or []), artifact]}
                 async with self.store.db.transaction():
                     await self.store.save(delivered)
-                    await settlement.mark_delivered(None)
+                    await settlement.mark_delivered(delivered, None)
                 task["artifacts"] = delivered["artifacts"]
         except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
             execution.delivering = False

@@ -358,8 +358,8 @@ def list_query(params: dict[str, Any], dialect: str) -> tuple[TaskQuery, int | N
     elif isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_PAGE_SIZE:
         raise InvalidShape(f"pageSize must be a whole number from 1 to {MAX_PAGE_SIZE}")
     context_id = params.get("contextId")
-    if context_id is not None and not isinstance(context_id, str):
-        raise InvalidShape("contextId must be a string")
+    if context_id is not None and (not isinstance(context_id, str) or "\x00" in context_id):
+        raise InvalidShape("contextId must be a string (no NUL)")
     query = TaskQuery(
         size=size,
         context_id=context_id or None,

@@ -127,6 +127,11 @@ class Unwritten:
     writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def is_key(value: Any) -> bool:
+    """A string a row's key can be: PostgreSQL text holds no NUL, so one with a NUL matches nothing."""
+    return isinstance(value, str) and "\x00" not in value
+
+
 class TaskStore:
     def __init__(self, db: Database, *, deadline_seconds: float = 600.0) -> None:
         self.db = db
@@ -239,7 +244,7 @@ class TaskStore:
 
     async def get(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
         """The task when it exists, belongs to `owner` and was made by `agent`; else None."""
-        if not isinstance(task_id, str):
+        if not is_key(task_id):
             return None
         document = await self.db.fetchval(
             "SELECT document FROM tasks WHERE id = ? AND owner = ? AND agent = ?", (task_id, owner, agent)
@@ -279,7 +284,7 @@ class TaskStore:
     async def unpaid(self, task_id: Any, agent: str) -> dict[str, Any] | None:
         """A request of `agent` nobody has paid for, whoever asked: one awaiting its first
         payment (unexpired), or one that ended unpaid (declined) and is not deleted yet."""
-        if not isinstance(task_id, str):
+        if not is_key(task_id):
             return None
         document = await self.db.fetchval(
             "SELECT document FROM tasks WHERE id = ? AND agent = ? AND owner LIKE ?"
@@ -313,7 +318,7 @@ class TaskStore:
 
         From now on the task runs, so its deadline becomes an execution's.
         """
-        if not isinstance(task_id, str):
+        if not is_key(task_id):
             return None
         now = time.time()
         changed = await self.db.execute(
