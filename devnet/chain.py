@@ -12,6 +12,7 @@ FiatToken (USDC) contract on Base Sepolia. The HTTP side lives in
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,19 +45,22 @@ from x402.mechanisms.evm.types import (
     TypedDataField,
 )
 
-from .ledger import DevLedger, LedgerRevert, Transfer
+from .ledger import REVERT_NONCE_USED, DevLedger, LedgerRevert, Transfer
 
 __all__ = [
+    "AUTHORIZATION_CANCELED_TOPIC",
     "AUTHORIZATION_USED_TOPIC",
     "DEV_CHAIN_ID",
     "DEV_NETWORK",
     "DEV_NETWORK_V1",
     "FACILITATOR_ADDRESS",
     "REVERT_INVALID_SIGNATURE",
+    "TRANSFER_TOPIC",
     "ChainRpc",
     "JsonRpcError",
     "LedgerEvmSigner",
     "TokenInfo",
+    "cancel_authorization_digest",
     "default_tokens",
 ]
 
@@ -218,16 +222,9 @@ class LedgerEvmSigner:
         row = self.ledger.settlement(tx_hash)
         if row is None:
             raise RuntimeError(f"transaction {tx_hash} not found in the dev ledger")
-        log = {
-            "address": row["asset"],
-            "topics": [
-                ERC20_TRANSFER_EVENT_TOPIC,
-                _address_topic(row["from_address"]),
-                _address_topic(row["to_address"]),
-            ],
-            "data": "0x" + int(row["amount"]).to_bytes(32, "big").hex(),
-        }
-        return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=[log])
+        return TransactionReceipt(
+            status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=transfer_logs(row, row["tx_hash"])
+        )
 
     def verify_typed_data(
         self,
@@ -263,6 +260,31 @@ class LedgerEvmSigner:
         except Exception:  # noqa: BLE001 -- any malformed typed data or signature is not a valid one
             return False
         return recovered.lower() == address.lower()
+
+    # -- transactions sent to the token directly, not through the facilitator --
+
+    def cancel_authorization(self, asset: str, authorizer: str, nonce: bytes | str, signature: bytes) -> str:
+        """EIP-3009 ``cancelAuthorization``: the authorizer's signed CancelAuthorization spends the
+        nonce, and no funds move. Returns the transaction hash; reverts like the token."""
+        token = self.tokens.get(to_checksum_address(asset))
+        if token is None:
+            raise LedgerRevert(f"{asset} has no contract code in the dev ledger")
+        if self.ledger.authorization_state(self.network, asset, authorizer, nonce):
+            raise LedgerRevert(REVERT_NONCE_USED)
+        if not self.trust_signatures:
+            digest = cancel_authorization_digest(token, self.chain_id, asset, authorizer, nonce)
+            if _recover_eoa(digest, signature) != to_checksum_address(authorizer):
+                raise LedgerRevert(REVERT_INVALID_SIGNATURE)
+        return self.ledger.cancel_authorization(self.network, asset, authorizer, nonce)
+
+    def submit_transfer(self, transfer: Transfer, signature: bytes) -> str:
+        """``transferWithAuthorization`` sent by anyone holding the signed authorization (the
+        facilitator is not the only one who can): the same checks, the same transfer."""
+        token = self.tokens.get(to_checksum_address(transfer.asset))
+        if token is None:
+            raise LedgerRevert(f"{transfer.asset} has no contract code in the dev ledger")
+        self._authorize(token, transfer, signature)
+        return self.ledger.transfer_with_authorization(transfer)
 
     # -- the simulated contracts ---------------------------------------------
 
@@ -358,6 +380,32 @@ class LedgerEvmSigner:
 
 #: ``AuthorizationUsed(address indexed authorizer, bytes32 indexed nonce)``, emitted by EIP-3009 tokens.
 AUTHORIZATION_USED_TOPIC = "0x" + keccak(text="AuthorizationUsed(address,bytes32)").hex()
+#: ``AuthorizationCanceled(address indexed authorizer, bytes32 indexed nonce)``, emitted by ``cancelAuthorization``.
+AUTHORIZATION_CANCELED_TOPIC = "0x" + keccak(text="AuthorizationCanceled(address,bytes32)").hex()
+#: ERC-20 ``Transfer(address indexed from, address indexed to, uint256 value)``.
+TRANSFER_TOPIC = ERC20_TRANSFER_EVENT_TOPIC
+
+_DOMAIN_TYPE = keccak(text="EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)")
+_CANCEL_TYPE = keccak(text="CancelAuthorization(address authorizer,bytes32 nonce)")
+
+#: Every transaction of the dev chain is in this one block.
+BLOCK_NUMBER = "0x1"
+BLOCK_HASH = "0x" + keccak(text="a2a-gate dev chain block 1").hex()
+
+
+def cancel_authorization_digest(
+    token: TokenInfo, chain_id: int, asset: str, authorizer: str, nonce: bytes | str
+) -> bytes:
+    """The EIP-712 digest a FiatToken checks a ``cancelAuthorization`` signature against."""
+    raw_nonce = nonce if isinstance(nonce, bytes) else bytes.fromhex(nonce.removeprefix("0x"))
+    domain = keccak(
+        abi_encode(
+            ["bytes32", "bytes32", "bytes32", "uint256", "address"],
+            [_DOMAIN_TYPE, keccak(text=token.name), keccak(text=token.version), chain_id, to_checksum_address(asset)],
+        )
+    )
+    struct = keccak(abi_encode(["bytes32", "address", "bytes32"], [_CANCEL_TYPE, authorizer, raw_nonce]))
+    return keccak(b"\x19\x01" + domain + struct)
 
 
 class JsonRpcError(Exception):
@@ -370,8 +418,11 @@ class ChainRpc:
     """The little Ethereum JSON-RPC a settlement checker needs, answered from the ledger.
 
     ``eth_call`` runs any view function the simulated contracts know (among them
-    ``authorizationState``); ``eth_getLogs`` returns the ``AuthorizationUsed`` logs of
-    spent authorizations, with the transaction that spent each.
+    ``authorizationState``); ``eth_getLogs`` returns the ``AuthorizationUsed`` log of a
+    transfer's authorization, or the ``AuthorizationCanceled`` log of a canceled one;
+    ``eth_getTransactionReceipt`` returns a transaction's receipt in the standard shape: a
+    transfer's carries its ``AuthorizationUsed`` and ERC-20 ``Transfer`` logs, a cancel's its
+    ``AuthorizationCanceled`` log, an unknown hash is null.
     """
 
     def __init__(self, signer: LedgerEvmSigner) -> None:
@@ -380,10 +431,14 @@ class ChainRpc:
     def answer(self, method: Any, params: list[Any]) -> Any:
         if method == "eth_chainId":
             return hex(self.signer.chain_id)
+        if method == "eth_blockNumber":
+            return BLOCK_NUMBER
         if method == "eth_call":
             return self._call(params[0] if params else None)
         if method == "eth_getLogs":
             return self._logs(params[0] if params else None)
+        if method == "eth_getTransactionReceipt":
+            return self._receipt(params[0] if params else None)
         raise JsonRpcError(-32601, "method not found")
 
     def _call(self, tx: Any) -> str:
@@ -404,27 +459,80 @@ class ChainRpc:
         if not isinstance(query, dict) or not isinstance(query.get("topics"), list):
             raise JsonRpcError(-32602, "eth_getLogs needs a filter with topics")
         topics = query["topics"]
-        if len(topics) != 3 or topics[0] != AUTHORIZATION_USED_TOPIC:
-            return []  # the dev chain only indexes AuthorizationUsed(authorizer, nonce)
+        if len(topics) != 3 or topics[0] not in (AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC):
+            return []  # the dev chain only indexes AuthorizationUsed / AuthorizationCanceled(authorizer, nonce)
+        ledger, network = self.signer.ledger, self.signer.network
         try:
             asset = to_checksum_address(query.get("address"))
             authorizer = to_checksum_address("0x" + str(topics[1])[-40:])
-            tx_hash = self.signer.ledger.authorization_tx(self.signer.network, asset, authorizer, str(topics[2]))
+            nonce = str(topics[2])
+            if topics[0] == AUTHORIZATION_USED_TOPIC:
+                tx_hash = ledger.authorization_tx(network, asset, authorizer, nonce)
+            else:
+                tx_hash = ledger.cancellation_tx(network, asset, authorizer, nonce)
         except (ValueError, TypeError):
             raise JsonRpcError(-32602, "bad address or topic") from None
         if tx_hash is None:
             return []
-        return [
-            {
-                "address": asset.lower(),
-                "topics": topics,
-                "data": "0x",
-                "blockNumber": "0x1",
-                "transactionHash": tx_hash,
-                "logIndex": "0x0",
-                "removed": False,
-            }
-        ]
+        receipt = self._receipt(tx_hash)
+        return [log for log in receipt["logs"] if log["topics"][0] == topics[0]] if receipt else []
+
+    def _receipt(self, tx_hash: Any) -> dict[str, Any] | None:
+        if not isinstance(tx_hash, str) or not _HASH.fullmatch(tx_hash):
+            raise JsonRpcError(-32602, "eth_getTransactionReceipt needs a 32-byte transaction hash")
+        tx_hash = tx_hash.lower()
+        ledger = self.signer.ledger
+        transfer = ledger.settlement(tx_hash)
+        if transfer is not None:
+            asset = transfer["asset"]
+            logs = transfer_logs(transfer, tx_hash)
+        else:
+            cancel = ledger.cancellation(tx_hash)
+            if cancel is None:
+                return None
+            asset, authorizer = cancel["asset"], cancel["authorizer"]
+            topics = [AUTHORIZATION_CANCELED_TOPIC, _address_topic(authorizer), cancel["nonce"]]
+            logs = [_log(asset, topics, "0x", tx_hash, 0)]
+        return {
+            "transactionHash": tx_hash,
+            "transactionIndex": "0x0",
+            "blockHash": BLOCK_HASH,
+            "blockNumber": BLOCK_NUMBER,
+            "from": self.signer.address.lower(),
+            "to": asset.lower(),
+            "contractAddress": None,
+            "cumulativeGasUsed": "0x0",
+            "gasUsed": "0x0",
+            "type": "0x2",
+            "status": "0x1",
+            "logs": logs,
+        }
+
+
+_HASH = re.compile(r"0x[0-9a-fA-F]{64}")
+
+
+def transfer_logs(transfer: dict[str, Any], tx_hash: str) -> list[dict[str, Any]]:
+    """What a ``transferWithAuthorization`` emits, in order: ``AuthorizationUsed``, then ``Transfer``."""
+    asset, authorizer = transfer["asset"], transfer["from_address"]
+    used = [AUTHORIZATION_USED_TOPIC, _address_topic(authorizer), transfer["nonce"]]
+    moved = [TRANSFER_TOPIC, _address_topic(authorizer), _address_topic(transfer["to_address"])]
+    value = "0x" + int(transfer["amount"]).to_bytes(32, "big").hex()
+    return [_log(asset, used, "0x", tx_hash, 0), _log(asset, moved, value, tx_hash, 1)]
+
+
+def _log(address: str, topics: list[str], data: str, tx_hash: str, index: int) -> dict[str, Any]:
+    return {
+        "address": address.lower(),
+        "topics": topics,
+        "data": data,
+        "blockNumber": BLOCK_NUMBER,
+        "blockHash": BLOCK_HASH,
+        "transactionHash": tx_hash,
+        "transactionIndex": "0x0",
+        "logIndex": hex(index),
+        "removed": False,
+    }
 
 
 def _address_topic(address: str) -> str:

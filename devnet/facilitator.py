@@ -12,7 +12,11 @@ recovery is skipped, everything else (amounts, recipient, time window, nonces,
 balances) is still checked. Never point real money at it.
 
 Tests can make the facilitator misbehave through ``POST /dev/faults``
-(``devnet.faults``) and count charges through ``GET /dev/ledger``.
+(``devnet.faults``) and count charges through ``GET /dev/ledger``. The simulated chain
+answers Ethereum JSON-RPC at ``POST /rpc`` and takes the transactions anyone may send
+to the token without the facilitator: ``POST /dev/chain/cancelAuthorization`` (a payer
+gives up an authorization it signed) and ``POST /dev/chain/transferWithAuthorization``
+(someone else submits a signed authorization first).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from .chain import (
     default_tokens,
 )
 from .faults import DEV_FAULT_REASON, FaultInjector
-from .ledger import DEFAULT_INITIAL_BALANCE, DevLedger
+from .ledger import DEFAULT_INITIAL_BALANCE, DevLedger, LedgerRevert, Transfer
 
 __all__ = [
     "DEV_CHAIN_ID",
@@ -356,7 +360,7 @@ def _refusal(kind: str, reason: str, payload: Any, requirements: Any) -> VerifyR
 
 
 async def chain_rpc(request: Request) -> Response:
-    """The simulated chain's Ethereum JSON-RPC: ``eth_call`` and ``eth_getLogs`` on the ledger."""
+    """The simulated chain's Ethereum JSON-RPC (``eth_call``, ``eth_getLogs``, ``eth_getTransactionReceipt``)."""
     try:
         call = _load_json(await request.body())
     except ValueError as exc:
@@ -394,13 +398,79 @@ async def dev_faults(request: Request) -> Response:
 async def dev_ledger(request: Request) -> Response:
     state = request.app.state
     settlements = await run_in_threadpool(state.ledger.settlements)
+    cancellations = await run_in_threadpool(state.ledger.cancellations)
     return JSONResponse(
         {
             "settlements": settlements,
+            "cancellations": cancellations,
             "verify_calls": state.calls["verify"],
             "settle_calls": state.calls["settle"],
         }
     )
+
+
+async def _chain_request(request: Request, fields: tuple[str, ...]) -> dict[str, Any]:
+    """A direct transaction's fields, all present and well-formed, or BadRequest."""
+    try:
+        data = _load_json(await request.body())
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    if not isinstance(data, dict):
+        raise BadRequest("body must be a JSON object")
+    for name in fields:
+        if name in ("asset", "authorizer", "from", "to"):
+            _require_address(data.get(name), name)
+        elif name == "nonce":
+            _require_hex(data.get(name), name, length=32)
+        elif name == "signature":
+            _require_hex(data.get(name), name, length=65)
+        else:
+            _require_uint(data.get(name), name)
+    return data
+
+
+async def _chain_transaction(request: Request, fields: tuple[str, ...], send: Any) -> Response:
+    try:
+        data = await _chain_request(request, fields)
+    except BadRequest as exc:
+        return _error(400, "invalid_request", str(exc))
+    try:
+        tx_hash = await run_in_threadpool(send, data)
+    except LedgerRevert as exc:
+        return _error(400, "reverted", exc.reason)
+    return JSONResponse({"transactionHash": tx_hash})
+
+
+async def dev_cancel_authorization(request: Request) -> Response:
+    """EIP-3009 ``cancelAuthorization(authorizer, nonce, signature)``, sent to the token directly."""
+    signer = request.app.state.signer
+
+    def send(data: dict[str, Any]) -> str:
+        signature = bytes.fromhex(data["signature"].removeprefix("0x"))
+        return signer.cancel_authorization(data["asset"], data["authorizer"], data["nonce"], signature)
+
+    return await _chain_transaction(request, ("asset", "authorizer", "nonce", "signature"), send)
+
+
+async def dev_transfer_with_authorization(request: Request) -> Response:
+    """``transferWithAuthorization`` sent to the token directly, by anyone holding the signature."""
+    signer = request.app.state.signer
+    fields = ("asset", "from", "to", "value", "validAfter", "validBefore", "nonce", "signature")
+
+    def send(data: dict[str, Any]) -> str:
+        transfer = Transfer.create(
+            network=signer.network,
+            asset=data["asset"],
+            from_address=data["from"],
+            to_address=data["to"],
+            value=int(data["value"]),
+            valid_after=int(data["validAfter"]),
+            valid_before=int(data["validBefore"]),
+            nonce=data["nonce"],
+        )
+        return signer.submit_transfer(transfer, bytes.fromhex(data["signature"].removeprefix("0x")))
+
+    return await _chain_transaction(request, fields, send)
 
 
 def create_facilitator_app(
@@ -428,6 +498,8 @@ def create_facilitator_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/dev/faults", dev_faults, methods=["POST"]),
         Route("/dev/ledger", dev_ledger, methods=["GET"]),
+        Route("/dev/chain/cancelAuthorization", dev_cancel_authorization, methods=["POST"]),
+        Route("/dev/chain/transferWithAuthorization", dev_transfer_with_authorization, methods=["POST"]),
         Route("/rpc", chain_rpc, methods=["POST"]),
     ]
     middleware = [Middleware(BearerAuthMiddleware, token=auth_token)] if auth_token else []

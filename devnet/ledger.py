@@ -10,6 +10,10 @@ Every write is a single ``BEGIN IMMEDIATE`` transaction, so the "is the nonce
 unused and is the balance sufficient?" check and the transfer it guards cannot
 interleave with another writer, whether that writer is another thread of this
 process or another facilitator process using the same database file.
+
+Besides transfers, the ledger keeps what else spends a nonce on a FiatToken:
+``cancelAuthorization`` (the authorizer gives the authorization up; no funds move),
+so that "the nonce is used" and "the payment was made" stay two different facts.
 """
 
 from __future__ import annotations
@@ -169,6 +173,11 @@ class DevLedger:
             pk="tx_hash",
             if_not_exists=True,
         )
+        self.db.table("cancellations").create(
+            {"tx_hash": str, "network": str, "asset": str, "authorizer": str, "nonce": str, "created_at": str},
+            pk="tx_hash",
+            if_not_exists=True,
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -209,10 +218,22 @@ class DevLedger:
             )
 
     def authorization_tx(self, network: str, asset: str, authorizer: str, nonce: bytes | str) -> str | None:
-        """The transaction that used an authorization (its ``AuthorizationUsed`` log), or None."""
+        """The transfer that used an authorization (its ``AuthorizationUsed`` log), or None.
+
+        A canceled authorization is spent too, but no transfer used it: None.
+        """
         with self._lock:
             row = self.db.execute(
-                "SELECT tx_hash FROM nonces WHERE network = ? AND asset = ? AND authorizer = ? AND nonce = ?",
+                "SELECT tx_hash FROM settlements WHERE network = ? AND asset = ? AND from_address = ? AND nonce = ?",
+                [network, to_checksum_address(asset), to_checksum_address(authorizer), _canonical_nonce(nonce)],
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def cancellation_tx(self, network: str, asset: str, authorizer: str, nonce: bytes | str) -> str | None:
+        """The ``cancelAuthorization`` that spent an authorization (its ``AuthorizationCanceled`` log), or None."""
+        with self._lock:
+            row = self.db.execute(
+                "SELECT tx_hash FROM cancellations WHERE network = ? AND asset = ? AND authorizer = ? AND nonce = ?",
                 [network, to_checksum_address(asset), to_checksum_address(authorizer), _canonical_nonce(nonce)],
             ).fetchone()
         return None if row is None else row[0]
@@ -231,6 +252,16 @@ class DevLedger:
         """All settlements, oldest first."""
         with self._lock:
             return list(self.db["settlements"].rows_where(order_by="rowid"))
+
+    def cancellation(self, tx_hash: str) -> dict[str, Any] | None:
+        with self._lock:
+            rows = list(self.db["cancellations"].rows_where("tx_hash = ?", [tx_hash.lower()]))
+        return rows[0] if rows else None
+
+    def cancellations(self) -> list[dict[str, Any]]:
+        """All canceled authorizations, oldest first."""
+        with self._lock:
+            return list(self.db["cancellations"].rows_where(order_by="rowid"))
 
     # -- writes --------------------------------------------------------------
 
@@ -270,6 +301,30 @@ class DevLedger:
                     str(t.valid_before),
                     created_at,
                 ],
+            )
+        return tx_hash
+
+    def cancel_authorization(self, network: str, asset: str, authorizer: str, nonce: bytes | str) -> str:
+        """Spend the nonce without moving funds, like EIP-3009 ``cancelAuthorization``; return the tx hash.
+
+        Raises ``LedgerRevert`` (and changes nothing) when the nonce is already spent.
+        The time window does not matter: FiatToken lets an authorizer cancel at any time.
+        """
+        asset, authorizer, nonce = to_checksum_address(asset), to_checksum_address(authorizer), _canonical_nonce(nonce)
+        seed = "|".join((network, asset, authorizer, nonce))
+        tx_hash = "0x" + keccak(text="a2a-gate-dev-ledger-cancel|" + seed).hex()
+        created_at = datetime.now(UTC).isoformat()
+        with self._immediate():
+            if self._nonce_used(network, asset, authorizer, nonce):
+                raise LedgerRevert(REVERT_NONCE_USED)
+            self.db.execute(
+                "INSERT INTO nonces (network, asset, authorizer, nonce, tx_hash, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                [network, asset, authorizer, nonce, tx_hash, created_at],
+            )
+            self.db.execute(
+                "INSERT INTO cancellations (tx_hash, network, asset, authorizer, nonce, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [tx_hash, network, asset, authorizer, nonce, created_at],
             )
         return tx_hash
 

@@ -3,6 +3,11 @@
 The signing itself is the x402 package's client (``x402ClientSync`` with the
 exact-EVM client schemes and an eth-account key), so a payment produced here
 is byte-for-byte what a real x402 buyer would send.
+
+A payer can also spend its own authorization without the facilitator, as on a real
+chain: give it up (``sign_cancel_authorization``) or sign the same nonce over to
+someone else (``sign_transfer_authorization``). The simulated chain takes both at
+``/dev/chain/...`` (``devnet.facilitator``).
 """
 
 from __future__ import annotations
@@ -12,11 +17,22 @@ import json
 from typing import Any
 
 from eth_account import Account
+from eth_account.messages import encode_typed_data
+from eth_utils import to_checksum_address
 from x402 import x402ClientSync
 from x402.mechanisms.evm.exact import register_exact_evm_client
 from x402.schemas import PaymentRequired, PaymentRequiredV1
 
-__all__ = ["encode_header", "new_private_key", "sign_payment", "sign_payment_v1"]
+from devnet.chain import DEV_CHAIN_ID, DEV_NETWORK, default_tokens
+
+__all__ = [
+    "encode_header",
+    "new_private_key",
+    "sign_cancel_authorization",
+    "sign_payment",
+    "sign_payment_v1",
+    "sign_transfer_authorization",
+]
 
 
 def _client(private_key: str) -> x402ClientSync:
@@ -61,3 +77,71 @@ def encode_header(payload: dict[str, Any]) -> str:
 def new_private_key() -> str:
     """A fresh throwaway key, 0x-prefixed hex."""
     return "0x" + bytes(Account.create().key).hex()
+
+
+def _domain(asset: str, network: str) -> dict[str, Any]:
+    """The token's EIP-712 domain, as the simulated chain plays it."""
+    token = default_tokens(network)[to_checksum_address(asset)]
+    return {"name": token.name, "version": token.version, "chainId": DEV_CHAIN_ID, "verifyingContract": asset}
+
+
+def _sign(
+    private_key: str, domain: dict[str, Any], primary: str, fields: list[dict[str, str]], message: dict[str, Any]
+) -> str:
+    signable = encode_typed_data(domain_data=domain, message_types={primary: fields}, message_data=message)
+    return "0x" + bytes(Account.sign_message(signable, private_key).signature).hex()
+
+
+def sign_cancel_authorization(
+    private_key: str, *, asset: str, nonce: str, network: str = DEV_NETWORK
+) -> dict[str, str]:
+    """The payer gives up an authorization (EIP-3009 ``cancelAuthorization``): its nonce is spent,
+    no funds move. Returns the body of ``POST /dev/chain/cancelAuthorization``."""
+    authorizer = Account.from_key(private_key).address
+    fields = [{"name": "authorizer", "type": "address"}, {"name": "nonce", "type": "bytes32"}]
+    message = {"authorizer": authorizer, "nonce": nonce}
+    signature = _sign(private_key, _domain(asset, network), "CancelAuthorization", fields, message)
+    return {"asset": asset, "authorizer": authorizer, "nonce": nonce, "signature": signature}
+
+
+def sign_transfer_authorization(
+    private_key: str,
+    *,
+    asset: str,
+    to: str,
+    value: int,
+    nonce: str,
+    valid_after: int,
+    valid_before: int,
+    network: str = DEV_NETWORK,
+) -> dict[str, str]:
+    """An EIP-3009 ``transferWithAuthorization`` signed by the payer, to be sent by anyone.
+    Returns the body of ``POST /dev/chain/transferWithAuthorization``."""
+    sender = Account.from_key(private_key).address
+    fields = [
+        {"name": "from", "type": "address"},
+        {"name": "to", "type": "address"},
+        {"name": "value", "type": "uint256"},
+        {"name": "validAfter", "type": "uint256"},
+        {"name": "validBefore", "type": "uint256"},
+        {"name": "nonce", "type": "bytes32"},
+    ]
+    message = {
+        "from": sender,
+        "to": to_checksum_address(to),
+        "value": int(value),
+        "validAfter": int(valid_after),
+        "validBefore": int(valid_before),
+        "nonce": nonce,
+    }
+    signature = _sign(private_key, _domain(asset, network), "TransferWithAuthorization", fields, message)
+    return {
+        "asset": asset,
+        "from": sender,
+        "to": message["to"],
+        "value": str(value),
+        "validAfter": str(valid_after),
+        "validBefore": str(valid_before),
+        "nonce": nonce,
+        "signature": signature,
+    }

@@ -1,11 +1,15 @@
-"""Settlement ground truth: ask the chain whether an EIP-3009 authorization was used.
+"""Settlement ground truth: ask the chain whether an EIP-3009 authorization PAID us.
 
 When the facilitator cannot tell us (timeouts, an outage, "nonce already used" after
-an attempt whose answer we never heard), the token contract can: its
-`authorizationState(authorizer, nonce)` says whether the authorization was spent, and
-its `AuthorizationUsed(authorizer, nonce)` event names the transaction that spent it.
-Both are read over plain Ethereum JSON-RPC (`eth_call`, `eth_getLogs`) from the
-endpoint configured for the payment's network.
+an attempt whose answer we never heard), the token contract can. A spent nonce is not
+yet a payment: `authorizationState(authorizer, nonce)` is also set by the payer's own
+`cancelAuthorization`, or by another `transferWithAuthorization` with the same nonce (to
+anyone, for any amount). So the evidence is a transfer: the `AuthorizationUsed(authorizer,
+nonce)` event names the transaction that spent the nonce, and that transaction's receipt
+must carry the token's `Transfer(payer, payTo, value)` with at least the price. A nonce
+spent by `AuthorizationCanceled`, or by a transaction without that transfer, is a payment
+that will never come. Everything is read over plain Ethereum JSON-RPC (`eth_call`,
+`eth_getLogs`, `eth_getTransactionReceipt`) from the endpoint configured for the network.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import httpx
 
 from server.config import NetworkConfig
 
-# The ABI needs no library for two fixed shapes (the production install carries none):
-# keccak("authorizationState(address,bytes32)")[:4] and keccak("AuthorizationUsed(address,bytes32)").
+# The ABI needs no library for a few fixed shapes (the production install carries none):
+# keccak("authorizationState(address,bytes32)")[:4], and the keccak of the three event signatures.
 AUTHORIZATION_STATE = "0xe94a0102"
 AUTHORIZATION_USED_TOPIC = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5"
+AUTHORIZATION_CANCELED_TOPIC = "0x1cdd46ff242716cdaa72d159d339a485b3438398348d68f09d7c8c0a59353d81"
+TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
 ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
 WORD = re.compile(r"^0x[0-9a-fA-F]{64}$")
 
@@ -42,8 +48,10 @@ class ChainUnavailable(Exception):
 
 @dataclass(frozen=True)
 class AuthorizationFacts:
-    used: bool
-    transaction: str = ""  # the transaction that used it, when its log was found
+    used: bool  # the nonce is spent: by a payment to us, a cancel, or another transfer
+    paid: bool = False  # the transaction that spent it moved at least the price from the payer to payTo
+    transaction: str = ""  # the transaction that spent it, when one did
+    detail: str = ""  # why a spent nonce is not a payment
 
 
 @dataclass(frozen=True)
@@ -92,15 +100,28 @@ class Chain:
     def knows(self, network: str) -> bool:
         return network in self.networks
 
-    async def facts(self, authorization: Authorization) -> AuthorizationFacts:
-        used = await self._authorization_state(authorization)
-        if not used:
+    async def facts(self, authorization: Authorization, pay_to: str, amount: int) -> AuthorizationFacts:
+        """What the chain says of `authorization` as a payment of `amount` to `pay_to`.
+
+        Raises `ChainUnavailable` when it cannot say (no endpoint, an outage, a spent nonce
+        whose spending transaction cannot be found): that is never read as paid or unpaid."""
+        if not ADDRESS.match(pay_to):
+            raise ChainUnavailable("pay_to_not_an_address")
+        if not await self._authorization_state(authorization):
             return AuthorizationFacts(used=False)
-        try:  # the state is the ground truth; the log only names the transaction (providers cap log ranges)
-            transaction = await self._used_in(authorization)
-        except ChainUnavailable:
-            transaction = ""
-        return AuthorizationFacts(used=True, transaction=transaction)
+        transaction = await self._spent_in(authorization, AUTHORIZATION_USED_TOPIC)
+        if not transaction:
+            if await self._spent_in(authorization, AUTHORIZATION_CANCELED_TOPIC):
+                return AuthorizationFacts(used=True, detail="authorization canceled by the payer")
+            raise ChainUnavailable("nonce_spent_but_no_log_found")
+        moved = await self._transferred(authorization, transaction, pay_to)
+        if moved >= amount > 0:
+            return AuthorizationFacts(used=True, paid=True, transaction=transaction)
+        return AuthorizationFacts(
+            used=True,
+            transaction=transaction,
+            detail=f"nonce spent by a transaction moving {moved} (of {amount}) to payTo: front-run or spent elsewhere",
+        )
 
     async def _authorization_state(self, a: Authorization) -> bool:
         data = AUTHORIZATION_STATE + address_word(a.authorizer) + a.nonce.removeprefix("0x")
@@ -109,8 +130,9 @@ class Chain:
             raise ChainUnavailable("malformed_eth_call_answer")
         return int(result, 16) != 0
 
-    async def _used_in(self, a: Authorization) -> str:
-        topics = [AUTHORIZATION_USED_TOPIC, "0x" + address_word(a.authorizer), a.nonce]
+    async def _spent_in(self, a: Authorization, event_topic: str) -> str:
+        """The transaction of the token's `event_topic` log for this (authorizer, nonce), or ""."""
+        topics = [event_topic, "0x" + address_word(a.authorizer), a.nonce]
         logs = await self._rpc(
             a.network,
             "eth_getLogs",
@@ -122,6 +144,26 @@ class Chain:
             if isinstance(log, dict) and isinstance(log.get("transactionHash"), str):
                 return log["transactionHash"][:130]
         return ""
+
+    async def _transferred(self, a: Authorization, transaction: str, pay_to: str) -> int:
+        """How much the token moved from the authorizer to `pay_to` in `transaction` (its receipt's logs)."""
+        receipt = await self._rpc(a.network, "eth_getTransactionReceipt", [transaction])
+        if not isinstance(receipt, dict) or not isinstance(receipt.get("logs"), list):
+            raise ChainUnavailable("malformed_or_missing_receipt")
+        if receipt.get("status") not in ("0x1", 1, "1"):
+            return 0
+        wanted = [TRANSFER_TOPIC, "0x" + address_word(a.authorizer), "0x" + address_word(pay_to)]
+        moved = 0
+        for log in receipt["logs"]:
+            if not isinstance(log, dict) or str(log.get("address", "")).lower() != a.asset:
+                continue
+            topics = log.get("topics")
+            if not isinstance(topics, list) or [str(t).lower() for t in topics[:3]] != wanted:
+                continue
+            data = log.get("data")
+            if isinstance(data, str) and WORD.match(data):
+                moved += int(data, 16)
+        return moved
 
     async def _rpc(self, network: str, method: str, params: list[Any]) -> Any:
         config = self.networks.get(network)

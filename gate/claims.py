@@ -11,9 +11,15 @@ again later) | unsettled (written off) | needs_attention. A claim for work that 
 not delivered is released: the row goes, and the same token may try again. A claim in
 `settling` is never released: its settle call may have been sent.
 
-Ownership is an instance id (random per process start) and a lease the owner renews
-while the work is alive. A claim in `running` or `settling` whose lease ran out is an
-orphan, whatever any pid says: pid 1 in a container is always "alive".
+Ownership is fenced. Whoever inserts a claim, or takes one over (an orphan, an owed
+claim), mints a new fence and holds it as a `Hold`; every later write names the fence
+and the state it expects, and a write that changes no row raises `ClaimLost`: the
+claim is someone else's now, so the work it covered must not be delivered, settled
+or released by us. The owner renews a lease while the work is alive; a claim in
+`running` or `settling` whose lease ran out is an orphan, whatever any pid says (pid 1
+in a container is always "alive"). Lease time is the database's clock
+(`Database.clock_sql`), never a process's own, so a replica whose clock is off
+neither steals live claims nor is fooled about its own.
 
 Every operation is a method here, in portable SQL over `server.database.Database`, and
 rows leave as `Claim` values: SQLite and PostgreSQL run the same code, and either
@@ -23,13 +29,16 @@ database enforces the unique keys (the claim is an ``INSERT ... ON CONFLICT DO N
 from __future__ import annotations
 
 import json
+import logging
 import secrets
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from server.database import Database, Migration
+
+logger = logging.getLogger("a2a_gate.claims")
 
 
 class ClaimState(StrEnum):
@@ -38,11 +47,12 @@ class ClaimState(StrEnum):
     SETTLED = "settled"
     SETTLE_FAILED = "settle_failed"  # owed: delivered, settlement to be retried
     UNSETTLED = "unsettled"  # terminal: delivered, not paid, written off
-    NEEDS_ATTENTION = "needs_attention"  # terminal: unknown, an operator must look
+    NEEDS_ATTENTION = "needs_attention"  # terminal until an operator re-opens it
 
 
 LIVE_STATES = (ClaimState.RUNNING, ClaimState.SETTLING)
 FINAL_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION)
+RECORDED_STATES = (*FINAL_STATES, ClaimState.SETTLE_FAILED)  # a settle pass's outcome is on the claim
 DEFAULT_LEASE_SECONDS = 30.0
 
 # Columns added after the first release; existing files gain them on start.
@@ -56,7 +66,25 @@ MIGRATED_COLUMNS = {
     "receipt": "TEXT NOT NULL DEFAULT ''",  # the settle response (JSON), once settled
     "task_outdated": "INTEGER NOT NULL DEFAULT 0",  # 1: the outcome is not on the stored task yet
     "withheld": "TEXT NOT NULL DEFAULT ''",  # a withholding agent's answer (JSON) until paid
+    "fence": "TEXT NOT NULL DEFAULT ''",  # minted at the insert and at every takeover
 }
+
+
+@dataclass(frozen=True)
+class Hold:
+    """This process's right to write one claim: the fence minted when it inserted or took it."""
+
+    token_digest: str
+    fence: str
+
+
+class ClaimLost(Exception):
+    """A fenced write changed no row: the claim was taken over (or ended) elsewhere."""
+
+    def __init__(self, hold: Hold, write: str) -> None:
+        super().__init__(f"claim {hold.token_digest[:12]} is no longer ours ({write})")
+        self.hold = hold
+        self.write = write
 
 
 @dataclass(frozen=True)
@@ -82,6 +110,11 @@ class Claim:
     withheld: dict[str, Any] | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    fence: str = ""
+
+    @property
+    def hold(self) -> Hold:
+        return Hold(self.token_digest, self.fence)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:
@@ -105,6 +138,7 @@ class Claim:
             withheld=json.loads(row["withheld"]) if row["withheld"] else None,
             created_at=row["created_at"] or 0.0,
             updated_at=row["updated_at"] or 0.0,
+            fence=row["fence"] or "",
         )
 
 
@@ -113,6 +147,7 @@ class Outcome:
     kind: str  # new | replay | in_flight | conflict
     claim: Claim | None = None
     reason: str = ""
+    hold: Hold | None = None  # for "new": the fence every later write of this request names
 
 
 _COLUMNS = (
@@ -153,7 +188,18 @@ _POSTGRES_TABLES = (
     + ")",
     *_INDEXES,
 )
-MIGRATIONS = (Migration(sqlite=_sqlite_tables, postgresql=_POSTGRES_TABLES),)
+MIGRATIONS = (
+    Migration(sqlite=_sqlite_tables, postgresql=_POSTGRES_TABLES),
+    # the fence (a PostgreSQL database made by the first version lacks it; SQLite gains it above)
+    Migration(
+        sqlite=_sqlite_tables,
+        postgresql=("ALTER TABLE claims ADD COLUMN IF NOT EXISTS fence TEXT NOT NULL DEFAULT ''",),
+    ),
+)
+
+
+def mint_fence() -> str:
+    return secrets.token_hex(8)
 
 
 class Claims:
@@ -161,19 +207,30 @@ class Claims:
         self.db = db
         self.instance = secrets.token_hex(8)  # this process start; never reused
         self.lease_seconds = lease_seconds
-        self.held: set[str] = set()  # digests whose work is alive in this process
+        self.held: dict[str, str] = {}  # digest -> fence, for the claims whose work is alive here
+        # told of every claim found lost (the gate logs and counts it)
+        self.on_lost: Callable[[ClaimLost], None] = lambda lost: None
+
+    @property
+    def now(self) -> str:
+        """The database's clock, in SQL: every lease and schedule is judged by it."""
+        return self.db.clock_sql
 
     async def create_tables(self) -> None:
         await self.db.migrate("claims", MIGRATIONS)
 
+    async def database_time(self) -> float:
+        return float(await self.db.fetchval(f"SELECT {self.now} AS now"))
+
     # -- the request path --------------------------------------------------------
 
     async def claim(self, token_digest: str, nonce_key: str, request_digest: str, agent: str, sealed: str) -> Outcome:
-        now = time.time()
+        fence = mint_fence()
         added = await self.db.execute(
             "INSERT INTO claims (token_digest, nonce_key, request_digest, agent, state, task_id, payer,"
-            " owner_pid, owner_instance, lease_until, created_at, updated_at, sealed_payment)"
-            " VALUES (?, ?, ?, ?, ?, '', '', 0, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            " owner_pid, owner_instance, fence, lease_until, created_at, updated_at, sealed_payment)"
+            f" VALUES (?, ?, ?, ?, ?, '', '', 0, ?, ?, {self.now} + ?, {self.now}, {self.now}, ?)"
+            " ON CONFLICT DO NOTHING",
             (
                 token_digest,
                 nonce_key,
@@ -181,15 +238,14 @@ class Claims:
                 agent,
                 ClaimState.RUNNING,
                 self.instance,
-                now + self.lease_seconds,
-                now,
-                now,
+                fence,
+                self.lease_seconds,
                 sealed,
             ),
         )
         if added:
-            self.held.add(token_digest)
-            return Outcome("new")
+            self.held[token_digest] = fence
+            return Outcome("new", hold=Hold(token_digest, fence))
         claim = await self.find(token_digest)
         if claim is None:
             return Outcome("conflict", reason="authorization_nonce_already_used")
@@ -203,32 +259,39 @@ class Claims:
         row = await self.db.fetchrow("SELECT * FROM claims WHERE token_digest = ?", (token_digest,))
         return None if row is None else Claim.from_row(row)
 
-    async def bind(self, token_digest: str, payer: str, task_id: str) -> None:
-        await self._set(token_digest, payer=payer, task_id=task_id)
+    async def bind(self, hold: Hold, payer: str, task_id: str) -> None:
+        """Name the payer and the task; the execution may already have delivered (any state)."""
+        await self._write(hold, "bind", tuple(ClaimState), payer=payer, task_id=task_id)
 
-    async def release(self, token_digest: str) -> bool:
-        """Drop a claim whose work was not delivered; never one that is settling or beyond."""
-        self.held.discard(token_digest)
+    async def release(self, hold: Hold) -> None:
+        """Drop a claim whose work was not delivered; never one that is settling or beyond
+        (that raises `ClaimLost`, as does a claim taken over by someone else)."""
+        self.held.pop(hold.token_digest, None)
         deleted = await self.db.execute(
-            "DELETE FROM claims WHERE token_digest = ? AND state = ?", (token_digest, ClaimState.RUNNING)
+            "DELETE FROM claims WHERE token_digest = ? AND fence = ? AND state = ?",
+            (hold.token_digest, hold.fence, ClaimState.RUNNING),
         )
-        return deleted == 1
+        if deleted != 1:
+            self._lost(hold, "release")
 
-    async def mark_delivered(self, token_digest: str, withheld: dict[str, Any] | None = None) -> None:
+    async def mark_delivered(self, hold: Hold, withheld: dict[str, Any] | None = None) -> None:
         """The work is delivered: from now on the claim is settled, owed or written off, never released."""
-        await self._set(
-            token_digest,
+        await self._write(
+            hold,
+            "mark_delivered",
+            (ClaimState.RUNNING,),
             state=ClaimState.SETTLING,
-            owner_instance=self.instance,
-            lease_until=time.time() + self.lease_seconds,
             withheld=json.dumps(withheld, separators=(",", ":")) if withheld is not None else "",
+            lease=True,
         )
 
     # -- settlement outcomes (callers wrap them in one transaction with the log row) --
 
-    async def settled(self, token_digest: str, receipt: dict[str, Any]) -> None:
-        await self._set(
-            token_digest,
+    async def settled(self, hold: Hold, receipt: dict[str, Any]) -> None:
+        await self._write(
+            hold,
+            "settled",
+            (ClaimState.SETTLING,),
             state=ClaimState.SETTLED,
             sealed_payment="",
             last_error="",
@@ -236,104 +299,172 @@ class Claims:
             task_outdated=1,
         )
 
-    async def owed(self, token_digest: str, *, error: str, unknown: bool, passes: int, next_settle_at: float) -> None:
-        await self._set(
-            token_digest,
+    async def owed(self, hold: Hold, *, error: str, unknown: bool, passes: int, delay: float) -> None:
+        """Owed: the next pass is due `delay` seconds from now, by the database's clock."""
+        await self._write(
+            hold,
+            "owed",
+            (ClaimState.SETTLING,),
             state=ClaimState.SETTLE_FAILED,
             last_error=error[:200],
             settle_unknown=int(unknown),
             settle_passes=passes,
-            next_settle_at=next_settle_at,
+            next_settle_in=delay,
             task_outdated=1,
         )
 
-    async def terminal(self, token_digest: str, state: ClaimState, error: str) -> None:
+    async def terminal(self, hold: Hold, state: ClaimState, error: str) -> None:
         assert state in (ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION), state
-        await self._set(token_digest, state=state, last_error=error[:200], sealed_payment="", task_outdated=1)
+        # needs_attention keeps its sealed payment: an operator may re-open it (`reopen`)
+        sealed = {"sealed_payment": ""} if state == ClaimState.UNSETTLED else {}
+        await self._write(
+            hold, str(state), (ClaimState.SETTLING,), state=state, last_error=error[:200], task_outdated=1, **sealed
+        )
 
-    async def task_synced(self, token_digest: str, *, final: bool) -> None:
+    async def task_synced(self, hold: Hold, *, final: bool) -> None:
         """The stored task now shows the claim's outcome; a final one needs no withheld answer any more."""
-        self.held.discard(token_digest)
-        if final:
-            await self._set(token_digest, task_outdated=0, withheld="")
-        else:
-            await self._set(token_digest, task_outdated=0)
+        self.held.pop(hold.token_digest, None)
+        extra = {"withheld": ""} if final else {}
+        await self._write(hold, "task_synced", RECORDED_STATES, task_outdated=0, **extra)
 
-    def let_go(self, token_digest: str) -> None:
+    def let_go(self, hold: Hold) -> None:
         """Stop renewing: whatever is left (a task to repair) is for whoever finds the lease expired."""
-        self.held.discard(token_digest)
+        if self.held.get(hold.token_digest) == hold.fence:
+            del self.held[hold.token_digest]
 
     # -- owed work, orphans and repair (the reconciler) ---------------------------
 
-    async def take_owed(self, token_digest: str) -> Claim | None:
-        """Move one owed claim to settling for this process; None if someone else did."""
-        now = time.time()
+    async def take_owed(self, token_digest: str, *, due_only: bool = True) -> Claim | None:
+        """Move one owed claim to settling for this process, under a new fence; None if it is
+        not owed (any more), someone else took it, or (with `due_only`) its next pass is not due."""
+        fence = mint_fence()
+        schedule = f" AND next_settle_at <= {self.now}" if due_only else ""
         taken = await self.db.execute(
-            "UPDATE claims SET state = ?, owner_instance = ?, lease_until = ?, updated_at = ?"
-            " WHERE token_digest = ? AND state = ?",
-            (ClaimState.SETTLING, self.instance, now + self.lease_seconds, now, token_digest, ClaimState.SETTLE_FAILED),
+            f"UPDATE claims SET state = ?, owner_instance = ?, fence = ?, lease_until = {self.now} + ?,"
+            f" updated_at = {self.now} WHERE token_digest = ? AND state = ?{schedule}",
+            (
+                ClaimState.SETTLING,
+                self.instance,
+                fence,
+                self.lease_seconds,
+                token_digest,
+                ClaimState.SETTLE_FAILED,
+            ),
         )
         if taken != 1:
             return None
-        self.held.add(token_digest)
-        return await self.find(token_digest)
+        self.held[token_digest] = fence
+        claim = await self.find(token_digest)
+        return claim if claim is not None and claim.fence == fence else None
+
+    async def put_back(self, hold: Hold, error: str, delay: float) -> None:
+        """An owed claim we took but could not settle (a bug, a key we cannot use): owed again,
+        its lease released, due `delay` seconds from now; its pass count unchanged."""
+        self.held.pop(hold.token_digest, None)
+        await self._write(
+            hold,
+            "put_back",
+            (ClaimState.SETTLING,),
+            state=ClaimState.SETTLE_FAILED,
+            owner_instance="",
+            lease_until=0.0,
+            last_error=error[:200],
+            next_settle_in=delay,
+        )
+
+    async def reopen(self, task_id: str | None = None) -> int:
+        """`needs_attention` back to owed with a fresh pass budget (an operator fixed what was
+        missing, an `rpc_url` say); every such claim, or the one of `task_id`. Returns how many."""
+        where, args = "state = ?", [str(ClaimState.NEEDS_ATTENTION)]
+        if task_id is not None:
+            where, args = (where + " AND task_id = ?", [*args, task_id])
+        return await self.db.execute(
+            f"UPDATE claims SET state = ?, settle_passes = 0, next_settle_at = {self.now}, fence = ?,"
+            f" updated_at = {self.now} WHERE {where} AND sealed_payment != ''",
+            (ClaimState.SETTLE_FAILED, mint_fence(), *args),
+        )
 
     async def due(self, *, now: bool = False, limit: int = 100) -> list[Claim]:
         """Owed claims whose next settle attempt is due (all of them with `now`)."""
+        schedule = "" if now else f" AND next_settle_at <= {self.now}"
         rows = await self.db.fetch(
-            "SELECT * FROM claims WHERE state = ? AND next_settle_at <= ? ORDER BY next_settle_at LIMIT ?",
-            (ClaimState.SETTLE_FAILED, float("inf") if now else time.time(), limit),
+            f"SELECT * FROM claims WHERE state = ?{schedule} ORDER BY next_settle_at LIMIT ?",
+            (ClaimState.SETTLE_FAILED, limit),
         )
         return [Claim.from_row(r) for r in rows]
 
     async def orphans(self, limit: int = 100) -> list[Claim]:
-        """Claims left running or settling by an owner whose lease ran out (it is gone)."""
+        """Claims left running or settling by an owner whose lease ran out (it is gone, or stalled)."""
         rows = await self.db.fetch(
-            "SELECT * FROM claims WHERE state IN (?, ?) AND lease_until < ? LIMIT ?",
-            (*LIVE_STATES, time.time(), limit),
+            f"SELECT * FROM claims WHERE state IN (?, ?) AND lease_until < {self.now} LIMIT ?",
+            (*LIVE_STATES, limit),
         )
-        return [Claim.from_row(r) for r in rows if r["token_digest"] not in self.held]
+        return [Claim.from_row(r) for r in rows if self.held.get(r["token_digest"]) != r["fence"]]
 
-    async def take_orphan(self, claim: Claim) -> bool:
-        """Become the owner of an orphan, unless its owner renewed or someone else took it."""
-        now = time.time()
+    async def take_orphan(self, claim: Claim) -> Hold | None:
+        """Become the owner of an orphan under a new fence, unless its owner renewed or someone
+        else took it; from then on its previous owner can write nothing to it."""
+        fence = mint_fence()
         taken = await self.db.execute(
-            "UPDATE claims SET owner_instance = ?, lease_until = ?, updated_at = ?"
-            " WHERE token_digest = ? AND owner_instance = ? AND lease_until = ? AND lease_until < ?",
-            (
-                self.instance,
-                now + self.lease_seconds,
-                now,
-                claim.token_digest,
-                claim.owner_instance,
-                claim.lease_until,
-                now,
-            ),
+            f"UPDATE claims SET owner_instance = ?, fence = ?, lease_until = {self.now} + ?, updated_at = {self.now}"
+            f" WHERE token_digest = ? AND fence = ? AND state = ? AND lease_until < {self.now}",
+            (self.instance, fence, self.lease_seconds, claim.token_digest, claim.fence, claim.state),
         )
-        return taken == 1
+        if taken != 1:
+            return None
+        self.held[claim.token_digest] = fence
+        return Hold(claim.token_digest, fence)
 
-    async def orphan_settling(self, token_digest: str) -> None:
-        """A settling claim whose owner died: owed, and its settle may have been sent."""
-        await self.owed(token_digest, error="interrupted while settling", unknown=True, passes=0, next_settle_at=0.0)
+    async def orphan_settling(self, hold: Hold) -> None:
+        """A settling claim whose owner is gone: owed now, and its settle may have been sent."""
+        self.held.pop(hold.token_digest, None)
+        await self.owed(hold, error="interrupted while settling", unknown=True, passes=0, delay=0.0)
 
     async def outdated(self, limit: int = 100) -> list[Claim]:
         """Claims whose outcome never reached their stored task, and whose owner is gone."""
+        marks = ", ".join("?" for _ in RECORDED_STATES)
         rows = await self.db.fetch(
-            "SELECT * FROM claims WHERE task_outdated = 1 AND state IN (?, ?, ?, ?) AND lease_until < ? LIMIT ?",
-            (*FINAL_STATES, ClaimState.SETTLE_FAILED, time.time(), limit),
+            f"SELECT * FROM claims WHERE task_outdated = 1 AND state IN ({marks}) AND lease_until < {self.now} LIMIT ?",
+            (*RECORDED_STATES, limit),
         )
-        return [Claim.from_row(r) for r in rows if r["token_digest"] not in self.held]
+        return [Claim.from_row(r) for r in rows if self.held.get(r["token_digest"]) != r["fence"]]
 
-    async def renew(self) -> int:
-        """Extend the lease of every claim whose work is alive here."""
-        if not self.held:
-            return 0
-        digests = list(self.held)
-        marks = ", ".join("?" for _ in digests)
-        return await self.db.execute(
-            f"UPDATE claims SET lease_until = ? WHERE owner_instance = ? AND token_digest IN ({marks})",
-            (time.time() + self.lease_seconds, self.instance, *digests),
+    async def take_outdated(self, claim: Claim) -> Hold | None:
+        """Take a claim whose task needs repair, like an orphan (same fence rule)."""
+        fence = mint_fence()
+        taken = await self.db.execute(
+            f"UPDATE claims SET owner_instance = ?, fence = ?, lease_until = {self.now} + ?"
+            f" WHERE token_digest = ? AND fence = ? AND state = ? AND task_outdated = 1 AND lease_until < {self.now}",
+            (self.instance, fence, self.lease_seconds, claim.token_digest, claim.fence, claim.state),
         )
+        if taken != 1:
+            return None
+        self.held[claim.token_digest] = fence
+        return Hold(claim.token_digest, fence)
+
+    async def renew(self) -> list[Hold]:
+        """Extend the lease of every claim whose work is alive here; returns the ones found lost
+        (taken over after their lease lapsed, as when this process stalled past it)."""
+        if not self.held:
+            return []
+        holds = [Hold(d, f) for d, f in self.held.items()]
+        marks = ", ".join("?" for _ in holds)
+        digests = [h.token_digest for h in holds]
+        renewed = await self.db.execute(
+            f"UPDATE claims SET lease_until = {self.now} + ? WHERE owner_instance = ? AND token_digest IN ({marks})",
+            (self.lease_seconds, self.instance, *digests),
+        )
+        if renewed == len(holds):
+            return []
+        rows = await self.db.fetch(
+            f"SELECT token_digest, fence FROM claims WHERE token_digest IN ({marks})", tuple(digests)
+        )
+        fences = {r["token_digest"]: r["fence"] for r in rows}
+        lost = [h for h in holds if fences.get(h.token_digest) != h.fence and self.held.get(h.token_digest) == h.fence]
+        for hold in lost:
+            del self.held[hold.token_digest]
+            self.on_lost(ClaimLost(hold, "renew"))
+        return lost
 
     # -- counts and listings -------------------------------------------------------
 
@@ -355,11 +486,35 @@ class Claims:
 
     async def expire(self, retention_seconds: float) -> None:
         await self.db.execute(
-            "DELETE FROM claims WHERE state = ? AND task_outdated = 0 AND updated_at < ?",
-            (ClaimState.SETTLED, time.time() - retention_seconds),
+            f"DELETE FROM claims WHERE state = ? AND task_outdated = 0 AND updated_at < {self.now} - ?",
+            (ClaimState.SETTLED, retention_seconds),
         )
 
-    async def _set(self, token_digest: str, **values: Any) -> None:
-        values["updated_at"] = time.time()
-        columns = ", ".join(f"{k} = ?" for k in values)
-        await self.db.execute(f"UPDATE claims SET {columns} WHERE token_digest = ?", (*values.values(), token_digest))
+    async def _write(self, hold: Hold, write: str, expected: tuple[ClaimState, ...], **values: Any) -> None:
+        """One fenced update: names the fence and the states it expects; no row changed is `ClaimLost`.
+
+        `lease=True` renews the lease with the write; `next_settle_in` schedules the next pass
+        that many seconds from now, both by the database's clock."""
+        columns = [f"{k} = ?" for k in values if k not in ("lease", "next_settle_in")]
+        args: list[Any] = [v for k, v in values.items() if k not in ("lease", "next_settle_in")]
+        if values.get("lease"):
+            columns.append(f"lease_until = {self.now} + ?")
+            args.append(self.lease_seconds)
+        if "next_settle_in" in values:
+            columns.append(f"next_settle_at = {self.now} + ?")
+            args.append(values["next_settle_in"])
+        columns.append(f"updated_at = {self.now}")
+        marks = ", ".join("?" for _ in expected)
+        changed = await self.db.execute(
+            f"UPDATE claims SET {', '.join(columns)} WHERE token_digest = ? AND fence = ? AND state IN ({marks})",
+            (*args, hold.token_digest, hold.fence, *expected),
+        )
+        if changed != 1:
+            self._lost(hold, write)
+
+    def _lost(self, hold: Hold, write: str) -> None:
+        if self.held.get(hold.token_digest) == hold.fence:
+            del self.held[hold.token_digest]
+        lost = ClaimLost(hold, write)
+        self.on_lost(lost)
+        raise lost

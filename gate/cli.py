@@ -3,8 +3,12 @@
 The composition root: the one place that puts the A2A server (`server/`) and the
 payment gate (its anonymous path) together, in `build_app`.
 
-A bad configuration stops with one line per problem and exit status 2, never a
-traceback.
+Every subcommand finds its configuration the same way: `--config FILE`, before or after
+the subcommand, else the file A2A_GATE_CONFIG names, else the embedded defaults (the
+database `a2a-gate.db` in the working directory, which the command names on stderr). A
+command that only reads never creates a database it did not find: run from the wrong
+directory it says so instead of answering from an empty one. A bad configuration stops
+with one line per problem and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -15,15 +19,18 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gate.sealing import SealingKeyMissing, load_key
+from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
 from server.config import ConfigError, Settings, default_settings, is_database_url, load_config
+from server.database import DatabaseRefused, DatabaseUnavailable
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -32,7 +39,16 @@ if TYPE_CHECKING:
     from server.database import Database
 
 CONFIG_ENV = "A2A_GATE_CONFIG"
+CONFIG_HELP = (
+    f"TOML configuration file, before or after the subcommand (default: the file ${CONFIG_ENV} names, "
+    "else the embedded defaults: a2a-gate.db in the working directory)"
+)
+DATABASE_HELP = "SQLite file or postgresql:// URL (overrides the configuration)"
 T = TypeVar("T")
+
+
+class NoDatabase(Exception):
+    """A command that needs an existing database found none where its configuration points."""
 
 
 def load_settings(path: str | None) -> Settings:
@@ -82,9 +98,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    token_env = settings.http.metrics_token_env
+    if token_env and not os.environ.get(token_env):
+        print(f"error: http.metrics_token_env names {token_env}, which is not set (or empty)", file=sys.stderr)
+        return 2
     database = args.database or settings.database
     if is_database_url(database):
         load_key(database)  # replicas: each needs the key they all share, checked before it starts
+    failure = _database_failure(database)
+    if failure:
+        print(f"error: {failure}", file=sys.stderr)
+        return 2
+    _check_sealing_key(database)
     overrides: dict[str, Any] = {}
     if args.trusted_proxy:
         overrides["trusted_proxies"] = args.trusted_proxy
@@ -113,7 +138,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     proxy_headers=False,
                     access_log=False,
                     log_level=args.log_level,
-                )
+                    log_config=None,  # uvicorn logs through our handler (request_log.configure)
+                ),
+                settings.http.metrics_listen,
             )
         else:
             server = uvicorn.Server(
@@ -125,22 +152,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     proxy_headers=False,
                     access_log=False,
                     log_level=args.log_level,
+                    log_config=None,  # uvicorn logs through our handler (request_log.configure)
                 )
             )
-            server.run()
+            if settings.http.metrics_listen:  # two listeners, one process: the A2A port and the metrics one
+                server.run(sockets=[_tcp(server.config.bind_socket()), _listen(settings.http.metrics_listen)])
+            else:
+                server.run()
             if not server.started:
                 return 3  # uvicorn's own exit status for a server that could not start
     return 0
 
 
-def _unwind_on_sigterm() -> None:
-    """Let SIGTERM unwind the stack like Ctrl-C does, so cleanup (`finally`, `with`) runs.
+def _database_failure(location: str) -> str | None:
+    """Why the database cannot be opened, or None: checked before the server starts, so a
+    wrong URL is one line of error (a refusal at once, an unreachable server after the start's
+    patience) rather than a traceback from the server's start-up."""
+    from server.app import DATABASE_START_SECONDS, open_until_ready
+    from server.database import open_database
 
-    uvicorn handles SIGTERM itself, shuts down, then raises the signal again; with the
-    default action the process ended right there, before the development facilitator
-    was stopped. Exit status 143 (128 + SIGTERM) is what a supervisor expects.
+    async def check() -> None:
+        db = open_database(location)
+        try:
+            await open_until_ready(db, DATABASE_START_SECONDS)
+        finally:
+            await db.close()
+
+    try:
+        asyncio.run(check())
+    except (DatabaseRefused, DatabaseUnavailable) as exc:
+        return f"the database cannot be opened: {exc}"
+    return None
+
+
+def _unwind_on_sigterm() -> None:
+    """Let SIGTERM (and SIGHUP) unwind the stack like Ctrl-C does, so cleanup (`finally`, `with`) runs.
+
+    uvicorn handles SIGTERM itself (the server drains SIGHUP the same way: `server.shutdown`),
+    shuts down, then raises the signal again; with the default action the process ended right
+    there, before the development facilitator was stopped. Exit status 143 (128 + SIGTERM),
+    or 129 for SIGHUP, is what a supervisor expects.
     """
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
 
 
 @contextlib.contextmanager
@@ -187,7 +241,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-def _run_workers(config: Any) -> None:
+def _run_workers(config: Any, metrics_listen: tuple[str, int] | None = None) -> None:
     """`uvicorn.run(..., workers=N)`, but with TCP_NODELAY on every accepted connection.
 
     uvicorn's `Config.bind_socket()` creates the listener with `proto` 0, accepted sockets
@@ -196,14 +250,32 @@ def _run_workers(config: Any) -> None:
     (https://github.com/Kludex/uvicorn/issues/3149). Re-wrapping the descriptor makes
     Python ask the kernel, which says IPPROTO_TCP.
     """
-    import socket
-
     from uvicorn.supervisors import Multiprocess
 
-    sock = config.bind_socket()
+    sockets = [_tcp(config.bind_socket())]
+    if metrics_listen:
+        sockets.append(_listen(metrics_listen))
+    Multiprocess(config, sockets=sockets).run()
+
+
+def _tcp(sock: socket.socket) -> socket.socket:
+    """The listener re-wrapped so Python asks the kernel its protocol: accepted connections then
+    get TCP_NODELAY (see `_run_workers`)."""
     if sock.family in (socket.AF_INET, socket.AF_INET6):
         sock = socket.socket(fileno=sock.detach())
-    Multiprocess(config, sockets=[sock]).run()
+    return sock
+
+
+def _listen(address: tuple[str, int]) -> socket.socket:
+    """A listener on `[http] metrics_listen` (an IP literal), as uvicorn binds its own."""
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=128)
+    except OSError as exc:
+        raise SystemExit(f"error: http.metrics_listen {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return _tcp(sock)
 
 
 def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
@@ -223,19 +295,66 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0)
     raise SystemExit(f"error: {url} did not come up within {timeout:g}s")
 
 
+def _check_sealing_key(database: str) -> None:
+    """Before serving: a key other than the one the database was sealed with stops here, in one line."""
+    from gate.sealing import Sealer
+    from server.database import open_database
+
+    async def run() -> None:
+        db = open_database(database)
+        await db.open()
+        try:
+            await Sealer(load_key(database)).check(db)
+        finally:
+            await db.close()
+
+    asyncio.run(run())
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
-    settings = load_config(args.config)
+    path = args.file or args.config or os.environ.get(CONFIG_ENV)
+    if not path:
+        print(f"error: no configuration file: give FILE or --config FILE, or set {CONFIG_ENV}", file=sys.stderr)
+        return 2
+    settings = load_config(path)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     priced = [a.name for a in settings.agents.values() if a.price]
-    print(f"{args.config}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")
+    print(f"{path}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")
     return 0
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    """The configuration a management command works on: `--config`, with `--database` over it."""
+    """The configuration a management command works on: `--config`, with `--database` over it.
+
+    Its SQLite file must exist unless the command may create it (`keys create`, `migrate`);
+    on the embedded defaults the command says which file it uses."""
     settings = load_settings(args.config)
-    return replace(settings, database=args.database) if args.database else settings
+    if args.database:
+        settings = replace(settings, database=args.database)
+    if is_database_url(settings.database):
+        return settings
+    path = os.path.abspath(settings.database)
+    found = os.path.exists(path)
+    if not found and not args.may_create:
+        raise NoDatabase(
+            f"no database at {path} ({_source(args)}); run this where the server runs, "
+            f"or give the server's configuration with --config FILE or {CONFIG_ENV}"
+        )
+    if not (args.config or args.database or os.environ.get(CONFIG_ENV)):
+        print(f"note: no --config or {CONFIG_ENV}: using {path}{'' if found else ' (new)'}", file=sys.stderr)
+    return settings
+
+
+def _source(args: argparse.Namespace) -> str:
+    """Where a command's database came from, for its messages."""
+    if args.database:
+        return "from --database"
+    if args.config:
+        return f"from --config {args.config}"
+    if os.environ.get(CONFIG_ENV):
+        return f"from {CONFIG_ENV}={os.environ[CONFIG_ENV]}"
+    return f"the embedded defaults; no --config or {CONFIG_ENV} given"
 
 
 def _with_database(args: argparse.Namespace, work: Callable[[Database], Awaitable[T]]) -> T:
@@ -281,7 +400,7 @@ async def _keys(args: argparse.Namespace, db: Database) -> int:
         try:
             key, digest = await principals.create_key(db, args.name, args.agent or ["*"])
         except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {exc}; choose another name (`a2a-gate keys list` shows the names taken)", file=sys.stderr)
             return 2
         print(f"key (shown once, keep it secret): {key}")
         print("stored form, for a [[keys]] entry in a configuration file:")
@@ -300,9 +419,14 @@ async def _keys(args: argparse.Namespace, db: Database) -> int:
     return 0
 
 
+PAYMENT_COLUMNS = ("time (UTC)", "action", "agent", "payer", "amount", "transaction", "error", "task")
+
+
 def cmd_payments(args: argparse.Namespace) -> int:
     from gate.payment_log import PaymentLog
 
+    if args.summary:
+        return cmd_payments_summary(args)
     action = "write_off" if args.unsettled else "needs_attention" if args.needs_attention else args.action
 
     async def read(db: Database) -> list[dict[str, Any]]:
@@ -310,13 +434,91 @@ def cmd_payments(args: argparse.Namespace) -> int:
         await log.create_tables()
         return await log.rows(agent=args.agent, payer=args.payer, action=action, limit=args.limit)
 
-    for row in _with_database(args, read):
+    rows = _with_database(args, read)
+    print("\t".join(PAYMENT_COLUMNS))
+    for row in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         print(
             f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
             f"{row['transaction'] or '-'}\t{row['error'] or '-'}\t{row['task_id'] or '-'}"
         )
+    if not rows:
+        print("(no payment log rows" + (" match" if action or args.agent or args.payer else "") + ")", file=sys.stderr)
     return 0
+
+
+SUMMARY_COLUMNS = (
+    "day (UTC)",
+    "agent",
+    "402s",
+    "verified",
+    "settled",
+    "revenue (atomic units, asset@network)",
+    "settle failures",
+    "owed",
+    "written off",
+    "needs attention",
+)
+
+
+def cmd_payments_summary(args: argparse.Namespace) -> int:
+    """Per agent and day: callers asked to pay, paid requests, revenue, settle outcomes, owed, written off."""
+    from gate.payment_log import PaymentLog
+    from server.request_counts import RequestCounts, day_of
+
+    since = time.time() - args.days * 86400
+
+    async def read(db: Database) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[tuple[str, str, str], int]]:
+        await PaymentLog(db).create_tables()
+        counts = RequestCounts(db)
+        await counts.create_tables()
+        rows = await db.fetch(
+            "SELECT at, agent, action, network, asset, amount, token_digest FROM payments"
+            " WHERE at >= ? AND action IN ('verify', 'settle', 'settle_failed', 'write_off', 'needs_attention')",
+            (since,),
+        )
+        ended = await db.fetch(
+            "SELECT DISTINCT token_digest FROM payments WHERE action IN ('settle', 'write_off', 'needs_attention')"
+        )
+        return rows, ended, await counts.read(day_of(since))
+
+    rows, ended, counts = _with_database(args, read)
+    finished = {r["token_digest"] for r in ended}
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def line(day: str, agent: str) -> dict[str, Any]:
+        return table.setdefault((day, agent), {"revenue": Counter(), "owed": {}, **dict.fromkeys(SUMMARY_KEYS, 0)})
+
+    for (day, agent, outcome), n in counts.items():
+        if outcome == "payment_required" and (not args.agent or agent == args.agent):
+            line(day, agent)["402s"] += n
+    for row in rows:
+        if args.agent and row["agent"] != args.agent:
+            continue
+        entry, action = line(day_of(row["at"]), row["agent"]), row["action"]
+        money = f"{row['asset']}@{row['network']}"
+        if action == "settle":
+            entry["settled"] += 1
+            entry["revenue"][money] += int(row["amount"] or 0)
+        elif action == "settle_failed":
+            entry["settle failures"] += 1
+            if row["token_digest"] not in finished:
+                entry["owed"][row["token_digest"]] = money
+        else:
+            entry[{"verify": "verified", "write_off": "written off", "needs_attention": "needs attention"}[action]] += 1
+    print("\t".join(SUMMARY_COLUMNS))
+    for (day, agent), entry in sorted(table.items()):
+        revenue = ", ".join(f"{amount} {money}" for money, amount in sorted(entry["revenue"].items())) or "0"
+        print(
+            f"{day}\t{agent}\t{entry['402s']}\t{entry['verified']}\t{entry['settled']}\t{revenue}\t"
+            f"{entry['settle failures']}\t{len(entry['owed'])}\t{entry['written off']}\t{entry['needs attention']}"
+        )
+    if not table:
+        print(f"(nothing in the last {args.days:g} days)", file=sys.stderr)
+    return 0
+
+
+SUMMARY_KEYS = ("402s", "verified", "settled", "settle failures", "written off", "needs attention")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -337,6 +539,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     async def run() -> list[dict[str, Any]]:
         async with _opened_services(args) as services:
             assert isinstance(services.anonymous, PaymentGate)
+            if args.reopen is not None:
+                await services.anonymous.check_sealing_key()
+                task_id = None if args.reopen == "all" else args.reopen
+                reopened = await services.anonymous.claims.reopen(task_id)
+                print(f"{reopened} settlement(s) needing attention re-opened")
             return await services.anonymous.reconcile_once()
 
     outcomes = asyncio.run(run())
@@ -350,18 +557,31 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="a2a-gate", description="An A2A server with an x402 payment gate.")
+    parser = argparse.ArgumentParser(
+        prog="a2a-gate",
+        description="An A2A server with an x402 payment gate.",
+        epilog=f"Every subcommand takes --config FILE (before or after it) or reads ${CONFIG_ENV}.",
+    )
+    parser.add_argument("--config", help=CONFIG_HELP)
+    parser.add_argument("--database", help=DATABASE_HELP)
+    parser.set_defaults(may_create=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the server")
-    serve.add_argument("--config", help="TOML configuration file (default: embedded defaults, or $A2A_GATE_CONFIG)")
+    def command(parent: Any, name: str, help: str, *, may_create: bool = False) -> argparse.ArgumentParser:
+        """A subcommand taking --config and --database like every other (unset here: the top level's stay)."""
+        child: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
+        child.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
+        child.add_argument("--database", default=argparse.SUPPRESS, help=DATABASE_HELP)
+        child.set_defaults(may_create=may_create)
+        return child
+
+    serve = command(sub, "serve", "run the server")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--workers", type=int, default=1, help="worker processes (they share the SQLite file)")
     serve.add_argument(
         "--trusted-proxy", action="append", help="peer address whose X-Forwarded-* headers count (repeatable)"
     )
-    serve.add_argument("--database", help="SQLite file or postgresql:// URL (overrides the configuration)")
     serve.add_argument(
         "--dev-facilitator",
         type=int,
@@ -372,25 +592,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-json", action="store_true", help="one JSON object per log line")
     serve.set_defaults(func=cmd_serve)
 
-    check = sub.add_parser("check-config", help="validate a configuration file and print every problem")
-    check.add_argument("config")
+    check = command(sub, "check-config", "validate a configuration file and print every problem")
+    check.add_argument("file", nargs="?", help="the file (or --config FILE, or $A2A_GATE_CONFIG)")
     check.set_defaults(func=cmd_check_config)
 
-    keys = sub.add_parser("keys", help="create, list and revoke API keys")
-    keys.add_argument("--config")
-    keys.add_argument("--database")
+    keys = command(sub, "keys", "create, list and revoke API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    create = keys_sub.add_parser("create", help="create a key; prints it once, with its stored form")
+    create = command(keys_sub, "create", "create a key; prints it once, with its stored form", may_create=True)
     create.add_argument("name")
     create.add_argument("--agent", action="append", help="agent the key may use (repeatable; default: all)")
-    keys_sub.add_parser("list", help="list keys (never the keys themselves)")
-    revoke = keys_sub.add_parser("revoke", help="revoke a key by name")
+    command(keys_sub, "list", "list keys (never the keys themselves)")
+    revoke = command(keys_sub, "revoke", "revoke a key by name")
     revoke.add_argument("name")
     keys.set_defaults(func=cmd_keys)
 
-    payments = sub.add_parser("payments", help="recent payment log rows")
-    payments.add_argument("--config")
-    payments.add_argument("--database")
+    payments = command(sub, "payments", "recent payment log rows")
     payments.add_argument("--agent")
     payments.add_argument("--payer")
     payments.add_argument(
@@ -409,16 +625,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="settlements nobody could decide (no chain endpoint, chain unreachable)",
     )
     payments.add_argument("--limit", type=int, default=50)
+    payments.add_argument(
+        "--summary",
+        action="store_true",
+        help="a report per agent and day: 402s, paid requests, revenue, settle outcomes, owed, written off",
+    )
+    payments.add_argument("--days", type=float, default=7, help="how far back --summary reaches (default 7)")
     payments.set_defaults(func=cmd_payments)
 
-    reconcile = sub.add_parser("reconcile", help="settle delivered-but-unsettled work now")
-    reconcile.add_argument("--config")
-    reconcile.add_argument("--database")
+    reconcile = command(sub, "reconcile", "settle delivered-but-unsettled work now")
+    reconcile.add_argument(
+        "--reopen",
+        nargs="?",
+        const="all",
+        metavar="TASK_ID",
+        help="first put settlements needing attention (all, or one task's) back to owed with a fresh"
+        " budget, e.g. after adding the network's rpc_url",
+    )
     reconcile.set_defaults(func=cmd_reconcile)
 
-    migrate = sub.add_parser("migrate", help="create or update the database's tables, then exit")
-    migrate.add_argument("--config")
-    migrate.add_argument("--database", help="SQLite file or postgresql:// URL (overrides the configuration)")
+    migrate = command(sub, "migrate", "create or update the database's tables, then exit", may_create=True)
     migrate.set_defaults(func=cmd_migrate)
 
     return parser
@@ -432,8 +658,11 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except SealingKeyMissing as exc:
+    except (SealingKeyMissing, SealingKeyMismatch, NoDatabase) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (DatabaseRefused, DatabaseUnavailable) as exc:  # a management command's database
+        print(f"error: the database cannot be opened: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

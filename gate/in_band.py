@@ -27,9 +27,10 @@ from starlette.responses import Response
 from gate import pricing
 from gate.settlement import ERROR, RECEIPTS, STATUS
 from server.config import AgentConfig, Price
+from server.dialects import TERMINAL_STATES
 from server.execution import Execution, Settlement
 from server.jsonrpc import TASK_NOT_FOUND, RpcError
-from server.methods import SendPlan, task_answer
+from server.methods import SendPlan, finished, task_answer
 from server.tasks import agent_message, new_task, pending_owner, set_status
 
 if TYPE_CHECKING:
@@ -121,9 +122,10 @@ def error_code(reason: str) -> str:
 
 @dataclass(frozen=True)
 class Pending:
-    """A request awaiting its first payment: the task, and the original message it asked with."""
+    """A request awaiting its first payment: the task (with the original message it asked with), and its agent."""
 
     task: dict[str, Any]
+    agent: str
 
     @property
     def id(self) -> str:
@@ -135,9 +137,33 @@ class Pending:
 
 
 async def find_pending(gate: PaymentGate, plan: SendPlan, agent: AgentConfig) -> Pending | None:
-    """The pending request this message continues (pays for, or declines), if any."""
-    task = await gate.store.pending(plan.message.get("taskId"), agent.name)
-    return Pending(task) if task is not None else None
+    """The request awaiting payment this message continues (pays for, or declines), if any.
+
+    One that ended unpaid (declined) is a finished task, answered as every finished task
+    is: it is never asked for payment again, so it never counts against the cap again.
+    """
+    task = await gate.store.unpaid(plan.message.get("taskId"), agent.name)
+    if task is None:
+        return None
+    if task["status"]["state"] in TERMINAL_STATES:
+        raise finished(task)
+    return Pending(task, agent.name)
+
+
+async def store_pending(gate: PaymentGate, pending: Pending) -> None:
+    """Store a request awaiting payment as it now stands, unless it changed meanwhile
+    (paid for, declined, expired): then nothing is written and the caller is told why."""
+    if not await gate.store.save_unpaid(pending.task):
+        raise await no_longer_pending(gate, pending)
+
+
+async def no_longer_pending(gate: PaymentGate, pending: Pending) -> RpcError:
+    """The answer for a request that stopped awaiting payment under us: finished, or gone
+    (another payer adopted it, or it expired), the same -32001 as for any task not ours."""
+    task = await gate.store.unpaid(pending.id, pending.agent)
+    if task is not None and task["status"]["state"] in TERMINAL_STATES:
+        return finished(task)
+    return RpcError(TASK_NOT_FOUND)
 
 
 def client_status(plan: SendPlan) -> Any:
@@ -170,18 +196,25 @@ async def payment_required(
     settings, store = gate.settings, gate.store
     if pending is not None:
         task = pending.task
+    elif client_status(plan) == "payment-rejected":  # it names nothing awaiting payment: nothing to decline
+        raise RpcError(TASK_NOT_FOUND)
     else:
         message = scrub({k: v for k, v in plan.message.items() if k != "taskId"})
         owner = pending_owner(caller)
         too_big = len(json.dumps(message, separators=(",", ":"))) > settings.in_band_max_message_bytes
-        if too_big or await store.count_pending(owner) >= settings.in_band_pending_per_ip:
-            return gate.answers_402.response(agent.name, price, resource, agent.description)
         task = new_task(message.get("contextId"), message)
         ask(task, price, resource, agent.description, {STATUS: "payment-required"})
-        await store.create(task, agent=agent.name, owner=owner, deadline_seconds=max_timeout(price, resource))
+        if too_big or not await store.create_pending(
+            task,
+            agent=agent.name,
+            owner=owner,
+            deadline_seconds=max_timeout(price, resource),
+            cap=settings.in_band_pending_per_ip,
+        ):
+            return gate.answers_402.response(agent.name, price, resource, agent.description)
         return task_answer(plan, task, active.echo())
     ask(task, price, resource, agent.description, {STATUS: "payment-required"})
-    await store.save(task)
+    await store_pending(gate, pending)
     return task_answer(plan, task, active.echo())
 
 
@@ -209,17 +242,17 @@ async def refused(
     failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
     task = pending.task
     ask(task, price, resource, agent.description, failure, f"Payment failed ({code}); pay again to use this agent.")
-    await gate.store.save(task)
+    await store_pending(gate, pending)
     return task_answer(plan, task, echo(active))
 
 
 async def declined(gate: PaymentGate, plan: SendPlan, pending: Pending, active: Activation | None) -> Response:
-    """The client declined to pay (`payment-rejected`): the task ends, canceled, uncharged."""
+    """The client declined to pay (`payment-rejected`): the task ends, canceled, uncharged, for good."""
     task = pending.task
     metadata = {STATUS: "payment-rejected"}
     set_status(task, "canceled", agent_message(task, "Payment declined by the client; nothing was charged.", metadata))
     task["metadata"] = metadata
-    await gate.store.save(task)
+    await store_pending(gate, pending)
     return task_answer(plan, task, echo(active))
 
 
@@ -228,8 +261,8 @@ async def start_paid(
 ) -> Execution:
     """The payment is verified: the payer adopts the task and the agent runs the ORIGINAL message."""
     task = await gate.store.adopt(pending.id, owner, agent.name)
-    if task is None:  # paid for by someone else a moment ago, or expired
-        raise RpcError(TASK_NOT_FOUND)
+    if task is None:  # paid for by someone else a moment ago, declined, or expired
+        raise await no_longer_pending(gate, pending)
     task.pop("metadata", None)
     return await gate.methods.start_task(task, agent.name, task["history"][0], settlement)
 

@@ -33,6 +33,13 @@ class GateMetrics:
             ["outcome"],
             registry=registry,
         )
+        # by network and asset only: an agent label could name a hidden agent (server/metrics.py)
+        self.revenue = Counter(
+            "a2a_gate_revenue_atomic",
+            "Settled amounts, in the asset's atomic units, by network and asset",
+            ["network", "asset"],
+            registry=registry,
+        )
         self.unsettled = Gauge(
             "a2a_gate_claims_unsettled", "Delivered work written off (never paid)", registry=registry
         )
@@ -50,6 +57,27 @@ class GateMetrics:
         self.limiter_fallbacks = Counter(
             "a2a_gate_limiter_fallbacks",
             "Times Redis stopped answering and the limiters fell back to this replica's own buckets",
+            registry=registry,
+        )
+        self.claims_lost = Counter(
+            "a2a_gate_claims_lost",
+            "Claims this process found taken over by another (its lease lapsed): their work stopped here",
+            ["write"],
+            registry=registry,
+        )
+        self.reconcile_errors = Counter(
+            "a2a_gate_reconcile_errors",
+            "Owed claims put back after an error between taking them and recording an outcome",
+            registry=registry,
+        )
+        self.clock_skew = Gauge(
+            "a2a_gate_clock_skew_seconds",
+            "This process's wall clock minus the database's (leases use the database's)",
+            registry=registry,
+        )
+        self.facilitator_reachable = Gauge(
+            "a2a_gate_facilitator_reachable",
+            "1 when the facilitator answered the last readiness check (GET /readyz, at most every 10 s), else 0",
             registry=registry,
         )
         self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling", registry=registry)

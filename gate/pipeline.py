@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gate import in_band, pricing, tokens
-from gate.claims import Claim, ClaimState
+from gate.claims import Claim, ClaimLost, ClaimState, Hold
 from gate.facilitator import Unavailable
 from gate.limiter import caller_key
 from gate.settlement import STATUS, Payment
@@ -150,15 +150,18 @@ async def paid_send(gate: PaymentGate, request: Request, plan: SendPlan, agent: 
         info.set("replay")
         info.payer = outcome.claim.payer
         return await replay(gate, plan, outcome.claim, payment, in_band.echo(active))
+    assert outcome.hold is not None
+    hold, started = outcome.hold, list[bool]()
     try:
-        return await verified_send(gate, request, plan, agent, token, requirements, payment, active, pending, refuse)
+        return await verified_send(
+            gate, request, plan, agent, token, requirements, payment, hold, active, pending, refuse, started
+        )
     except BaseException:
         # a bug of ours (or a cancellation) before the work started: the claim must not
         # stay "running" forever and lock the payer out; after the start it is bound to
         # the execution, which releases or settles it.
-        claim = await gate.claims.find(token.digest)
-        if claim is not None and not claim.task_id:
-            await gate.claims.release(token.digest)  # only ever a running claim
+        if not started:
+            await gate.release(hold)  # fenced: only ever our own running claim
         raise
 
 
@@ -170,47 +173,55 @@ async def verified_send(
     token: tokens.Token,
     requirements: dict[str, Any],
     payment: Payment,
+    hold: Hold,
     active: in_band.Activation | None,
     pending: in_band.Pending | None,
     refuse: Callable[[str, str], Awaitable[Response]],
+    started: list[bool],
 ) -> Response:
-    """Steps 9 to 12, for a claimed token."""
+    """Steps 9 to 12, for a claimed token (every claim write names `hold`)."""
     call, info = plan.call, request.state.info
     log = log_fields(agent, token)
     # 9. facilitator verify
     try:
         verification = await gate.facilitator.verify(token.version, token.payload, requirements)
     except Unavailable as exc:
-        await gate.claims.release(token.digest)
+        await gate.release(hold)
         logger.warning("facilitator verify unavailable: %s", exc.reason)
         info.set("verify_unavailable", exc.reason)
         return error_response(call.id, verify_unavailable(exc.retry_after))
     info.payer = verification.payer
     if not verification.valid:
-        await gate.claims.release(token.digest)
+        await gate.release(hold)
         return await refuse(verification.reason, verification.payer)
     # 10. payer allowlist, failing closed
     if not payer_allowed(agent, verification.payer):
-        await gate.claims.release(token.digest)
+        await gate.release(hold)
         return await refuse("payer_not_allowed", verification.payer)
     await gate.log.append("verify", **log, payer=verification.payer)
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
     payment = replace(payment, payer=verification.payer)
-    owner, settlement = f"payer:{payment.payer}", gate.settlement_for(payment)
+    owner, settlement = f"payer:{payment.payer}", gate.settlement_for(payment, hold)
     try:
         if pending is not None:  # in-band: the agent runs the original message of the task
             execution = await in_band.start_paid(gate, pending, agent, owner, settlement)
         else:
             execution = await gate.methods.start_send(plan, agent.name, owner, settlement)
     except RpcError as exc:
-        await gate.claims.release(token.digest)
+        await gate.release(hold)
         await gate.log.append("release", **log, payer=payment.payer, error=f"not started: {exc.message}")
         return error_response(call.id, exc)
-    await gate.claims.bind(token.digest, payment.payer, execution.task["id"])
+    started.append(True)
     headers = in_band.echo(active)
-    if call.operation == "stream":
+    # a stream follows the execution from now on, before anything awaits (the work may be quick)
+    streamed = gate.methods.stream(plan, execution, headers) if call.operation == "stream" else None
+    try:
+        await gate.claims.bind(hold, payment.payer, execution.task["id"])
+    except ClaimLost:  # taken over already: the execution was revoked and delivers nothing
+        pass
+    if streamed is not None:
         info.set("ok", "stream")
-        return gate.methods.stream(plan, execution, headers)
+        return streamed
     result = await gate.methods.send(plan, execution)
     info.set(*charge_outcome(execution.task))
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})

@@ -7,11 +7,17 @@ the database: the environment variable A2A_GATE_SEALING_KEY, or a key file creat
 beside a SQLite database with owner-only permissions. Replicas on PostgreSQL must all
 hold the same key (one may settle what another delivered), so there it comes from the
 environment only.
+
+The database records a fingerprint of the key it was first sealed with (an HMAC of a
+fixed label, which says nothing of the key), and a process holding another key refuses
+to start: it could take owed claims and never unseal them.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import os
 import time
@@ -21,8 +27,22 @@ from typing import Any
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from server.config import is_database_url
+from server.database import Database, Migration
 
 ENV_KEY = "A2A_GATE_SEALING_KEY"
+
+
+FINGERPRINT_LABEL = b"a2a-gate sealing key fingerprint v1"
+MIGRATIONS = (
+    Migration(
+        sqlite=("CREATE TABLE IF NOT EXISTS sealing (name TEXT PRIMARY KEY, fingerprint TEXT NOT NULL)",),
+        postgresql=("CREATE TABLE IF NOT EXISTS sealing (name TEXT PRIMARY KEY, fingerprint TEXT NOT NULL)",),
+    ),
+)
+
+
+class SealingKeyMismatch(Exception):
+    """This process holds another key than the one the database was sealed with."""
 
 
 class SealingKeyMissing(Exception):
@@ -59,6 +79,20 @@ def load_key(database: str) -> bytes:
 class Sealer:
     def __init__(self, key: bytes) -> None:
         self.aead = AESGCM(key)
+        self.fingerprint = hmac.new(key, FINGERPRINT_LABEL, hashlib.sha256).hexdigest()[:16]
+
+    async def check(self, db: Database) -> None:
+        """Record this key's fingerprint if the database has none; refuse if it has another."""
+        await db.migrate("sealing", MIGRATIONS)
+        await db.execute(
+            "INSERT INTO sealing (name, fingerprint) VALUES ('key', ?) ON CONFLICT DO NOTHING", (self.fingerprint,)
+        )
+        recorded = await db.fetchval("SELECT fingerprint FROM sealing WHERE name = 'key'")
+        if recorded != self.fingerprint:
+            raise SealingKeyMismatch(
+                f"this sealing key (fingerprint {self.fingerprint}) is not the one the database was sealed with"
+                f" (fingerprint {recorded}): set {ENV_KEY} to the key the other replicas use"
+            )
 
     def seal(self, document: dict[str, Any], context: str) -> str:
         nonce = os.urandom(12)

@@ -7,11 +7,16 @@ Settle runs only after a delivery. Every answer is classified (DESIGN section 6)
 - unknown (timeout, 5xx, transport, a refusal we cannot read): retried with backoff and
   jitter, then left owed for the reconciler, whose passes back off exponentially up to
   a cap. When an owed claim hears "nonce already used", or reaches the cap, the chain
-  is asked: used -> `settled` with the real transaction; unused and expired ->
-  `unsettled`; no endpoint for the network -> `needs_attention`.
-Nothing is retried forever. Each outcome is committed (claim state and payment log
-row, one transaction, retried until it sticks) before anyone hears of it, so no later
-error can turn a charge into "not charged".
+  is asked (`gate.chain`): a transaction that used the authorization AND moved the
+  price from the payer to payTo -> `settled` with that transaction; the nonce spent
+  without such a transfer (canceled by the payer, front-run) -> `unsettled`; unused and
+  expired -> `unsettled`; unused and still valid -> owed until it expires; no chain
+  answer (no endpoint for the network, an outage) -> `needs_attention`.
+Nothing is retried forever, and passes follow the claim's own schedule (kept by the
+database's clock), whoever drives them. Each outcome is committed (claim state and
+payment log row, one transaction, retried until it sticks) before anyone hears of it,
+so no later error can turn a charge into "not charged"; and it is fenced: a process
+that lost the claim (`ClaimLost`) records nothing.
 """
 
 from __future__ import annotations
@@ -19,12 +24,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from gate.chain import Authorization, Chain, ChainUnavailable
-from gate.claims import Claim, Claims, ClaimState
+from gate.claims import Claim, Claims, ClaimState, Hold
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
@@ -102,6 +106,18 @@ class Collection:
         return self.state == ClaimState.SETTLED
 
 
+@dataclass(frozen=True)
+class Pass:
+    """One settle pass: the payment, its task, and the hold every write of the pass names."""
+
+    payment: Payment
+    task_id: str
+    hold: Hold
+
+    def log_fields(self) -> dict[str, str]:
+        return self.payment.log_fields(self.task_id)
+
+
 def completed_metadata(receipt: dict[str, Any]) -> dict[str, Any]:
     return {STATUS: "payment-completed", RECEIPTS: [receipt]}
 
@@ -177,8 +193,10 @@ class Settler:
         self.max_delay = config.settle_max_delay_seconds
         self.pass_interval = pass_interval
 
-    async def settle(self, payment: Payment, task_id: str, claim: Claim | None = None) -> Collection:
-        """One settle pass for a claim already in `settling`; its outcome is committed before it returns."""
+    async def settle(self, payment: Payment, task_id: str, hold: Hold, claim: Claim | None = None) -> Collection:
+        """One settle pass for a claim already in `settling` under `hold`; its outcome is committed
+        before it returns (`ClaimLost` if the claim was taken over meanwhile: nothing recorded)."""
+        pass_ = Pass(payment, task_id, hold)
         unknown = claim.settle_unknown if claim is not None else False
         passes = claim.settle_passes if claim is not None else 0
         error = "settle_failed"
@@ -189,34 +207,40 @@ class Settler:
                 unknown, error = True, f"settle_unavailable: {exc.reason}"
             else:
                 if result.success:
-                    return await self._settled(payment, task_id, result.receipt, result.transaction)
+                    return await self._settled(pass_, result.receipt, result.transaction)
                 verdict = classify(result.reason)
                 if verdict == "refused":
-                    return await self._unsettled(payment, task_id, result.reason)
+                    return await self._unsettled(pass_, result.reason)
                 if verdict == "nonce_used":
                     if unknown:  # our own earlier attempt may be what used it
-                        return await self._ask_chain(payment, task_id, result.reason)
-                    return await self._unsettled(payment, task_id, result.reason)
+                        return await self._ask_chain(pass_, result.reason, passes)
+                    return await self._unsettled(pass_, result.reason)
                 unknown, error = True, result.reason
             if attempt < self.attempts:
                 await asyncio.sleep(jittered(self.backoff * 2 ** (attempt - 1)))
         passes += 1
         if passes >= self.passes:
-            return await self._ask_chain(payment, task_id, error)
-        delay = min(self.max_delay, self.pass_interval * 2 ** (passes - 1))
-        return await self._owed(payment, task_id, error, unknown, passes, time.time() + jittered(delay))
+            return await self._ask_chain(pass_, error, passes)
+        return await self._owed(pass_, error, unknown, passes, jittered(self.pass_delay(passes)))
 
-    async def _ask_chain(self, payment: Payment, task_id: str, heard: str) -> Collection:
-        """Ground truth for an unknown settlement: the token contract's own record."""
+    def pass_delay(self, passes: int) -> float:
+        """The wait before pass `passes + 1`: exponential from the pass interval, capped."""
+        return min(self.max_delay, self.pass_interval * 2 ** (passes - 1))
+
+    async def _ask_chain(self, p: Pass, heard: str, passes: int) -> Collection:
+        """Ground truth for an unknown settlement: the token contract's own record, as a transfer."""
+        payment = p.payment
         authorization = Authorization.of(payment.payload, payment.requirements, payment.network)
         if authorization is None or not self.chain.knows(payment.network):
             why = "no rpc_url for the network" if authorization is not None else "not an EIP-3009 authorization"
-            return await self._needs_attention(payment, task_id, f"{heard}; chain not asked: {why}")
+            return await self._needs_attention(p, f"{heard}; chain not asked: {why}")
+        pay_to = str(payment.requirements.get("payTo", ""))
         try:
-            facts = await self.chain.facts(authorization)
-        except ChainUnavailable as exc:
-            return await self._needs_attention(payment, task_id, f"{heard}; chain unavailable: {exc.reason}")
-        if facts.used:
+            facts = await self.chain.facts(authorization, pay_to, int(payment.amount or 0))
+        except (ChainUnavailable, ValueError) as exc:
+            reason = exc.reason if isinstance(exc, ChainUnavailable) else "unreadable price"
+            return await self._needs_attention(p, f"{heard}; chain unavailable: {reason}")
+        if facts.paid:
             receipt = {
                 "success": True,
                 "transaction": facts.transaction,
@@ -224,30 +248,33 @@ class Settler:
                 "payer": payment.payer,
                 "amount": payment.amount,
             }
-            return await self._settled(payment, task_id, receipt, facts.transaction, note="confirmed on chain")
-        if authorization.valid_before <= time.time():
-            return await self._unsettled(payment, task_id, f"{heard}; chain: authorization unused and expired")
-        return await self._needs_attention(payment, task_id, f"{heard}; chain: authorization unused, still valid")
+            return await self._settled(p, receipt, facts.transaction, note="confirmed on chain")
+        if facts.used:  # spent, but not by a payment to us: canceled or front-run
+            return await self._unsettled(p, f"{heard}; chain: {facts.detail}")
+        left = authorization.valid_before - await self.claims.database_time()
+        if left <= 0:
+            return await self._unsettled(p, f"{heard}; chain: authorization unused and expired")
+        # unused and still valid: it can still be collected, so it stays owed until it expires
+        delay = min(jittered(self.pass_delay(passes)), left + 1.0)
+        return await self._owed(p, f"{heard}; chain: authorization unused, still valid", True, passes, delay)
 
-    async def _settled(
-        self, payment: Payment, task_id: str, receipt: dict[str, Any], tx: str, note: str = ""
-    ) -> Collection:
+    async def _settled(self, p: Pass, receipt: dict[str, Any], tx: str, note: str = "") -> Collection:
         async def write() -> None:
-            await self.claims.settled(payment.token_digest, receipt)
-            await self.log.append("settle", **payment.log_fields(task_id), transaction=tx, error=note)
+            await self.claims.settled(p.hold, receipt)
+            await self.log.append("settle", **p.log_fields(), transaction=tx, error=note)
 
         await commit_until_stored(self.claims.db, write, "a settlement")
         self._count("settled")
+        if self.metrics is not None:
+            payment = p.payment
+            if payment.amount.isdigit():
+                self.metrics.revenue.labels(payment.network, payment.asset).inc(int(payment.amount))
         return Collection(ClaimState.SETTLED, completed_metadata(receipt))
 
-    async def _owed(
-        self, payment: Payment, task_id: str, error: str, unknown: bool, passes: int, next_at: float
-    ) -> Collection:
+    async def _owed(self, p: Pass, error: str, unknown: bool, passes: int, delay: float) -> Collection:
         async def write() -> None:
-            await self.claims.owed(
-                payment.token_digest, error=error, unknown=unknown, passes=passes, next_settle_at=next_at
-            )
-            await self.log.append("settle_failed", **payment.log_fields(task_id), error=error)
+            await self.claims.owed(p.hold, error=error, unknown=unknown, passes=passes, delay=delay)
+            await self.log.append("settle_failed", **p.log_fields(), error=error)
 
         await commit_until_stored(self.claims.db, write, "an owed settlement")
         if self.metrics is not None:
@@ -255,24 +282,24 @@ class Settler:
         self._count("owed")
         return Collection(ClaimState.SETTLE_FAILED, verified_metadata(error))
 
-    async def _unsettled(self, payment: Payment, task_id: str, reason: str) -> Collection:
+    async def _unsettled(self, p: Pass, reason: str) -> Collection:
         async def write() -> None:
-            await self.claims.terminal(payment.token_digest, ClaimState.UNSETTLED, reason)
-            await self.log.append("write_off", **payment.log_fields(task_id), error=reason)
+            await self.claims.terminal(p.hold, ClaimState.UNSETTLED, reason)
+            await self.log.append("write_off", **p.log_fields(), error=reason)
 
         await commit_until_stored(self.claims.db, write, "a write-off")
         self._count("unsettled")
-        logger.warning("settlement written off for task %s: %s", task_id, reason)
+        logger.warning("settlement written off for task %s: %s", p.task_id, reason)
         return Collection(ClaimState.UNSETTLED, failed_metadata(reason))
 
-    async def _needs_attention(self, payment: Payment, task_id: str, reason: str) -> Collection:
+    async def _needs_attention(self, p: Pass, reason: str) -> Collection:
         async def write() -> None:
-            await self.claims.terminal(payment.token_digest, ClaimState.NEEDS_ATTENTION, reason)
-            await self.log.append("needs_attention", **payment.log_fields(task_id), error=reason)
+            await self.claims.terminal(p.hold, ClaimState.NEEDS_ATTENTION, reason)
+            await self.log.append("needs_attention", **p.log_fields(), error=reason)
 
         await commit_until_stored(self.claims.db, write, "a settlement needing attention")
         self._count("needs_attention")
-        logger.warning("settlement of task %s needs attention: %s", task_id, reason)
+        logger.warning("settlement of task %s needs attention: %s", p.task_id, reason)
         return Collection(ClaimState.NEEDS_ATTENTION, verified_metadata(reason))
 
     def _count(self, outcome: str) -> None:

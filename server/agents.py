@@ -1,19 +1,21 @@
 """Agents and their backends: what actually does the work behind the endpoint.
 
-A backend turns an `AgentRequest` into an `AgentReply`. It sees the caller's message
+A backend turns an `AgentRequest` into an `AgentReply`, telling its `Progress` what it
+has so far as it goes (stream subscribers see it live). It sees the caller's message
 content and history, never the caller's credentials or payment token: payment
 metadata is stripped before a message reaches a backend.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from server import callables
 from server.config import AgentConfig
+from server.dialects import INTERRUPTED_STATES, part_in_v03
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,37 @@ class AgentReply:
         return cls(state="failed", text=reason)
 
 
+@dataclass(frozen=True)
+class AgentStatus:
+    """What a streaming agent yields to say where it is: `working` (with a message for the
+    caller), or `input-required` / `auth-required`, which ends the run as a pause."""
+
+    state: str = "working"
+    text: str = ""
+
+
+class Progress(Protocol):
+    """Where a backend reports work in progress, before its reply."""
+
+    def status(self, text: str) -> None:
+        """The agent is working, and says so to the caller (a `working` status-update)."""
+
+    def chunk(self, parts: list[dict[str, Any]]) -> None:
+        """More of the answer: parts appended to the result artifact (an artifact-update)."""
+
+
+class NoProgress:
+    """A progress nobody follows."""
+
+    def status(self, text: str) -> None:
+        return None
+
+    def chunk(self, parts: list[dict[str, Any]]) -> None:
+        return None
+
+
 class Backend(Protocol):
-    async def run(self, request: AgentRequest) -> AgentReply: ...
+    async def run(self, request: AgentRequest, progress: Progress) -> AgentReply: ...
 
     async def aclose(self) -> None: ...
 
@@ -54,7 +85,7 @@ class Backend(Protocol):
 class EchoBackend:
     """Built in: answers with the parts it was sent, as one artifact."""
 
-    async def run(self, request: AgentRequest) -> AgentReply:
+    async def run(self, request: AgentRequest, progress: Progress) -> AgentReply:
         return AgentReply(parts=[dict(p) for p in request.message["parts"]])
 
     async def aclose(self) -> None:
@@ -62,24 +93,25 @@ class EchoBackend:
 
 
 class PythonBackend:
-    """An importable async callable, ``package.module:function``.
+    """An importable callable, ``package.module:function``, called with the `AgentRequest`.
 
-    It is called with the `AgentRequest` and may return a string (one text part),
-    a list of parts, or an `AgentReply`.
+    An async function returns a string (one text part), a list of parts, or an
+    `AgentReply`. An async generator streams: it yields strings (text chunks), parts and
+    `AgentStatus` updates as it goes, and what it yielded is the answer when it ends (or
+    the `AgentReply` it yields last).
     """
 
     def __init__(self, target: str) -> None:
-        module_name, _, attribute = target.partition(":")
-        obj: Any = importlib.import_module(module_name)
-        for name in attribute.split("."):
-            obj = getattr(obj, name)
+        obj = callables.load(target)
         if not callable(obj):
             raise TypeError(f"{target} is not callable")
-        self.function: Callable[[AgentRequest], Awaitable[Any]] = obj
+        self.function: Callable[[AgentRequest], Any] = obj
         self.target = target
 
-    async def run(self, request: AgentRequest) -> AgentReply:
+    async def run(self, request: AgentRequest, progress: Progress) -> AgentReply:
         result = self.function(request)
+        if inspect.isasyncgen(result):
+            return await follow(result, progress)
         if inspect.isawaitable(result):
             result = await result
         if isinstance(result, AgentReply):
@@ -94,6 +126,50 @@ class PythonBackend:
         return None
 
 
+async def follow(events: AsyncGenerator[Any, Any], progress: Progress) -> AgentReply:
+    """Run a streaming agent to its end: each yield reported as progress, the answer built up."""
+    answer = Answer()
+    try:
+        async for item in events:
+            if isinstance(item, AgentReply):
+                if item.state == "completed" and not item.parts:
+                    item.parts = answer.parts
+                return item
+            if isinstance(item, AgentStatus):
+                if item.state in INTERRUPTED_STATES:
+                    return AgentReply(state=item.state, parts=answer.parts, text=item.text or item.state)
+                if item.state != "working":
+                    return AgentReply.failed(f"agent yielded a status it may not set: {item.state!r}")
+                progress.status(item.text)
+                continue
+            if item == "":
+                continue
+            part = {"kind": "text", "text": item} if isinstance(item, str) else part_in_v03(item)
+            if part is None:
+                return AgentReply.failed(f"agent yielded an unusable {type(item).__name__}")
+            answer.add(part)
+            progress.chunk([part])
+    finally:
+        await events.aclose()
+    if not answer.parts:
+        return AgentReply.failed("The agent produced no answer.")
+    return AgentReply(parts=answer.parts)
+
+
+@dataclass
+class Answer:
+    """The parts a streaming agent has sent so far: consecutive text chunks make one text part."""
+
+    parts: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, part: dict[str, Any]) -> None:
+        last = self.parts[-1] if self.parts else None
+        if part["kind"] == "text" and last is not None and set(last) == {"kind", "text"} and last["kind"] == "text":
+            self.parts[-1] = {"kind": "text", "text": last["text"] + part["text"]}
+        else:
+            self.parts.append(dict(part))
+
+
 def build_backend(agent: AgentConfig) -> Backend:
     if agent.backend == "upstream":
         from server.upstream import UpstreamBackend
@@ -101,6 +177,10 @@ def build_backend(agent: AgentConfig) -> Backend:
         return UpstreamBackend(agent)
     if agent.backend == "python":
         return PythonBackend(agent.callable)
+    if agent.backend == "a2a-sdk":
+        from server.sdk_backend import SdkBackend
+
+        return SdkBackend(agent)
     return EchoBackend()
 
 

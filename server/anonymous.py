@@ -53,7 +53,8 @@ class AnonymousPath(Protocol):
         """Extensions the agent's card declares for this path."""
 
     async def readiness(self) -> dict[str, str]:
-        """Named checks for `/readyz`: "ok", "not configured", or what is wrong."""
+        """Named states for `/readyz`'s body ("ok", "not configured", or what is wrong): reported
+        there, never deciding whether the server is ready."""
 
     async def expire(self, older_than_seconds: float) -> None:
         """Housekeeping: drop this path's records as old as finished tasks."""

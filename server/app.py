@@ -31,7 +31,7 @@ from server.anonymous import AnonymousFactory, KeysOnly, Parts
 from server.cards import agent_card
 from server.config import Settings
 from server.database import Database, DatabaseUnavailable, open_database
-from server.execution import Runner
+from server.execution import PAST_DEADLINE, Runner
 from server.jsonrpc import (
     INTERNAL_ERROR,
     UNSUPPORTED_OPERATION,
@@ -43,15 +43,16 @@ from server.jsonrpc import (
     store_unavailable,
 )
 from server.methods import Methods, plan_send, unsupported
-from server.metrics import Metrics, agent_label
+from server.metrics import Metrics, MetricsAccess, agent_label
 from server.principals import Principals, create_tables
 from server.proxy import TrustedProxyMiddleware, public_base_url
+from server.request_counts import FLUSH_SECONDS, RequestCounts
 from server.request_log import RequestInfo
+from server.shutdown import draining_on_signals
 from server.tasks import TaskStore, agent_message, set_status
 
 logger = logging.getLogger("a2a_gate")
 
-HOUSEKEEPING_SECONDS = 60.0
 DATABASE_START_SECONDS = 30.0  # how long a starting process waits for its database
 
 
@@ -67,6 +68,7 @@ class Services:
         self.runner = Runner(self.store, self.agents)
         self.methods = Methods(self.store, self.runner, streams=settings.streams)
         self.metrics = Metrics()
+        self.counts = RequestCounts(self.db)
         self.anonymous = anonymous(
             Parts(settings, self.db, self.store, self.agents, self.runner, self.methods, self.metrics)
         )
@@ -74,23 +76,40 @@ class Services:
         self.runner.agent_view = self.anonymous.agent_view  # ... and what an agent may not see of one
         self.started_at = time.time()  # cards come from the configuration read now
         self.background: list[asyncio.Task[None]] = []
+        self.draining: asyncio.Task[None] | None = None
 
     async def open_store(self) -> None:
         """Connect to the database and bring every table up to date: the server's, then the anonymous path's."""
         await open_until_ready(self.db, DATABASE_START_SECONDS)
         await self.store.create_tables()
         await create_tables(self.db)
+        await self.counts.create_tables()
         await self.anonymous.open_store()
 
     async def start(self) -> None:
         await self.open_store()
         await self.anonymous.start()
         self.background.append(asyncio.create_task(self.runner.follow_cancel_requests()))
+        self.background.append(asyncio.create_task(self._store_counts()))
+
+    async def _store_counts(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            await self.counts.flush()
+
+    def begin_drain(self) -> None:
+        """Stop taking on work and drain what runs (`Runner.drain`); once, from the stop signal on."""
+        if self.draining is None:
+            self.methods.watches.stop()  # streams of tasks running elsewhere end now, retryably
+            self.draining = asyncio.create_task(self.runner.drain(self.settings.http.drain_seconds), name="drain")
 
     async def close(self) -> None:
         for job in self.background:
             job.cancel()
-        await self.runner.drain(self.settings.http.drain_seconds)
+        self.begin_drain()
+        assert self.draining is not None
+        await self.draining
+        await self.counts.flush()
         await self.anonymous.close()
         await self.agents.aclose()
         await self.db.close()
@@ -103,16 +122,15 @@ class Services:
         return "ok"
 
     async def housekeeping(self) -> None:
-        """Expire old finished tasks and fail the ones stuck past their deadline (uncharged)."""
+        """Expire old finished tasks and fail the turns running past their own deadline (uncharged)."""
         await self.store.expire(self.settings.task_retention_days * 86400)
         await self.anonymous.expire(self.settings.task_retention_days * 86400)
         for task in await self.store.stuck():
             execution = self.runner.live.get(task["id"])
             if execution is not None:
-                if not execution.delivering and execution.job is not None:
-                    execution.job.cancel()
+                self.runner.stop_past_deadline(execution)
                 continue
-            set_status(task, "failed", agent_message(task, "The task passed its deadline."))
+            set_status(task, "failed", agent_message(task, PAST_DEADLINE))
             await self.store.save(task)
 
 
@@ -145,6 +163,7 @@ async def a2a_endpoint(request: Request) -> Response:
     if not info.outcome:
         info.set(outcome_of(response))
     services.metrics.requests.labels(info.agent, info.caller.partition(":")[0], info.outcome).inc()
+    services.counts.count(info.agent, info.outcome)
     request_log.write(info, response.status_code)
     return response
 
@@ -269,11 +288,15 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready: the database takes writes and the anonymous path's own checks pass."""
+    """Ready: this replica can serve, because its store takes writes. What the anonymous path
+    depends on (the facilitator) is reported beside it and never decides: a load balancer that
+    dropped every replica with the facilitator would take the free path down too, while the
+    paid path answers its own outage (501, verify_unavailable)."""
     services: Services = request.app.state.services
-    checks = {"database": await services.database_writable(), **await services.anonymous.readiness()}
-    ready = all(v in ("ok", "not configured") for v in checks.values())
-    return JSONResponse({"status": "ready" if ready else "not ready", **checks}, status_code=200 if ready else 503)
+    database = await services.database_writable()
+    ready = database == "ok"
+    body = {"status": "ready" if ready else "not ready", "database": database, **await services.anonymous.readiness()}
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 async def metrics(request: Request) -> Response:
@@ -320,7 +343,8 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
         settle_heap()
         keeper = asyncio.create_task(_housekeeping_loop(services))
         try:
-            yield
+            with draining_on_signals(services.begin_drain):  # the drain starts at the signal, not after it
+                yield
         finally:
             keeper.cancel()
             await services.close()
@@ -337,10 +361,14 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
         Route("/metrics", metrics, methods=["GET"]),
     ]
     # the read deadlines live in the protocol (server/deadlines.py): a route may answer before it reads the body
-    middleware = []
+    middleware: list[Middleware] = []
+    if settings.http.metrics_listen or settings.http.metrics_token_env:
+        middleware.append(Middleware(MetricsAccess, http=settings.http))  # /metrics: its listener, its token
     if settings.trusted_proxies:
         # uvicorn's proxy-header handling: forwarded headers count only from these peers
         middleware.append(Middleware(TrustedProxyMiddleware, trusted_hosts=list(settings.trusted_proxies)))
+    # outermost: every line of a request, and its answer, carry the request's id
+    middleware.insert(0, Middleware(request_log.RequestIds, trusted=settings.trusted_proxies))
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 
@@ -350,4 +378,4 @@ async def _housekeeping_loop(services: Services) -> None:
             await services.housekeeping()
         except Exception:
             logger.exception("housekeeping failed")
-        await asyncio.sleep(HOUSEKEEPING_SECONDS)
+        await asyncio.sleep(services.settings.housekeeping_interval_seconds)

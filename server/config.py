@@ -7,6 +7,8 @@ operator can fix a file from the message alone; `load_config` raises one
 
 from __future__ import annotations
 
+import inspect
+import ipaddress
 import math
 import os
 import re
@@ -16,10 +18,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from server import callables
+
 EVM_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
 CAIP2_NETWORK = re.compile(r"^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}$")
 AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-BACKENDS = ("echo", "upstream", "python")
+BACKENDS = ("echo", "upstream", "python", "a2a-sdk")
 
 
 class ConfigError(Exception):
@@ -65,6 +69,7 @@ class AgentConfig:
     poll_interval_seconds: float = 0.5
     deadline_seconds: float = 120.0
     callable: str = ""  # python: "package.module:function"
+    executor: str = ""  # a2a-sdk: "package.module:Class" (an AgentExecutor) or a factory returning one
     allowed_payers: tuple[str, ...] | None = None
     per_agent_per_minute: int | None = None
     streaming: bool = True
@@ -117,6 +122,8 @@ class HttpConfig:
     keep_alive_seconds: float = 5.0  # an idle connection between requests
     max_head_bytes: int = 16_384  # request line and headers together; a larger head is answered 400
     drain_seconds: float = 10.0  # on SIGTERM: how long requests and running work may finish
+    metrics_listen: tuple[str, int] | None = None  # (ip, port): /metrics there only, not on the A2A port
+    metrics_token_env: str = ""  # env var holding the bearer token /metrics asks for; never in the file
     implementation: str = "auto"  # uvicorn's HTTP parser: h11, httptools, or auto (httptools when installed)
     loop: str = "auto"  # the event loop: asyncio, uvloop, or auto (uvloop when installed)
 
@@ -148,6 +155,7 @@ class Settings:
     max_body_bytes: int = 1_048_576
     task_retention_days: float = 7.0
     task_deadline_seconds: float = 600.0
+    housekeeping_interval_seconds: float = 60.0  # how often stuck tasks are failed and old ones deleted
     per_ip_per_minute: int = 30
     per_agent_per_minute: int = 120
     limiter_max_entries: int = 100_000
@@ -234,6 +242,7 @@ class _Reader:
     def __init__(self) -> None:
         self.problems: list[str] = []
         self.warnings: list[str] = []
+        self.base_dir: Path | None = None  # the configuration file's directory: its modules import
 
     def problem(self, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message}")
@@ -288,11 +297,16 @@ class _Reader:
         except ValueError:  # e.g. "http://[::1"
             self.problem(path, f"must be an http(s) URL, got {value!r}")
             return value.rstrip("/")
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            self.problem(path, f"must be an http(s) URL, got {value!r}")
+        try:
+            parts.port  # noqa: B018 -- raises for a port that is not a number in range
+        except ValueError:
+            parts = parts._replace(netloc="")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            self.problem(path, f"must be an http(s) URL with a host, got {value!r}")
         return value.rstrip("/")
 
     def settings(self, raw: dict[str, Any], base_dir: Path, source: str) -> Settings:
+        self.base_dir = base_dir
         known = {
             "public_url",
             "database",
@@ -300,6 +314,7 @@ class _Reader:
             "max_body_bytes",
             "task_retention_days",
             "task_deadline_seconds",
+            "housekeeping_interval_seconds",
             "limits",
             "proxy",
             "facilitator",
@@ -375,6 +390,13 @@ class _Reader:
             task_deadline_seconds=self.positive(
                 raw, "task_deadline_seconds", defaults.task_deadline_seconds, "task_deadline_seconds", float
             ),
+            housekeeping_interval_seconds=self.positive(
+                raw,
+                "housekeeping_interval_seconds",
+                defaults.housekeeping_interval_seconds,
+                "housekeeping_interval_seconds",
+                float,
+            ),
             per_ip_per_minute=self.positive(
                 limits, "per_ip_per_minute", defaults.per_ip_per_minute, "limits.per_ip_per_minute"
             ),
@@ -439,6 +461,8 @@ class _Reader:
                 "keep_alive_seconds",
                 "max_head_bytes",
                 "drain_seconds",
+                "metrics_listen",
+                "metrics_token_env",
                 "implementation",
                 "loop",
             },
@@ -457,6 +481,8 @@ class _Reader:
             ),
             max_head_bytes=self.positive(raw, "max_head_bytes", d.max_head_bytes, "http.max_head_bytes"),
             drain_seconds=self.positive(raw, "drain_seconds", d.drain_seconds, "http.drain_seconds", float),
+            metrics_listen=self.listen_address(self.get(raw, "metrics_listen", str, "", "http.metrics_listen")),
+            metrics_token_env=self.get(raw, "metrics_token_env", str, "", "http.metrics_token_env"),
             implementation=self.one_of(raw, "implementation", ("auto", "h11", "httptools"), "http.implementation"),
             loop=self.one_of(raw, "loop", ("auto", "asyncio", "uvloop"), "http.loop"),
         )
@@ -469,6 +495,21 @@ class _Reader:
             max_per_owner=self.positive(raw, "max_per_owner", d.max_per_owner, "streams.max_per_owner"),
             max_per_client=self.positive(raw, "max_per_client", d.max_per_client, "streams.max_per_client"),
         )
+
+    def listen_address(self, value: str) -> tuple[str, int] | None:
+        """`IP:PORT` (`[::1]:9464` for IPv6), as the listener reports it; "" is none."""
+        if not value:
+            return None
+        host, _, port = value.rpartition(":")
+        try:
+            address = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+            number = int(port)
+            if not 0 < number < 65536:
+                raise ValueError(port)
+        except ValueError:
+            self.problem("http.metrics_listen", 'must be IP:PORT, e.g. "127.0.0.1:9464" or "[::1]:9464"')
+            return None
+        return str(address), number
 
     def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
         path = "facilitator"
@@ -590,6 +631,7 @@ class _Reader:
             "poll_interval_seconds",
             "deadline_seconds",
             "callable",
+            "executor",
             "allowed_payers",
             "per_agent_per_minute",
             "streaming",
@@ -606,8 +648,14 @@ class _Reader:
             else:
                 url = self.http_url(url, f"{path}.url")
         target = self.get(raw, "callable", str, "", f"{path}.callable")
-        if backend == "python" and not re.match(r"^[\w.]+:[\w.]+$", target):
-            self.problem(f"{path}.callable", "required for a python agent, as 'package.module:function'")
+        if backend == "python":
+            if not re.match(r"^[\w.]+:[\w.]+$", target):
+                self.problem(f"{path}.callable", "required for a python agent, as 'package.module:function'")
+            elif (function := self.importable(target, f"{path}.callable")) is not None and not callable(function):
+                self.problem(f"{path}.callable", f"{target} is not callable")
+        executor = self.get(raw, "executor", str, "", f"{path}.executor")
+        if backend == "a2a-sdk":
+            self.executor(executor, f"{path}.executor")
         payers = raw.get("allowed_payers")
         allowed: tuple[str, ...] | None = None
         if payers is not None:
@@ -637,6 +685,7 @@ class _Reader:
             ),
             deadline_seconds=self.positive(raw, "deadline_seconds", 120.0, f"{path}.deadline_seconds", float),
             callable=target,
+            executor=executor,
             allowed_payers=allowed,
             per_agent_per_minute=None
             if per_agent is None
@@ -644,6 +693,36 @@ class _Reader:
             streaming=self.get(raw, "streaming", bool, True, f"{path}.streaming"),
             on_settle_failure=self.settle_failure_policy(raw, path),
         )
+
+    def importable(self, target: str, path: str) -> Any:
+        """The object `target` names, imported now (so `check-config` finds what `serve` would), or None."""
+        if self.base_dir is not None:
+            callables.add_import_path(self.base_dir)
+        try:
+            return callables.load(target)
+        except callables.NotLoadable as exc:
+            self.problem(path, str(exc))
+            return None
+
+    def executor(self, target: str, path: str) -> None:
+        """An a2a-sdk agent: an `AgentExecutor` subclass, or a factory (a callable) that returns one."""
+        if not re.match(r"^[\w.]+:[\w.]+$", target):
+            self.problem(path, "required for an a2a-sdk agent, as 'package.module:ExecutorClass'")
+            return
+        try:
+            from a2a.server.agent_execution import AgentExecutor
+        except ImportError:
+            self.problem(path, "the a2a-sdk backend needs the a2a-sdk package: pip install 'a2a-gate[a2a-sdk]'")
+            return
+        found = self.importable(target, path)
+        if found is None:
+            return
+        if isinstance(found, type) and not issubclass(found, AgentExecutor):
+            self.problem(path, f"{target} is a class but not an a2a.server.agent_execution.AgentExecutor")
+        elif not callable(found):
+            self.problem(path, f"{target} is neither an AgentExecutor class nor a factory returning one")
+        elif not takes_no_arguments(found):
+            self.problem(path, f"{target} needs arguments: name a factory that builds the executor with them")
 
     def settle_failure_policy(self, raw: dict[str, Any], path: str) -> str:
         policy = self.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
@@ -672,7 +751,12 @@ class _Reader:
 
     def price(self, raw: Any, path: str) -> Price | None:
         if not isinstance(raw, dict):
-            self.problem(path, "must be a table")
+            self.problem(
+                path,
+                "must be a table with network, asset, amount (atomic units) and pay_to, e.g."
+                ' price = { network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318f3dCF7e",'
+                ' amount = "2000", pay_to = "0x<your address>" } (0.002 USDC on Base Sepolia)',
+            )
             return None
         self.unknown(
             raw, {"scheme", "network", "asset", "amount", "pay_to", "max_timeout_seconds", "extra", "description"}, path
@@ -700,9 +784,7 @@ class _Reader:
         ):
             self.problem(f"{path}.amount", f"must be a positive whole number of atomic units, got {amount!r}")
             amount = "0"
-        extra = self.get(raw, "extra", dict, None, f"{path}.extra")
-        if extra is None:
-            extra = default_asset_extra(network, asset)
+        extra = self.asset_extra(raw, network, asset, f"{path}.extra")
         return Price(
             scheme=scheme,
             network=network,
@@ -713,6 +795,26 @@ class _Reader:
             extra=extra,
             description=self.get(raw, "description", str, "", f"{path}.description"),
         )
+
+    def asset_extra(self, raw: dict[str, Any], network: str, asset: str, path: str) -> dict[str, Any]:
+        """The asset's EIP-712 domain (`name`, `version`): a client cannot sign a payment without it.
+
+        Known USDC deployments bring their own; any other asset needs an `extra` table.
+        """
+        extra = self.get(raw, "extra", dict, None, path)
+        if extra is None:
+            extra = default_asset_extra(network, asset)
+            if not extra and EVM_ADDRESS.match(asset) and CAIP2_NETWORK.match(network):
+                self.problem(
+                    path,
+                    f"required for asset {asset} on {network} (no known EIP-712 domain): the token's name and"
+                    ' version, e.g. extra = { name = "USD Coin", version = "2" }',
+                )
+            return extra
+        for key in ("name", "version"):
+            if not isinstance(extra.get(key), str) or not extra[key]:
+                self.problem(f"{path}.{key}", "required: the token's EIP-712 domain name and version, as strings")
+        return extra
 
     def key(self, index: int, raw: Any, agents: dict[str, AgentConfig]) -> ApiKey | None:
         path = f"keys[{index}]"
@@ -736,6 +838,17 @@ class _Reader:
             agents=tuple(str(n) for n in names),
             revoked=self.get(raw, "revoked", bool, False, f"{path}.revoked"),
         )
+
+
+def takes_no_arguments(function: Any) -> bool:
+    """Whether `function()` is a valid call (the gate builds an executor with no arguments)."""
+    try:
+        inspect.signature(function).bind()
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin): let the call decide
+        return True
+    return True
 
 
 SIGNING_ALLOWANCE_SECONDS = 30  # inside maxTimeoutSeconds: a client's time to sign a token and send it

@@ -40,6 +40,11 @@ class DatabaseUnavailable(Exception):
     """The database cannot take the statement now (unreachable, locked, full): try again later."""
 
 
+class DatabaseRefused(Exception):
+    """The database answered and turned us away for good (no such database or role, a wrong
+    password, no entry for us): the configuration is wrong, and waiting will not help."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One schema step, in each engine's words: statements, or a function for what SQL cannot say."""
@@ -50,6 +55,9 @@ class Migration:
 
 class Database(ABC):
     dialect: ClassVar[str]
+    # The database's own clock, in epoch seconds, as a SQL expression: lease arithmetic is
+    # written with it so every process judges a lease by one clock, never by its own.
+    clock_sql: ClassVar[str]
 
     @abstractmethod
     async def open(self) -> None:
@@ -81,6 +89,11 @@ class Database(ABC):
     @abstractmethod
     async def lock_schema(self) -> None:
         """Inside a transaction: hold off every other process migrating the schema until it ends."""
+
+    @abstractmethod
+    async def lock(self, name: str) -> None:
+        """Inside a transaction: hold off every other transaction taking the lock of this name
+        (in any process or replica) until it ends: a read, then a write that depends on it, is one step."""
 
     async def notify(self, channel: str, payload: str) -> None:
         """Tell the other processes on this database (`listen`); an engine without notifications

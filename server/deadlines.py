@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from typing import Any
 
 import h11
@@ -33,6 +32,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from server.config import HttpConfig
+from server.shutdown import grace_seconds
 
 
 def raw_answer(status: str, detail: str) -> bytes:
@@ -191,7 +191,7 @@ def server_config(app: Any, http: HttpConfig, **options: Any) -> uvicorn.Config:
         loop=http.loop,
         ws="none",
         timeout_keep_alive=http.keep_alive_seconds,  # type: ignore[arg-type]
-        timeout_graceful_shutdown=math.ceil(http.drain_seconds),  # open requests, then the lifespan's drain
+        timeout_graceful_shutdown=grace_seconds(http.drain_seconds),  # the drain began at the signal
         h11_max_incomplete_event_size=http.max_head_bytes,
         **options,
     )

@@ -15,9 +15,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from server import request_log
 from server.agents import AgentRegistry, AgentReply, AgentRequest
 from server.database import commit_until_stored
 from server.dialects import INTERRUPTED_STATES
+from server.request_log import TASK_ID
 from server.tasks import TaskStore, agent_message, new_id, set_status
 
 logger = logging.getLogger("a2a_gate.execution")
@@ -27,7 +29,17 @@ CANCEL_CHANNEL = "a2a_gate_cancel"  # notifications of cancel requests, payload:
 CANCEL_POLL_SECONDS = 0.25  # how soon a cancel asked of another process reaches this one
 CANCEL_POLL_NOTIFIED_SECONDS = 2.0  # the same, as a fallback, where notifications come first
 STOP_SECONDS = 5.0  # on shutdown, how long undelivered work has to record that it stopped
+SETTLE_SECONDS = 5.0  # ... then how long delivered work may settle before its waiting request is answered
 UNDELIVERED_STATES = INTERRUPTED_STATES | {"failed", "rejected", "canceled"}
+# published to an execution's streams by a shutdown's drain that can wait no longer for it
+SHUTTING_DOWN_EVENT: dict[str, Any] = {"kind": "shutting-down"}
+PAST_DEADLINE = "The task passed its deadline."  # a turn failed by housekeeping, uncharged
+
+
+class OwnershipLost(Exception):
+    """Raised by a `Settlement` hook: the anonymous path no longer holds this execution's
+    right to deliver or record (another process took it over). Nothing more is delivered,
+    saved or published as this execution's outcome."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +61,9 @@ class Settlement:
     raises (its `Collected.metadata` goes on the final status message); `saved` runs inside
     the transaction that stores the final task; `abandoned` when that store gave up
     (the reconciler repairs the task from the recorded outcome); `not_delivered` runs
-    when nothing is to be charged.
+    when nothing is to be charged. Any hook may raise `OwnershipLost`; `revoke` is filled
+    in by the runner at the start, for the anonymous path to stop the work when it learns
+    the right to deliver is gone.
     """
 
     mark_delivered: Callable[[dict[str, Any] | None], Awaitable[None]]
@@ -58,6 +72,7 @@ class Settlement:
     saved: Callable[[], Awaitable[None]]
     abandoned: Callable[[], None] = lambda: None
     withhold: bool = False  # settle before the answer leaves; unpaid, it never does
+    revoke: Callable[[], None] = lambda: None
 
 
 @dataclass
@@ -80,10 +95,15 @@ class Execution:
     agent: str
     settlement: Settlement | None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # set with `done`, or by a shutdown's drain that can wait no longer: a blocking request answers then
+    answerable: asyncio.Event = field(default_factory=asyncio.Event)
     subscribers: list[Subscriber] = field(default_factory=list)
     delivering: bool = False  # past this point the work is delivered and may not be cancelled
     stopped_by_shutdown: bool = False
+    stopped_by_deadline: bool = False
+    revoked: bool = False  # the anonymous path took back the right to deliver
     job: asyncio.Task[None] | None = None
+    artifact_id: str = field(default_factory=new_id)  # the result: streamed in chunks, then whole
 
     def publish(self, event: dict[str, Any]) -> None:
         for subscriber in self.subscribers:
@@ -99,14 +119,46 @@ class Execution:
             self.subscribers.remove(subscriber)
 
 
-def artifact_event(task: dict[str, Any], artifact: dict[str, Any]) -> dict[str, Any]:
+def artifact_event(
+    task: dict[str, Any], artifact: dict[str, Any], *, append: bool = False, last: bool = True
+) -> dict[str, Any]:
     return {
         "kind": "artifact-update",
         "taskId": task["id"],
         "contextId": task["contextId"],
         "artifact": artifact,
-        "lastChunk": True,
+        "append": append,
+        "lastChunk": last,
     }
+
+
+class LiveProgress:
+    """A running agent's progress, published to the execution's stream subscribers as it comes.
+
+    Nothing of it is stored: the task keeps the whole answer once it is delivered. An agent
+    whose answer is withheld until paid shows none of it (its chunks and status texts are
+    its answer too): the whole answer is sent once the payment is settled.
+    """
+
+    def __init__(self, execution: Execution) -> None:
+        self.execution = execution
+        self.chunks = 0
+        self.shown = execution.settlement is None or not execution.settlement.withhold
+
+    def status(self, text: str) -> None:
+        if not self.shown:
+            return
+        task = self.execution.task
+        set_status(task, "working", agent_message(task, text) if text else None)
+        self.execution.publish(status_event(task, final=False))
+
+    def chunk(self, parts: list[dict[str, Any]]) -> None:
+        if not self.shown:
+            return
+        artifact = {"artifactId": self.execution.artifact_id, "name": "result", "parts": parts}
+        event = artifact_event(self.execution.task, artifact, append=self.chunks > 0, last=False)
+        self.chunks += 1
+        self.execution.publish(event)
 
 
 def status_event(task: dict[str, Any], final: bool) -> dict[str, Any]:
@@ -134,14 +186,27 @@ class Runner:
         self.agent_view: Callable[[dict[str, Any]], dict[str, Any]] = lambda message: message
         self.cancels_seen: set[str] = set()  # cancel requests from other processes, acted on once
         self.cancelling: set[asyncio.Task[str | None]] = set()
+        self.stopping = False  # a shutdown's drain is over: work that starts now is stopped at once
 
     def start(
         self, task: dict[str, Any], agent: str, message: dict[str, Any], settlement: Settlement | None
     ) -> Execution:
-        execution = Execution(task=task, agent=agent, settlement=settlement)
+        execution = Execution(task=task, agent=agent, settlement=settlement, stopped_by_shutdown=self.stopping)
         self.live[task["id"]] = execution
+        TASK_ID.set(task["id"])  # the request's log lines from here on, and the work's, name the task
         execution.job = asyncio.create_task(self._run(execution, message), name=f"task-{task['id']}")
+        if settlement is not None:
+            settlement.revoke = lambda: self.revoke(execution)
         return execution
+
+    def revoke(self, execution: Execution) -> None:
+        """The right to deliver is gone: undelivered work stops here and now (its outcome is
+        another process's to record); delivered work goes on, and its hooks record nothing."""
+        if execution.revoked or execution.done.is_set():
+            return
+        execution.revoked = True
+        if not execution.delivering and execution.job is not None:
+            execution.job.cancel()
 
     async def cancel(self, execution: Execution) -> str | None:
         """Cancel before delivery; None when canceled, else why not (delivered, or the
@@ -161,6 +226,14 @@ class Runner:
         execution.job.cancel()
         await execution.done.wait()
         return None
+
+    def stop_past_deadline(self, execution: Execution) -> None:
+        """Housekeeping found this turn past its deadline: stop it, undelivered (it ends failed,
+        uncharged); delivered work is past stopping and settles."""
+        if execution.delivering or execution.job is None:
+            return
+        execution.stopped_by_deadline = True
+        execution.job.cancel()
 
     async def backend_agrees_to_cancel(self, agent: str, task_id: str) -> bool:
         """A backend that runs the task elsewhere (an upstream agent) is asked first."""
@@ -198,24 +271,41 @@ class Runner:
                     job.add_done_callback(self.cancelling.discard)
 
     async def drain(self, timeout: float) -> None:
-        """On shutdown: let running executions (and their settlements) finish within `timeout`;
-        then stop the undelivered rest, which releases their claims uncharged now rather than
-        after a lease. Delivered work keeps settling; if the process ends first, its claim's
-        lease runs out and another process settles it."""
-        jobs = [e.job for e in self.live.values() if e.job is not None]
-        if not jobs:
-            return
-        _, unfinished = await asyncio.wait(jobs, timeout=timeout)
-        stopping = [e for e in self.live.values() if e.job in unfinished and not e.delivering]
+        """On shutdown (from the signal on, every connection still open): let running executions
+        (and their settlements) finish within `timeout`; then stop the undelivered rest, which
+        answers their requests with the canceled Task and releases their claims uncharged now
+        rather than after a lease; work that starts later is stopped before it runs. Delivered
+        work gets SETTLE_SECONDS more to settle; a request still waiting on it is then answered
+        "retry" (the payer's retry replays the stored outcome). If the process ends first, the
+        claim's lease runs out and another process settles it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self.live:
+            logger.info("draining %d running task(s), for up to %gs", len(self.live), timeout)
+        while (jobs := self._jobs()) and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(jobs, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        self.stopping = True
+        stopping = [e for e in self.live.values() if e.job is not None and not e.delivering]
         for execution in stopping:
             execution.stopped_by_shutdown = True
             execution.job.cancel()  # type: ignore[union-attr]
         if stopping:
+            logger.info("stopped %d undelivered task(s); nothing was charged for them", len(stopping))
             await asyncio.wait([e.job for e in stopping if e.job is not None], timeout=STOP_SECONDS)
+        if jobs := self._jobs():
+            await asyncio.wait(jobs, timeout=SETTLE_SECONDS)
+        for execution in self.live.values():
+            execution.answerable.set()
+            execution.publish(SHUTTING_DOWN_EVENT)
+
+    def _jobs(self) -> list[asyncio.Task[None]]:
+        return [e.job for e in self.live.values() if e.job is not None]
 
     async def _run(self, execution: Execution, message: dict[str, Any]) -> None:
         task = execution.task
         try:
+            if execution.stopped_by_shutdown:  # started after the drain: stopped before it runs
+                raise asyncio.CancelledError
             # "working" lives in memory (tasks/get and streams of this process read it); the
             # stored row stays "submitted" until the next stored state, one write fewer per task
             set_status(task, "working")
@@ -226,11 +316,19 @@ class Runner:
                 await self._deliver(execution, reply)
             else:
                 await self._end_undelivered(execution, reply)
+        except OwnershipLost:
+            self._lose(execution)
         except asyncio.CancelledError:
+            if execution.revoked and not execution.delivering:
+                self._lose(execution)
+                return
             if execution.delivering:
                 raise  # shutting down mid-settlement: the claim row lets the reconciler finish it
-            why = "Stopped by a server shutdown; nothing was charged." if execution.stopped_by_shutdown else None
-            set_status(task, "canceled", agent_message(task, why or "Canceled by the caller."))
+            if execution.stopped_by_deadline:  # not the caller's doing: the turn failed
+                set_status(task, "failed", agent_message(task, PAST_DEADLINE))
+            else:
+                why = "Stopped by a server shutdown; nothing was charged." if execution.stopped_by_shutdown else None
+                set_status(task, "canceled", agent_message(task, why or "Canceled by the caller."))
             await self._finish_undelivered(execution)
         except Exception:
             logger.exception("execution of task %s failed", task["id"])
@@ -245,6 +343,7 @@ class Runner:
             self.live.pop(task["id"], None)
             self.cancels_seen.discard(task["id"])
             execution.done.set()
+            execution.answerable.set()
 
     async def _call_backend(self, execution: Execution, message: dict[str, Any]) -> AgentReply:
         task = execution.task
@@ -260,14 +359,16 @@ class Runner:
         try:
             # the payment window a token must leave is counted from this deadline (DESIGN 4.7)
             async with asyncio.timeout(deadline):
-                reply = await self.agents.backend(execution.agent).run(request)
+                reply = await self.agents.backend(execution.agent).run(request, LiveProgress(execution))
         except TimeoutError:
             logger.warning("agent %s passed its deadline of %gs", execution.agent, deadline)
             return AgentReply.failed(f"The agent did not finish within {deadline:g}s (its deadline).")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 -- whatever an agent raises fails its task, uncharged
-            logger.warning("agent %s raised %s", execution.agent, type(exc).__name__)
+        except Exception as exc:  # whatever an agent raises fails its task, uncharged
+            # the agent's own fault, with its traceback: it never saw a key or a payment token
+            logger.error("agent %s raised %s: %s", execution.agent, type(exc).__name__, exc, exc_info=exc)
+            request_log.agent_failed(f"agent raised {type(exc).__name__}")
             return AgentReply.failed("The agent failed.")
         if reply.backend_ref:
             await self.store.save(task, backend_ref=reply.backend_ref)
@@ -275,7 +376,7 @@ class Runner:
 
     async def _deliver(self, execution: Execution, reply: AgentReply) -> None:
         task, settlement = execution.task, execution.settlement
-        artifact = {"artifactId": new_id(), "name": "result", "parts": reply.parts}
+        artifact = {"artifactId": execution.artifact_id, "name": "result", "parts": reply.parts}
         text = reply.text or "Done."
         if settlement is None:  # the free path: the artifact is saved with the final status
             self._show(execution, artifact)
@@ -283,14 +384,19 @@ class Runner:
             await self.store.save(task)
             execution.publish(status_event(task, final=True))
             return
-        if settlement.withhold:  # the answer stays out of the task, its streams and the store until paid
-            async with self.store.db.transaction():
-                await settlement.mark_delivered({"artifact": artifact, "text": text})
-        else:
-            task.setdefault("artifacts", []).append(artifact)
-            async with self.store.db.transaction():
-                await self.store.save(task)
-                await settlement.mark_delivered(None)
+        try:
+            if settlement.withhold:  # the answer stays out of the task, its streams and the store until paid
+                async with self.store.db.transaction():
+                    await settlement.mark_delivered({"artifact": artifact, "text": text})
+            else:
+                task.setdefault("artifacts", []).append(artifact)
+                async with self.store.db.transaction():
+                    await self.store.save(task)
+                    await settlement.mark_delivered(None)
+        except OwnershipLost:  # the transaction rolled back: nothing was delivered
+            execution.delivering = False
+            raise
+        if not settlement.withhold:
             execution.publish(artifact_event(task, artifact))
         # shielded: a cancel arriving now must not interrupt a settlement
         collected = await asyncio.shield(settlement.delivered(task))
@@ -303,6 +409,23 @@ class Runner:
                 task, "failed", agent_message(task, "Payment failed: the answer is withheld.", collected.metadata)
             )
         await self._save_final(execution)
+        execution.publish(status_event(task, final=True))
+
+    def _lose(self, execution: Execution) -> None:
+        """Ownership went elsewhere: this execution delivers, saves and charges nothing; its
+        subscribers learn it ended here (the stored task is the new owner's to tell)."""
+        task = execution.task
+        execution.revoked = True
+        logger.warning("task %s stopped: its payment claim is owned by another process now", task["id"])
+        if not execution.delivering or task["status"]["state"] not in ("completed", "failed"):
+            task["artifacts"] = [a for a in task.get("artifacts") or [] if a.get("name") != "result"]
+            set_status(
+                task,
+                "failed",
+                agent_message(
+                    task, "Stopped: this request's payment is handled by another server; nothing was charged here."
+                ),
+            )
         execution.publish(status_event(task, final=True))
 
     def _show(self, execution: Execution, artifact: dict[str, Any]) -> None:
@@ -345,6 +468,10 @@ class Runner:
     async def _finish_undelivered(self, execution: Execution) -> None:
         task = execution.task
         if execution.settlement is not None:
-            await asyncio.shield(execution.settlement.not_delivered(task))
+            try:
+                await asyncio.shield(execution.settlement.not_delivered(task))
+            except OwnershipLost:  # the new owner released the claim and tells the task's end
+                self._lose(execution)
+                return
         await self.store.save(task)
         execution.publish(status_event(task, final=True))

@@ -90,6 +90,15 @@ def store_unavailable() -> RpcError:
     return RpcError(INTERNAL_ERROR, "The task store is unavailable", {"code": "store_unavailable", "retryable": True})
 
 
+def shutting_down() -> RpcError:
+    """The server stopped before this request's answer was ready: the same request may be sent again."""
+    return RpcError(
+        INTERNAL_ERROR,
+        "The server is shutting down; send the request again",
+        {"code": "shutting_down", "retryable": True},
+    )
+
+
 @dataclass(frozen=True)
 class Call:
     """One parsed JSON-RPC request."""

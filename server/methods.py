@@ -36,6 +36,7 @@ from server.jsonrpc import (
     Call,
     RpcError,
     result_response,
+    shutting_down,
 )
 from server.streams import (
     StoredWatches,
@@ -57,7 +58,7 @@ CANCEL_CHECK_SECONDS = 0.1
 # then it is written as it stands (ListTasks, housekeeping and other workers see it), and again at the end.
 UNWRITTEN_SECONDS = 0.5
 
-__all__ = ["Methods", "SendPlan", "plan_send", "sse", "unsupported"]
+__all__ = ["Methods", "SendPlan", "finished", "plan_send", "sse", "unsupported"]
 
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 100  # ListTasks, as the a2a-sdk
 
@@ -99,6 +100,13 @@ def unsupported(call: Call) -> RpcError:
     return RpcError(UNSUPPORTED_OPERATION)
 
 
+def finished(task: dict[str, Any]) -> RpcError:
+    """The answer to a message naming a task in a terminal state, which is never continued or
+    restarted (A2A 3.1.1: UnsupportedOperationError), on every path: free, paid or paid in-band."""
+    state = task["status"]["state"]
+    return RpcError(UNSUPPORTED_OPERATION, f"Task is in a terminal state ({state}): it cannot be continued")
+
+
 def keep_message(message: dict[str, Any]) -> dict[str, Any]:
     """The default message filter: keep everything."""
     return message
@@ -136,16 +144,23 @@ class Methods:
             found = await self.store.get(task_id, owner, agent)
             if found is None:
                 raise RpcError(TASK_NOT_FOUND)
+            if found["status"]["state"] in TERMINAL_STATES:
+                raise finished(found)
             if found["status"]["state"] not in INTERRUPTED_STATES or task_id in self.runner.live:
                 raise RpcError(
                     INVALID_PARAMS, f"Task is {found['status']['state']}: only an interrupted task can be continued"
                 )
-            task = found
+            task, interrupted = found, found["status"]["state"]
             message = {**message, "contextId": task["contextId"]}
             message.setdefault("messageId", new_id())
             task.setdefault("history", []).append(message)
-            set_status(task, "submitted")
-            await self.store.save(task)
+            set_status(task, "working")  # resumed: it was submitted on its first turn, not now
+            # the turn starts now, and so does its deadline; unless another message or a cancel came first
+            if not await self.store.start_turn(task, interrupted):
+                now = await self.store.get(task_id, owner, agent)
+                if now is not None and now["status"]["state"] in TERMINAL_STATES:
+                    raise finished(now)
+                raise RpcError(INVALID_PARAMS, "Task changed meanwhile: only an interrupted task can be continued")
         return self.runner.start(task, agent, message, settlement)
 
     async def start_task(
@@ -162,7 +177,9 @@ class Methods:
             if execution.task["id"] in self.store.unwritten:
                 await self.wait_unwritten(execution)
             else:
-                await execution.done.wait()
+                await execution.answerable.wait()
+                if not execution.done.is_set():  # a shutdown could wait no longer for its settlement
+                    raise shutting_down()
         task = trim_history(execution.task, plan.history_length)
         return dialects.send_result(task, plan.call.dialect)
 

@@ -1,21 +1,32 @@
-"""Prometheus metrics (prometheus-client), served at /metrics.
+"""Prometheus metrics (prometheus-client), served at /metrics, and who may read them.
 
 Labels come from bounded, public sets: an agent is named only when it is exposed
 (`agent_label`), outcomes come from a fixed set. A label naming a hidden agent would
 tell anyone who can scrape which names the identical 401s are hiding. What is built on
 the server registers its own metrics on `registry` (the gate: `gate/metrics.py`). With
 several workers each serves its own counters.
+
+`/metrics` is for the operator, not the public: `[http] metrics_listen` serves it on a
+listener of its own (a loopback address, say) in the same process, and nowhere else;
+`[http] metrics_token_env` names the variable holding a bearer token it asks for
+(`MetricsAccess`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import hmac
+import ipaddress
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.config import HttpConfig
 
 UNKNOWN_AGENT = "unknown"  # a name no agent is configured under
 HIDDEN_AGENT = "other"  # a configured agent that is not exposed
@@ -46,3 +57,64 @@ class Metrics:
         for refresh in self.before_scrape:
             await refresh()
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+METRICS_PATH = "/metrics"
+ADMIN_PATHS = frozenset({METRICS_PATH, "/healthz", "/readyz"})  # what the metrics listener serves
+
+
+class MetricsAccess:
+    """ASGI middleware: /metrics only on the metrics listener when there is one (which serves
+    nothing but it and the health checks), and only with the bearer token when one is set.
+    Every refusal is the 404 (or 401) an unknown path gets: the public port shows nothing."""
+
+    def __init__(self, app: ASGIApp, http: HttpConfig, environ: Mapping[str, str] = os.environ) -> None:
+        self.app = app
+        self.listen = http.metrics_listen
+        # a token variable that is set but empty, or unset, refuses everyone (`serve` stops first)
+        self.token = environ.get(http.metrics_token_env, "").encode() if http.metrics_token_env else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Scope) -> Response | None:
+        path = scope["path"]
+        if self.listen is not None:
+            admin = self.on_metrics_listener(scope)
+            if (admin and path not in ADMIN_PATHS) or (not admin and path == METRICS_PATH):
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+        if path == METRICS_PATH and self.token is not None and not self.authorized(scope):
+            return JSONResponse(
+                {"detail": "Not authenticated"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+            )
+        return None
+
+    def on_metrics_listener(self, scope: Scope) -> bool:
+        """Did the connection come in on the metrics listener (the local address it reached)?"""
+        server = scope.get("server")
+        if not server or server[1] is None:
+            return False
+        assert self.listen is not None
+        listen_host, listen_port = self.listen
+        if int(server[1]) != listen_port:
+            return False
+        if ipaddress.ip_address(listen_host).is_unspecified:  # 0.0.0.0 or ::: the port says it
+            return True
+        try:
+            return str(ipaddress.ip_address(server[0])) == listen_host
+        except ValueError:
+            return False
+
+    def authorized(self, scope: Scope) -> bool:
+        if not self.token:
+            return False
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, given = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
+        return False

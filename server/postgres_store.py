@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import select
@@ -41,7 +42,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from server.database import Database, DatabaseUnavailable, Row
+from server.database import Database, DatabaseRefused, DatabaseUnavailable, Row
 
 CONNECT_TIMEOUT = 5  # seconds for one connection attempt (libpq connect_timeout), unless the URL says
 ACQUIRE_TIMEOUT = 5.0  # seconds a statement waits for a free pool connection before DatabaseUnavailable
@@ -94,6 +95,13 @@ def pool_sizes(url: str) -> tuple[str, int, int]:
     return urlunsplit(parts._replace(query="&".join(rest))), sizes["pool_min_size"], sizes["pool_max_size"]
 
 
+# What a server that turned a connection away for good says (libpq gives no SQLSTATE for it)
+REFUSED = re.compile(
+    r"FATAL:\s+(database \S+ does not exist|role \S+ does not exist|password authentication failed for user \S+"
+    r"|no pg_hba\.conf entry for .*)",
+)
+
+
 def unavailable(exc: psycopg.Error) -> NoReturn:
     raise DatabaseUnavailable(f"postgresql: {type(exc).__name__}: {str(exc).strip() or 'no answer'}") from exc
 
@@ -131,6 +139,8 @@ async def alive(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 class PostgresDatabase(Database):
     dialect = "postgresql"
+    # The server's clock, read afresh per statement (now() would be the transaction's start).
+    clock_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
     def __init__(self, url: str) -> None:
         self.conninfo, self.min_size, self.max_size = pool_sizes(url)
@@ -164,6 +174,9 @@ class PostgresDatabase(Database):
             first = await psycopg.AsyncConnection.connect(self.conninfo, **extra)
             await first.close()
         except psycopg.Error as exc:
+            reason = REFUSED.search(str(exc))
+            if reason:  # the server said no: a wrong name, role or password
+                raise DatabaseRefused(f"postgresql: {reason.group(0).strip()}") from exc
             if retryable(exc):
                 unavailable(exc)
             raise  # a URL libpq cannot read: the configuration is wrong, waiting will not help
@@ -314,6 +327,12 @@ class PostgresDatabase(Database):
         if self._joined() is None:
             raise RuntimeError("lock_schema() holds the lock until the transaction ends: call it inside one")
         await self.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+
+    async def lock(self, name: str) -> None:
+        if self._joined() is None:
+            raise RuntimeError("lock() holds the lock until the transaction ends: call it inside one")
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)  # a bigint
+        await self.execute("SELECT pg_advisory_xact_lock(?)", (key,))
 
     async def notify(self, channel: str, payload: str) -> None:
         """Delivered to every listener on this database; inside a transaction, when it commits."""

@@ -30,7 +30,8 @@ from starlette.responses import StreamingResponse
 from server import dialects
 from server.config import StreamConfig
 from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES
-from server.execution import Execution, Subscriber, status_event
+from server.execution import SHUTTING_DOWN_EVENT, Execution, Subscriber, status_event
+from server.jsonrpc import error_body, shutting_down
 
 logger = logging.getLogger("a2a_gate.streams")
 
@@ -41,6 +42,12 @@ ENDED_STATES = TERMINAL_STATES | INTERRUPTED_STATES  # a stream cycle ends at ei
 
 def sse(call_id: Any, result: Any) -> bytes:
     body = json.dumps({"jsonrpc": "2.0", "id": call_id, "result": result}, separators=(",", ":"))
+    return f"data: {body}\n\n".encode("ascii")
+
+
+def sse_shutting_down(call_id: Any) -> bytes:
+    """A stream's last event when the server stops before the task ends here: retryable."""
+    body = json.dumps(error_body(call_id, shutting_down()), separators=(",", ":"))
     return f"data: {body}\n\n".encode("ascii")
 
 
@@ -67,6 +74,9 @@ async def follow_live(
             except TimeoutError:
                 yield b": keepalive\n\n"
                 continue
+            if event is SHUTTING_DOWN_EVENT:
+                yield sse_shutting_down(call_id)
+                return
             yield sse(call_id, dialects.event_out(event, dialect))
             if event.get("final") is True:
                 return
@@ -145,6 +155,7 @@ class StoredWatch:
     readers: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # replaced at every new copy
     gone: bool = False  # the task disappeared: every reader closes
+    stopped: bool = False  # the server is stopping: every reader ends, to resubscribe elsewhere
     poller: asyncio.Task[None] | None = None
 
 
@@ -154,6 +165,7 @@ class StoredWatches:
     def __init__(self, interval: float = STORE_POLL_SECONDS) -> None:
         self.interval = interval
         self.watches: dict[str, StoredWatch] = {}
+        self.stopping = False
 
     def join(self, task: dict[str, Any], reload: Callable[[], Awaitable[dict[str, Any] | None]]) -> StoredWatch:
         watch = self.watches.get(task["id"])
@@ -161,7 +173,16 @@ class StoredWatches:
             watch = self.watches[task["id"]] = StoredWatch(reload, task)
             watch.poller = asyncio.create_task(self.poll(task["id"], watch), name=f"watch-{task['id']}")
         watch.readers += 1
+        watch.stopped = self.stopping
         return watch
+
+    def stop(self) -> None:
+        """A shutdown: every stream following a task through the store ends now, retryably (the
+        task runs elsewhere; another replica can follow it), and so does any that starts later."""
+        self.stopping = True
+        for watch in self.watches.values():
+            watch.stopped = True
+            watch.changed.set()
 
     def leave(self, task_id: str, watch: StoredWatch) -> None:
         watch.readers -= 1
@@ -205,10 +226,15 @@ async def follow_stored(
     give_up = time.monotonic() + deadline_seconds
     read: dict[str, Any] | None = task  # the copy this stream read last; a slow reader skips to the latest
     while (left := give_up - time.monotonic()) > 0:
+        if watch.stopped:
+            yield sse_shutting_down(call_id)
+            return
         if watch.current is read:
             changed = watch.changed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), min(KEEPALIVE_SECONDS, left))
+            if watch.stopped:
+                continue
             if watch.current is read and not watch.gone:
                 if time.monotonic() < give_up:
                     yield b": keepalive\n\n"

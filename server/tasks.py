@@ -178,6 +178,19 @@ class TaskStore:
             ),
         )
 
+    async def create_pending(
+        self, task: dict[str, Any], *, agent: str, owner: str, deadline_seconds: float, cap: int
+    ) -> bool:
+        """Create a request awaiting payment unless its owner (one caller) already has `cap` of them
+        awaiting it: counted and created as one step, however many requests of that caller arrive
+        at once, on any process or replica. False, and nothing created, at the cap."""
+        async with self.db.transaction():
+            await self.db.lock(owner)
+            if await self.count_pending(owner) >= cap:
+                return False
+            await self.create(task, agent=agent, owner=owner, deadline_seconds=deadline_seconds)
+        return True
+
     async def write(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> bool:
         """Write a deferred task as it is now, once; False when it was written already."""
         row = self.unwritten.get(task["id"])
@@ -201,6 +214,24 @@ class TaskStore:
             sql = "UPDATE tasks SET state = ?, document = ?, backend_ref = ?, updated_at = ? WHERE id = ?"
             args = (task["status"]["state"], document, json.dumps(backend_ref), time.time(), task["id"])
         await self.db.execute(sql, args)
+
+    async def start_turn(self, task: dict[str, Any], interrupted: str) -> bool:
+        """Store `task` as its next turn starts, only while it is still `interrupted` (the state
+        it was read in): the turn's deadline counts from now. False when the task changed meanwhile
+        (another turn started, or it was canceled), and then nothing is written."""
+        now = time.time()
+        changed = await self.db.execute(
+            "UPDATE tasks SET state = ?, document = ?, updated_at = ?, deadline_at = ? WHERE id = ? AND state = ?",
+            (
+                task["status"]["state"],
+                json.dumps(task, separators=(",", ":")),
+                now,
+                now + self.deadline_seconds,
+                task["id"],
+                interrupted,
+            ),
+        )
+        return changed == 1
 
     async def backend_ref(self, task_id: str) -> dict[str, Any]:
         found = await self.db.fetchval("SELECT backend_ref FROM tasks WHERE id = ?", (task_id,))
@@ -245,15 +276,29 @@ class TaskStore:
         cursor = (rows[-1]["updated_at"], rows[-1]["id"]) if more and rows else None
         return [json.loads(r["document"]) for r in rows], int(total), cursor
 
-    async def pending(self, task_id: Any, agent: str) -> dict[str, Any] | None:
-        """A request of `agent` still awaiting its first payment (unexpired), whoever asked."""
+    async def unpaid(self, task_id: Any, agent: str) -> dict[str, Any] | None:
+        """A request of `agent` nobody has paid for, whoever asked: one awaiting its first
+        payment (unexpired), or one that ended unpaid (declined) and is not deleted yet."""
         if not isinstance(task_id, str):
             return None
         document = await self.db.fetchval(
-            "SELECT document FROM tasks WHERE id = ? AND agent = ? AND owner LIKE ? AND deadline_at > ?",
+            "SELECT document FROM tasks WHERE id = ? AND agent = ? AND owner LIKE ?"
+            " AND (state <> 'input-required' OR deadline_at > ?)",
             (task_id, agent, _PENDING_LIKE, time.time()),
         )
         return None if document is None else json.loads(document)
+
+    async def save_unpaid(self, task: dict[str, Any]) -> bool:
+        """Store a request awaiting payment as `task` now stands, only while it still awaits it
+        (unexpired, unpaid, not declined): False when it changed meanwhile, and then nothing is written."""
+        now = time.time()
+        document = json.dumps(task, separators=(",", ":"))
+        changed = await self.db.execute(
+            "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ? AND owner LIKE ?"
+            " AND state = 'input-required' AND deadline_at > ?",
+            (task["status"]["state"], document, now, task["id"], _PENDING_LIKE, now),
+        )
+        return changed == 1
 
     async def count_pending(self, owner: str) -> int:
         """How many unexpired requests of one caller are awaiting payment."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from server.agents import AgentReply, AgentRequest
+from server.agents import AgentReply, AgentRequest, Progress
 from server.config import AgentConfig
 from server.dialects import (
     INTERRUPTED_STATES,
@@ -131,7 +131,7 @@ class UpstreamBackend:
         self.client = httpx.AsyncClient(headers=headers, timeout=agent.timeout_seconds, follow_redirects=False)
         self.running: dict[str, str] = {}  # our task id -> the upstream's, while we poll it
 
-    async def run(self, request: AgentRequest) -> AgentReply:
+    async def run(self, request: AgentRequest, progress: Progress) -> AgentReply:
         message: dict[str, Any] = {
             "kind": "message",
             "role": "user",

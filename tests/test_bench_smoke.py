@@ -48,8 +48,12 @@ ADDRESSES = 1000
 DURATION = {"a": "0.5", "b": "0.5", "c": "3", "d": "0.5", "e": "0.5"}
 
 
-def run_bench(tmp_path: Path, case: str, stack: str) -> tuple[str, dict]:
-    """`python -m bench` on one case and one stack, tiny; (its table, its JSON document for the stack)."""
+def run_bench(tmp_path: Path, case: str, stack: str, nginx: str | None = None) -> tuple[str, dict]:
+    """`python -m bench` on one case and one stack, tiny; (its table, its JSON document for the stack).
+    `nginx`: the binary the tests chose (A2A_GATE_TEST_NGINX), found first on the benchmark's PATH."""
+    env = dict(os.environ)
+    if nginx:
+        env["PATH"] = f"{Path(nginx).parent}{os.pathsep}{env.get('PATH', '')}"
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [
@@ -78,6 +82,7 @@ def run_bench(tmp_path: Path, case: str, stack: str) -> tuple[str, dict]:
             redis_url(),
         ],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=180,
@@ -91,9 +96,8 @@ def run_bench(tmp_path: Path, case: str, stack: str) -> tuple[str, dict]:
 @pytest.mark.parametrize("case", sorted(ROWS))
 def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     """One case per test, so a parallel run spreads the servers they start over its workers."""
-    if case == "e":
-        services_or_skip()
-    table, document = run_bench(tmp_path, case, "asyncio-h11")
+    nginx = services_or_skip() if case == "e" else None
+    table, document = run_bench(tmp_path, case, "asyncio-h11", nginx)
 
     assert set(document["rows"]) == set(ROWS[case])
     for key, label in ROWS[case].items():
@@ -147,10 +151,15 @@ def test_the_stack_switch_decides_what_uvicorn_picks(stack: str, loop: str, prot
     assert done.stdout.split() == [loop, protocol], done.stdout + done.stderr
 
 
-def services_or_skip() -> None:
-    """Case e runs on PostgreSQL and Redis: skip without them (fail in CI)."""
+def services_or_skip() -> str:
+    """Case e runs on PostgreSQL and Redis, its two replicas behind nginx: skip without them (fail in CI).
+    Returns the nginx binary."""
     import psycopg
     import redis
+
+    from tests.support.nginx import nginx_or_skip
+
+    nginx = nginx_or_skip()
 
     try:
         psycopg.connect(postgres_url(), connect_timeout=3).close()
@@ -163,6 +172,7 @@ def services_or_skip() -> None:
         missing(f"Redis at {where(redis_url())} is not answering ({type(exc).__name__})")
     finally:
         client.close()
+    return nginx
 
 
 def assert_postgres_figures(document: dict, table: str) -> None:

@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gate.chain import Authorization, Chain
-from gate.claims import MIGRATED_COLUMNS, Claims, ClaimState
+from gate.claims import MIGRATED_COLUMNS, ClaimLost, Claims, ClaimState
 from gate.facilitator import FacilitatorClient
 from gate.payment_log import PaymentLog
 from gate.settlement import Payment, Settler
@@ -73,7 +74,8 @@ def test_orphans_are_lapsed_leases_and_renewal_keeps_a_claim(tmp_path: Path) -> 
         db = await opened(tmp_path / "gate.db")
         live, other = await claims_on(db, lease_seconds=1.0), await claims_on(db, lease_seconds=1.0)
         assert live.instance != other.instance  # one id per process start, never a pid
-        assert (await live.claim("d1", "", "r", "paid", "")).kind == "new"
+        first = await live.claim("d1", "", "r", "paid", "")
+        assert first.kind == "new" and first.hold is not None
         assert (await other.claim("d1", "", "r", "paid", "")).kind == "in_flight"
         await asyncio.sleep(0.6)
         await live.renew()
@@ -81,10 +83,14 @@ def test_orphans_are_lapsed_leases_and_renewal_keeps_a_claim(tmp_path: Path) -> 
         assert await other.orphans() == []  # past the first lease, but renewed: its owner is alive
         await asyncio.sleep(1.1)
         [orphan] = await other.orphans()  # not renewed for a lease: whoever finds it may take it
-        assert await other.take_orphan(orphan)
-        assert not await live.take_orphan(orphan)  # only once
-        await live.mark_delivered("d1")
-        assert not await live.release("d1")  # a claim whose settle may have been sent is never released
+        taken = await other.take_orphan(orphan)
+        assert taken is not None
+        assert await live.take_orphan(orphan) is None  # only once
+        with pytest.raises(ClaimLost):  # fenced: the previous owner can write nothing any more
+            await live.mark_delivered(first.hold)
+        await other.mark_delivered(taken)
+        with pytest.raises(ClaimLost):  # a claim whose settle may have been sent is never released
+            await other.release(taken)
         assert (await live.find("d1")).state == ClaimState.SETTLING
         await db.close()
 
@@ -125,11 +131,12 @@ def test_unused_and_expired_authorization_is_written_off_by_the_chain(tmp_path: 
         db = await opened(tmp_path / "gate.db")
         claims, log = await claims_on(db), PaymentLog(db)
         await log.create_tables()
-        await claims.claim("d1", "", "r", "paid", "")
-        await claims.mark_delivered("d1")
+        hold = (await claims.claim("d1", "", "r", "paid", "")).hold
+        assert hold is not None
+        await claims.mark_delivered(hold)
         client = FacilitatorClient(config)
         try:
-            collection = await Settler(client, claims, log, config, chain=chain).settle(payment, "t1")
+            collection = await Settler(client, claims, log, config, chain=chain).settle(payment, "t1", hold)
         finally:
             await client.aclose()
             await chain.aclose()

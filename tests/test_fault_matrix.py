@@ -22,6 +22,7 @@ import pytest
 from devnet.chain import DEV_NETWORK
 from devnet.ledger import DevLedger
 from devnet.payer import encode_header, sign_payment
+from tests.support import gate_helpers
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import ASSET, PaidSetup, PaidView, Payer, decode_header, paid_config, send_body
 
@@ -127,8 +128,11 @@ def poor_after_verify(paid: PaidView, matrix: Matrix, payer: Payer) -> None:
 
 
 def recover(paid: PaidView, headers: dict[str, str]) -> str:
-    replay = paid.post("paid", send_body("settle failing then recovering"), headers).json()["result"]
-    return f"retry -> {replay['metadata']['x402.payment.status']}"
+    """The payer's retry answers from the claim (its next pass is not due); a reconciler pass collects."""
+    early = paid.post("paid", send_body("settle failing then recovering"), headers).json()["result"]
+    gate_helpers.cli("reconcile", "--config", str(paid.gate.config))
+    late = paid.post("paid", send_body("settle failing then recovering"), headers).json()["result"]
+    return f"retry -> {early['metadata']['x402.payment.status']}, after a pass -> {late['metadata']['x402.payment.status']}"
 
 
 def logged(paid: PaidView, _: dict[str, str]) -> str:

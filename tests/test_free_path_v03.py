@@ -150,7 +150,7 @@ def test_cancel_an_input_required_task(gate: GateProcess) -> None:
     assert canceled["status"]["state"] == "canceled"
     assert (
         code_of(gate, "message/send", {"message": v03_message("Rome", taskId=task["id"])}, agent="interrupting")
-        == -32602
+        == -32004
     )
 
 
@@ -200,10 +200,12 @@ def test_continue_an_input_required_task_with_its_task_id(gate: GateProcess) -> 
     assert artifact_texts(second) == ["weather in Lisbon: sunny"]
 
 
-def test_continuing_a_completed_task_is_invalid_params(gate: GateProcess) -> None:
+def test_continuing_a_completed_task_is_unsupported_operation(gate: GateProcess) -> None:
+    """A2A 3.1.1: a message to a task in a terminal state is refused with UnsupportedOperationError."""
     task = send(gate, "echo", v03_message("once"))
 
-    assert code_of(gate, "message/send", {"message": v03_message("twice", taskId=task["id"])}) == -32602
+    assert code_of(gate, "message/send", {"message": v03_message("twice", taskId=task["id"])}) == -32004
+    assert get(gate, "echo", task["id"])["status"]["state"] == "completed"
 
 
 def test_continuing_an_unknown_task_is_task_not_found(gate: GateProcess) -> None:
@@ -364,3 +366,48 @@ def test_data_and_file_parts_are_usable(gate: GateProcess) -> None:
     task = send(gate, "echo", {"kind": "message", "role": "user", "messageId": "m", "parts": parts})
 
     assert task["artifacts"][0]["parts"] == parts
+
+
+def test_one_interrupted_task_continued_many_times_at_once_runs_one_turn(
+    tmp_path, start_gate, write_config, postgres_schema
+) -> None:
+    """Eight continuations of one input-required task at once, on a store where their reads and
+    writes interleave: one turn runs, the others are refused, and the task has one answer."""
+    import asyncio
+    import base64
+    import os
+
+    from tests.support.gate_process import free_port
+
+    port = free_port()
+    text = (
+        FREE_CONFIG.replace('database = "gate.db"', f'database = "{postgres_schema.store_url()}"')
+        + f'\n[[keys]]\nname = "v03"\nsha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"\nagents = ["*"]\n'
+    )
+    key = base64.urlsafe_b64encode(os.urandom(32)).decode()
+    gate = start_gate(write_config(text), port=port, env={"A2A_GATE_SEALING_KEY": key})
+    first = send(gate, "interrupting", v03_message("weather?"))
+
+    async def continuations() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            answers = await asyncio.gather(
+                *(
+                    client.post(
+                        url(gate, "interrupting"),
+                        json=rpc_body("message/send", {"message": v03_message(f"city {i}", taskId=first["id"])}),
+                        headers=AUTH,
+                    )
+                    for i in range(8)
+                )
+            )
+        return [a.json() for a in answers]
+
+    answers = asyncio.run(continuations())
+    completed = [a["result"] for a in answers if "result" in a]
+    assert len(completed) == 1, [a.get("error") or a["result"]["status"]["state"] for a in answers]
+    # refused: still running (-32602), or already finished when looked at again (-32004)
+    assert {a["error"]["code"] for a in answers if "error" in a} <= {-32602, -32004}
+    final = get(gate, "interrupting", first["id"])
+    asked = [m["parts"][0]["text"] for m in final["history"] if m["role"] == "user"]
+    assert asked[0] == "weather?" and len(asked) == 2
+    assert artifact_texts(final) == artifact_texts(completed[0])

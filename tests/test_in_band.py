@@ -119,7 +119,7 @@ def test_payment_rejected_by_the_client_cancels_uncharged(paid):
     assert ended["status"]["state"] == "canceled"
     assert payment_metadata(ended)["x402.payment.status"] == "payment-rejected"
     late = paid.post("paid", paying_body(PAYMENT_MESSAGE, task["id"], Payer().sign_v1(offer_v1(task))), ACTIVATE)
-    assert late.json()["error"]["code"] == -32001  # nothing left to pay for
+    assert late.json()["error"]["code"] == -32004  # a finished task: nothing left to pay for
     assert paid.ledger()["settlements"] == []
 
 
@@ -208,14 +208,14 @@ def test_requests_awaiting_payment_expire_with_the_requirements(tmp_path):
             assert await store.count_pending(owner) == 2
             await asyncio.sleep(0.1)
             short, long = tasks
-            assert await store.pending(short["id"], "paid-echo") is None
+            assert await store.unpaid(short["id"], "paid-echo") is None
             assert await store.adopt(short["id"], "payer:0xabc", "paid-echo") is None
             assert await store.count_pending(owner) == 1
             await services.housekeeping()
             remaining = {r["id"] for r in await services.db.fetch("SELECT id FROM tasks")}
             assert remaining == {long["id"]}
             adopted = await store.adopt(long["id"], "payer:0xabc", "paid-echo")
-            assert adopted is not None and await store.pending(long["id"], "paid-echo") is None
+            assert adopted is not None and await store.unpaid(long["id"], "paid-echo") is None
             assert await store.adopt(long["id"], "payer:0xdef", "paid-echo") is None  # paid for once
         finally:
             await services.db.close()
@@ -263,3 +263,141 @@ def test_storms_on_one_pending_task_execute_and_charge_once(paid):
     finally:
         claims.close()
     assert states.count("settled") == 2 and set(states) <= {"settled", "released"}
+
+
+def decline(paid, task_id: str) -> dict:
+    response = paid.post("paid", paying_body("no thanks", task_id, None, status="payment-rejected"), ACTIVATE)
+    return response.json()
+
+
+def held_unpaid(paid) -> int:
+    """Requests the gate holds awaiting payment right now, as its database says."""
+    conn = sqlite3.connect(paid.db_path)
+    try:
+        return conn.execute(
+            "SELECT COUNT(*) FROM tasks WHERE owner LIKE 'payment-pending%' AND state = 'input-required'"
+        ).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_declining_and_asking_again_never_holds_more_than_the_cap(paid):
+    """Decline every request held, ask as many new ones, then send an unpaid message naming each
+    declined one, round after round: the declined tasks stay canceled and the caller never
+    holds more than the cap (5) awaiting payment."""
+    held = [ask(paid, f"hold {i}")["id"] for i in range(5)]
+    assert paid.post("paid", send_body("one too many"), ACTIVATE).status_code == 402  # the cap, at 5
+    for round_ in range(3):
+        declined = list(held)
+        for task_id in declined:
+            assert task_of(decline(paid, task_id)["result"])["status"]["state"] == "canceled"
+        held = [ask(paid, f"round {round_}, {i}")["id"] for i in range(5)]  # declined ones never count
+        for task_id in declined:  # revive it?
+            again = paid.post("paid", send_body("still there?", task_id=task_id), ACTIVATE).json()
+            if "result" in again and task_of(again["result"])["status"]["state"] == "input-required":
+                held.append(task_of(again["result"])["id"])
+    count = held_unpaid(paid)
+    assert count <= 5, f"{count} unpaid input-required tasks held, cap 5"
+    assert paid.post("paid", send_body("one too many"), ACTIVATE).status_code == 402
+
+
+@pytest.mark.parametrize("paying", [False, True], ids=["unpaid", "paid"])
+def test_a_message_naming_a_declined_task_is_answered_as_for_a_terminal_task(paid, paying):
+    """The answer the free path gives a message to a finished task: -32004, the task unchanged, nothing verified."""
+    task = ask(paid, "never mind")
+    decline(paid, task["id"])
+    payload = Payer().sign_v1(offer_v1(task)) if paying else None
+    body = paying_body(PAYMENT_MESSAGE, task["id"], payload) if paying else send_body("again", task_id=task["id"])
+    response = paid.post("paid", body, ACTIVATE)
+    assert response.status_code == 200
+    error = response.json()["error"]
+    assert error["code"] == -32004 and "terminal" in error["message"]
+    assert held_unpaid(paid) == 0
+    conn = sqlite3.connect(paid.db_path)
+    try:
+        [(state,)] = conn.execute("SELECT state FROM tasks WHERE id = ?", (task["id"],)).fetchall()
+    finally:
+        conn.close()
+    assert state == "canceled"
+    assert paid.ledger()["verify_calls"] == 0 and paid.ledger()["settlements"] == []
+
+
+@pytest.mark.parametrize("signature", ["forged", "valid"])
+def test_a_decline_while_the_payment_is_verified_stays_declined(paid, signature):
+    """The client declines while its payment for the task is at the facilitator: whatever the
+    verify says after, the task stays canceled, nothing runs, nothing is charged."""
+    import threading
+
+    from tests.support.gate_helpers import wait_for
+
+    task = ask(paid, "declined mid-verify")
+    payload = Payer().sign_v1(offer_v1(task))
+    if signature == "forged":
+        payload["payload"]["signature"] = forge(payload["payload"]["signature"])
+    paid.faults(verify="slow:1", count=1)
+    answer: dict = {}
+    payer = threading.Thread(
+        target=lambda: answer.update(
+            paid.post("paid", paying_body(PAYMENT_MESSAGE, task["id"], payload), ACTIVATE).json()
+        )
+    )
+    payer.start()
+    wait_for(lambda: paid.ledger()["verify_calls"] == 1)
+    assert task_of(decline(paid, task["id"])["result"])["status"]["state"] == "canceled"
+    payer.join(30)
+    assert answer["error"]["code"] == -32004, answer
+    conn = sqlite3.connect(paid.db_path)
+    try:
+        [(state,)] = conn.execute("SELECT state FROM tasks WHERE id = ?", (task["id"],)).fetchall()
+    finally:
+        conn.close()
+    assert state == "canceled" and held_unpaid(paid) == 0
+    assert paid.ledger()["settlements"] == []
+
+
+def test_declining_what_awaits_no_payment_asks_for_nothing(paid):
+    """payment-rejected naming a task that awaits no payment here (unknown, expired, paid for) is
+    -32001: it declines nothing, and never becomes a new request awaiting payment."""
+    task = ask(paid, "pay this one")
+    paid.post("paid", paying_body(PAYMENT_MESSAGE, task["id"], Payer().sign_v1(offer_v1(task))), ACTIVATE)
+    for task_id in ("no-such-task", task["id"]):
+        answer = decline(paid, task_id)
+        assert answer.get("error", {}).get("code") == -32001, answer
+    assert held_unpaid(paid) == 0
+
+
+def test_a_burst_of_unpaid_requests_holds_at_most_the_cap_on_postgresql(
+    tmp_path, facilitator, start_gate, write_config, postgres_schema
+):
+    """20 unpaid requests of one caller at once, on a store where each request's count and insert
+    interleave with the others': at most the cap (5) are held awaiting payment, the rest get the 402."""
+    import asyncio
+    import base64
+    import os
+
+    import psycopg
+
+    port = free_port()
+    text = paid_config(f"http://127.0.0.1:{port}", facilitator).replace(
+        'database = "gate.db"', f'database = "{postgres_schema.store_url()}"'
+    )
+    key = base64.urlsafe_b64encode(os.urandom(32)).decode()
+    gate = start_gate(write_config(text), port=port, env={"A2A_GATE_SEALING_KEY": key})
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(f"{gate.url}/a2a/paid", json=send_body(f"burst {i}"), headers=ACTIVATE)
+                    for i in range(20)
+                )
+            )
+
+    answers = asyncio.run(burst())
+    with psycopg.connect(postgres_schema.url, autocommit=True) as conn:
+        conn.execute(f'SET search_path = "{postgres_schema.schema}"')
+        [(held,)] = conn.execute(
+            "SELECT COUNT(*) FROM tasks WHERE owner LIKE 'payment-pending%%' AND state = 'input-required'"
+        ).fetchall()
+    assert held <= 5, f"{held} unpaid input-required tasks held, cap 5"
+    assert sorted(r.status_code for r in answers) == [200] * held + [402] * (20 - held)

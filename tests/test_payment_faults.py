@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from tests.support import gate_helpers
 from tests.support.gate_process import free_port
 from tests.support.paid import PaidView, Payer, paid_config, send_body
 
@@ -84,7 +85,12 @@ def test_settle_failing_then_recovering_settles_exactly_once(paid):
     assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle_failed"]
 
     paid.faults()  # the facilitator recovers
-    replay = paid.post("paid", send_body("owed"), headers)  # the payer's retry re-drives settlement
+    early = paid.post("paid", send_body("owed"), headers)  # the payer's retry answers from the claim ...
+    assert early.headers["X-Idempotent-Replay"] == "true"
+    assert early.json()["result"]["metadata"]["x402.payment.status"] == "payment-verified"
+    assert paid.ledger()["settlements"] == []  # ... and spends no pass: the next one is not due
+    gate_helpers.cli("reconcile", "--config", str(paid.gate.config))  # a pass collects it
+    replay = paid.post("paid", send_body("owed"), headers)
     assert replay.headers["X-Idempotent-Replay"] == "true"
     assert replay.json()["result"]["metadata"]["x402.payment.status"] == "payment-completed"
     assert "PAYMENT-RESPONSE" in replay.headers

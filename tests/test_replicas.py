@@ -247,7 +247,14 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
     again = cli("migrate", "--config", str(config))
 
     versions = dict(line.split("\tversion ") for line in first.stdout.splitlines())
-    assert versions == {"api_keys": "2", "claims": "1", "payments": "1", "tasks": "2"}
+    assert versions == {
+        "api_keys": "2",
+        "claims": "2",
+        "payments": "1",
+        "request_counts": "1",
+        "sealing": "1",
+        "tasks": "2",
+    }
     assert again.stdout == first.stdout
     import psycopg
 
@@ -256,7 +263,15 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY 1",
             (postgres_schema.schema,),
         ).fetchall()
-    assert [t[0] for t in tables] == ["api_keys", "claims", "payments", "schema_versions", "tasks"]
+    assert [t[0] for t in tables] == [
+        "api_keys",
+        "claims",
+        "payments",
+        "request_counts",
+        "schema_versions",
+        "sealing",
+        "tasks",
+    ]
 
 
 def test_a_replica_on_postgresql_without_the_shared_sealing_key_refuses_to_start(

@@ -7,10 +7,8 @@ import httpx
 import pytest
 
 from tests.support.gate_process import free_port
-from tests.support.nginx import nginx_binary, nginx_in_front
+from tests.support.nginx import nginx_in_front
 from tests.support.paid import decode_header, paid_config, send_body
-
-pytestmark = pytest.mark.skipif(nginx_binary() is None, reason="nginx not installed")
 
 
 def client_from(address: str) -> httpx.Client:

@@ -7,9 +7,12 @@ serving process one way and checks that the facilitator's port is free again.
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -95,3 +98,30 @@ def test_killed_serve_takes_its_facilitator_down(serving):
     gate.kill()  # SIGKILL: no cleanup code of the gate runs
     assert wait_until(lambda: not alive(facilitator)), "the facilitator outlived the gate"
     assert wait_until(lambda: port_free(port)), f"port {port} is still held"
+
+
+@pytest.mark.parametrize("wrong", ["database", "role"])
+def test_a_postgresql_url_naming_a_wrong_database_or_role_stops_serve_with_one_line(
+    tmp_path, write_config, postgres_schema, wrong
+):
+    """The server answered and refused: waiting will not help, so `serve` says why at once (within
+    libpq's connect_timeout), in one line, instead of retrying for half a minute and a traceback."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(postgres_schema.url)
+    user = "postgres" if wrong == "database" else "no_such_role_a2a"
+    database = "no_such_database_a2a" if wrong == "database" else parts.path.lstrip("/")
+    url = f"postgresql://{user}@{parts.hostname}:{parts.port}/{database}"
+    config = write_config(f'database = "{url}"\n\n[agents.echo]\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "gate.cli", "serve", "--config", str(config), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=20,  # the documented 5 s, with room for a busy machine; the old retries took 30 s
+        env={**os.environ, "A2A_GATE_SEALING_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode()},
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "does not exist" in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr

@@ -15,7 +15,12 @@ REPO = Path(__file__).parents[1]
 
 def run_needing_redis(redis_url: str, ci: str) -> subprocess.CompletedProcess[str]:
     """Run one Redis-backed test in a child pytest, its Redis URL pointed somewhere."""
-    env = {**os.environ, "A2A_GATE_TEST_REDIS_URL": redis_url, "CI": ci}
+    env = {"A2A_GATE_TEST_REDIS_URL": redis_url, "CI": ci}
+    return child_pytest(env, "tests/test_shared_limiter.py::test_per_agent_limit_holds_across_replicas")
+
+
+def child_pytest(env: dict[str, str], *tests: str) -> subprocess.CompletedProcess[str]:
+    """Run tests in a child pytest (no xdist), with these environment variables changed."""
     return subprocess.run(
         [
             sys.executable,
@@ -29,10 +34,10 @@ def run_needing_redis(redis_url: str, ci: str) -> subprocess.CompletedProcess[st
             "no:xdist",
             "-o",
             "addopts=",  # the project's options name xdist's
-            "tests/test_shared_limiter.py::test_per_agent_limit_holds_across_replicas",
+            *tests,
         ],
         cwd=REPO,
-        env=env,
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=120,
@@ -50,6 +55,34 @@ def test_a_missing_redis_fails_under_ci():
     done = run_needing_redis(f"redis://127.0.0.1:{free_port()}/0", ci="true")
     assert done.returncode != 0
     assert "1 error" in done.stdout and "CI=true" in done.stdout, done.stdout[-2000:]
+
+
+# Every test that runs nginx: the reverse-proxy tests, the replicas behind it, the benchmark's case e.
+NEEDING_NGINX = (
+    "tests/test_reverse_proxy.py",
+    "tests/test_replicas.py::test_one_token_sent_30_times_at_once_over_the_replicas_buys_one_execution",
+    "tests/test_replicas.py::test_per_ip_limit_holds_across_replicas_behind_nginx",
+    "tests/test_replicas.py::test_get_cancel_and_resubscribe_are_answered_by_replicas_other_than_the_runner",
+    "tests/test_replicas.py::test_a_replica_killed_between_delivery_and_settlement_is_settled_once_by_another",
+    "tests/test_bench_smoke.py::test_bench_runs_every_case[e]",
+)
+
+
+def test_without_nginx_the_tests_needing_it_skip_with_the_reason():
+    """A machine without nginx (A2A_GATE_TEST_NGINX=none hides an installed one) runs the README's
+    test command green: every test that needs nginx is skipped, saying why."""
+    done = child_pytest({"A2A_GATE_TEST_NGINX": "none", "CI": ""}, *NEEDING_NGINX)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "failed" not in done.stdout and "error" not in done.stdout, done.stdout[-3000:]
+    skipped = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert sum(int(line.split("[", 1)[1].split("]", 1)[0]) for line in skipped) == 8, done.stdout[-3000:]
+    assert all("nginx is not installed" in line for line in skipped), skipped
+
+
+def test_without_nginx_the_tests_needing_it_fail_under_ci():
+    done = child_pytest({"A2A_GATE_TEST_NGINX": "none", "CI": "true"}, "tests/test_reverse_proxy.py")
+    assert done.returncode != 0
+    assert "nginx is not installed" in done.stdout and "CI=true" in done.stdout, done.stdout[-2000:]
 
 
 def test_redis_keys_live_under_the_tests_own_prefix(redis_service):

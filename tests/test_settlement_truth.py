@@ -117,19 +117,24 @@ def test_settle_definitively_refused_is_written_off(tmp_path, facilitator, start
 
 
 def test_owed_settlement_reaching_the_cap_asks_the_chain(tmp_path, facilitator, start_gate, write_config):
-    """An outage that never ends: a bounded number of passes, then the chain decides."""
+    """An outage that outlasts the pass budget: the chain decides, and an authorization it says is
+    unused and still valid stays owed (it can still be collected), due again before it expires."""
     paid = gate_with(tmp_path, facilitator, start_gate, write_config, passes=2)
     headers = Payer().header_for(paid.gate.url)
     paid.faults(settle="http500")
     task = paid.post("paid", send_body("outage"), headers).json()["result"]
     assert task["metadata"]["x402.payment.status"] == "payment-verified"
     assert "1 owed settlement(s) attempted" in cli(paid, "reconcile")  # pass 2 = the cap: the chain says unused
-    assert "0 owed settlement(s) attempted" in cli(paid, "reconcile")
-    assert [c["state"] for c in claim_rows(paid.db_path)] == ["needs_attention"]
+    [claim] = claim_rows(paid.db_path)
+    assert claim["state"] == "settle_failed"  # not final: the authorization is still valid
     rows = paid.payment_rows()
-    assert [r["action"] for r in rows] == ["verify", "settle_failed", "needs_attention"]
+    assert [r["action"] for r in rows] == ["verify", "settle_failed", "settle_failed"]
     assert "authorization unused, still valid" in rows[-1]["error"]
     assert paid.ledger()["settlements"] == []
+    paid.faults()  # the facilitator is back: the next pass collects it
+    assert "1 owed settlement(s) attempted" in cli(paid, "reconcile")
+    assert [c["state"] for c in claim_rows(paid.db_path)] == ["settled"]
+    assert len(paid.ledger()["settlements"]) == 1
 
 
 def test_lock_held_when_settle_returns_never_turns_a_charge_into_not_charged(

@@ -88,9 +88,9 @@ def test_a_blocking_send_that_runs_long_is_written_while_it_runs(tmp_path, monke
         echo = services.agents.backend("echo")
         run = echo.run
 
-        async def slow(request: Any) -> Any:
+        async def slow(request: Any, progress: Any) -> Any:
             await release.wait()
-            return await run(request)
+            return await run(request, progress)
 
         echo.run = slow  # type: ignore[method-assign]
         answer = asyncio.create_task(dispatch_free(services, send_call(), "echo", OWNER))

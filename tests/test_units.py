@@ -161,7 +161,11 @@ def test_message_in_reads_both_dialects_to_the_same_canonical_message() -> None:
 
 
 def test_message_in_keeps_usable_parts_and_refuses_none() -> None:
-    message = {"messageId": "m", "parts": [{"kind": "text", "text": ""}, {"kind": "text", "text": "kept"}, 7]}
+    message = {
+        "messageId": "m",
+        "role": "user",
+        "parts": [{"kind": "text", "text": ""}, {"kind": "text", "text": "kept"}, 7],
+    }
 
     assert dialects.message_in(message, V03)["parts"] == [{"kind": "text", "text": "kept"}]
     with pytest.raises(InvalidShape, match="no usable parts"):
@@ -178,6 +182,8 @@ def test_message_in_keeps_usable_parts_and_refuses_none() -> None:
         ({"parts": [{"text": "x"}]}, "messageId is required"),
         ({"parts": [{"text": "x"}], "messageId": "m", "contextId": "c" * 257}, "contextId must be a non-empty string"),
         ({"parts": [{"text": "x"}], "messageId": "m", "metadata": []}, "metadata must be an object"),
+        ({"parts": [{"text": "x"}], "messageId": "m"}, "role is required"),
+        ({"parts": [{"text": "x"}], "messageId": "m", "role": "ROLE_USER"}, "role is required"),
     ],
 )
 def test_message_in_errors_name_the_field(raw: Any, match: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.support import gate_helpers
 from tests.support.gate_helpers import sse_events
 from tests.support.gate_process import free_port
 from tests.support.paid import (
@@ -146,7 +147,12 @@ def test_withheld_answer_appears_when_an_owed_settlement_succeeds_later(
     assert task["status"]["state"] == "failed"
     assert task["metadata"]["x402.payment.status"] == "payment-failed"
     assert ANSWER not in json.dumps(task) and ANSWER not in stored_documents(paid.db_path)
-    paid.faults()  # the facilitator recovers; the payer's retry re-drives the settlement
+    paid.faults()  # the facilitator recovers
+    # the payer's retry answers from the claim: its next pass is not due, so it spends none
+    early = paid.post("withheld", send_body("sleep 1.5"), headers).json()["result"]
+    assert early["status"]["state"] == "failed" and ANSWER not in json.dumps(early)
+    assert paid.ledger()["settlements"] == []
+    gate_helpers.cli("reconcile", "--config", str(paid.gate.config))  # the operator's pass: every owed claim, now
     replay = paid.post("withheld", send_body("sleep 1.5"), headers).json()["result"]
     assert replay["status"]["state"] == "completed"
     assert replay["metadata"]["x402.payment.status"] == "payment-completed"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,10 +20,20 @@ REPO = Path(__file__).parents[2]
 KEY_LINE = re.compile(r"key \(shown once, keep it secret\): (\S+)")
 
 
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run `a2a-gate ...` (as `python -m gate.cli`) and capture its output."""
+def cli(
+    *args: str, check: bool = True, cwd: Path = REPO, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `a2a-gate ...` (as `python -m gate.cli`) in `cwd`, with `env` added to the environment
+    (A2A_GATE_CONFIG never comes from the caller's), and capture its output."""
+    environment = {k: v for k, v in os.environ.items() if k != "A2A_GATE_CONFIG"} | (env or {})
     done = subprocess.run(
-        [sys.executable, "-m", "gate.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=60, check=False
+        [sys.executable, "-m", "gate.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=environment,
+        timeout=60,
+        check=False,
     )
     if check and done.returncode != 0:
         raise AssertionError(f"a2a-gate {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")

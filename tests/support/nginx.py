@@ -1,8 +1,14 @@
 """A real nginx in front of the gate, on loopback, with the README's proxy settings (the
-benchmark's site, `bench/servers.py:nginx_conf`, telling the gate the public scheme is https)."""
+benchmark's site, `bench/servers.py:nginx_conf`, telling the gate the public scheme is https).
+
+The nginx is the one installed (on PATH, or /usr/sbin/nginx), or the binary named by
+A2A_GATE_TEST_NGINX; `A2A_GATE_TEST_NGINX=none` runs the suite as if there were none. Without
+one, a test that needs it is skipped with the reason, and fails under CI (`missing`).
+"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -11,8 +17,30 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import nginx_binary, nginx_conf
+from bench.servers import nginx_binary as installed_nginx
+from bench.servers import nginx_conf
 from tests.support.gate_process import free_port
+from tests.support.services import missing
+
+NGINX_VARIABLE = "A2A_GATE_TEST_NGINX"
+
+
+def nginx_binary() -> str | None:
+    """The nginx the tests run, or None: A2A_GATE_TEST_NGINX (a path, or `none`), else the installed one."""
+    chosen = os.environ.get(NGINX_VARIABLE, "").strip()
+    if chosen.lower() == "none":
+        return None
+    if chosen:
+        return chosen if Path(chosen).is_file() else None
+    return installed_nginx()
+
+
+def nginx_or_skip() -> str:
+    """The nginx binary; without one the test is skipped (failed under CI) with the reason."""
+    binary = nginx_binary()
+    if binary is None:
+        missing(f"nginx is not installed (apt-get install nginx-light, or set {NGINX_VARIABLE}=/path/to/nginx)")
+    return binary
 
 
 @contextmanager
@@ -20,8 +48,7 @@ def nginx_in_front(upstream: int | list[int], root: Path) -> Iterator[str]:
     """Run nginx proxying to one port, or round-robin over several (replicas); yields its URL.
     It reports the public scheme as https."""
     ports = [upstream] if isinstance(upstream, int) else upstream
-    binary = nginx_binary()
-    assert binary, "nginx is not installed (.ci/run installs it with apt-get)"
+    binary = nginx_or_skip()
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     conf = root / "nginx.conf"

@@ -1,0 +1,355 @@
+"""A world for the money simulation: replicas of the real gate on one database, one chain.
+
+Each replica is the real server and gate (`server.app.Services` with `gate.gate.PaymentGate`,
+the anonymous pipeline behind the real ASGI app), on one shared database (a SQLite file or a
+PostgreSQL schema). What the simulation controls is everything around them:
+
+- time: the database's clock is virtual (`clock_sql` is the simulation's number), each
+  replica has its own wall clock on top of it (a skew), and nothing runs in the background:
+  renewals and reconciler passes are steps the simulation takes;
+- the agent: every call waits for the simulation to finish it (complete or fail), so a
+  replica can "stall" mid-work (SIGSTOP) or "crash" with work in flight;
+- the facilitator and the chain: an in-memory token contract (`Chain`) that knows nonces,
+  transfers, cancels and front-runs, answering the gate's facilitator calls (verify,
+  settle, in the mode the simulation chose) and its JSON-RPC ground-truth questions
+  (`authorizationState`, logs, receipts) through httpx mock transports.
+
+The invariants are checked against this world: deliveries come from what clients were
+answered and what the database stores, charges from the chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gate import chain as gate_chain
+from gate.gate import PaymentGate
+from server.agents import AgentReply, AgentRequest
+from server.app import Services, create_app
+from server.config import load_config
+
+NETWORK = "eip155:84532"
+ASSET = "0x036cbd53842c5426634e7929541ec2318f3dcf7e"
+PAY_TO = "0x209693bc6afc0c5328ba36faf03c514ef312287c"
+PRICE = 1000
+WINDOW = 900  # seconds a token is valid for (in the database's time)
+LEASE = 30.0
+PASS_INTERVAL = 20.0
+PASSES = 3
+MAX_DELAY = 120.0
+
+
+# -- the agent ------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One call of the agent, waiting for the simulation to finish it."""
+
+    task_id: str
+    text: str
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    fail: bool = False
+
+
+CALLS: dict[str, Call] = {}  # task id -> the call in progress
+
+
+def answer_for(text: str) -> str:
+    return f"ANSWER<{text}>"
+
+
+async def held(request: AgentRequest) -> AgentReply:
+    """The simulation's agent (`tests.support.money_world:held`): answers when told to."""
+    call = CALLS[request.task_id] = Call(request.task_id, request.text)
+    try:
+        await call.done.wait()
+    finally:
+        CALLS.pop(request.task_id, None)
+    if call.fail:
+        return AgentReply.failed("the agent failed")
+    return AgentReply(parts=[{"kind": "text", "text": answer_for(request.text)}])
+
+
+# -- the chain and the facilitator ------------------------------------------------
+
+
+def word(n: int) -> str:
+    return "0x" + format(n, "064x")
+
+
+def address_word(address: str) -> str:
+    return "0x" + "00" * 12 + address.lower().removeprefix("0x")
+
+
+@dataclass
+class Spend:
+    """How a nonce was spent: a transfer (to, value) or a cancel."""
+
+    kind: str  # transfer | cancel
+    tx: str
+    to: str = ""
+    value: int = 0
+
+
+class Chain:
+    """The token contract: one spend per (authorizer, nonce), and who was paid by it."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.spends: dict[tuple[str, str], Spend] = {}
+        self.receipts: dict[str, dict[str, Any]] = {}
+
+    def spend(self, authorizer: str, nonce: str, kind: str, to: str = "", value: int = 0) -> Spend | None:
+        key = (authorizer.lower(), nonce.lower())
+        if key in self.spends:
+            return None
+        spend = self.spends[key] = Spend(kind, "0x" + secrets.token_hex(32), to.lower(), value)
+        topic = gate_chain.AUTHORIZATION_USED_TOPIC if kind == "transfer" else gate_chain.AUTHORIZATION_CANCELED_TOPIC
+        logs = [{"address": ASSET, "topics": [topic, address_word(authorizer), nonce.lower()], "data": "0x"}]
+        if kind == "transfer":
+            logs.append(
+                {
+                    "address": ASSET,
+                    "topics": [gate_chain.TRANSFER_TOPIC, address_word(authorizer), address_word(to)],
+                    "data": word(value),
+                }
+            )
+        self.receipts[spend.tx] = {"transactionHash": spend.tx, "status": "0x1", "logs": logs}
+        return spend
+
+    def paid_to_us(self, authorizer: str, nonce: str) -> bool:
+        spend = self.spends.get((authorizer.lower(), nonce.lower()))
+        return spend is not None and spend.kind == "transfer" and spend.to == PAY_TO and spend.value >= PRICE
+
+    # JSON-RPC, as gate/chain.py asks it
+    def rpc(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        method, params = body["method"], body["params"]
+        result: Any = None
+        if method == "eth_call":
+            data = params[0]["data"]
+            authorizer, nonce = "0x" + data[10 + 24 : 10 + 64], "0x" + data[10 + 64 :]
+            result = word(1 if (authorizer, nonce) in self.spends else 0)
+        elif method == "eth_getLogs":
+            topic, authorizer_topic, nonce = params[0]["topics"]
+            spend = self.spends.get(("0x" + authorizer_topic[-40:], nonce))
+            wanted = "transfer" if topic == gate_chain.AUTHORIZATION_USED_TOPIC else "cancel"
+            result = [{"transactionHash": spend.tx}] if spend is not None and spend.kind == wanted else []
+        elif method == "eth_getTransactionReceipt":
+            result = self.receipts.get(params[0])
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+
+class Facilitator:
+    """verify and settle over the chain; `mode` says how settle answers now."""
+
+    MODES = ("ok", "refused", "unknown_landed", "unknown_lost")
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+        self.mode = "ok"
+        self.settles = 0
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        auth = body["paymentPayload"]["payload"]["authorization"]
+        authorizer, nonce = auth["from"], auth["nonce"]
+        spent = (authorizer.lower(), nonce.lower()) in self.chain.spends
+        expired = int(auth["validBefore"]) <= self.chain.world.now
+        if request.url.path.endswith("/verify"):
+            if spent or expired:
+                reason = "invalid_exact_evm_nonce_already_used" if spent else "authorization_expired"
+                return httpx.Response(200, json={"isValid": False, "invalidReason": reason, "payer": authorizer})
+            return httpx.Response(200, json={"isValid": True, "payer": authorizer})
+        self.settles += 1
+        if self.mode == "refused":
+            return httpx.Response(200, json={"success": False, "errorReason": "insufficient_funds"})
+        if self.mode == "unknown_lost":
+            return httpx.Response(503, text="down")
+        if spent:
+            return httpx.Response(200, json={"success": False, "errorReason": "invalid_exact_evm_nonce_already_used"})
+        if expired:
+            return httpx.Response(200, json={"success": False, "errorReason": "authorization_expired"})
+        spend = self.chain.spend(authorizer, nonce, "transfer", auth["to"], int(auth["value"]))
+        assert spend is not None
+        if self.mode == "unknown_landed":  # the money moved, the answer is lost
+            return httpx.Response(504, text="timeout")
+        return httpx.Response(
+            200, json={"success": True, "transaction": spend.tx, "network": NETWORK, "payer": authorizer}
+        )
+
+
+# -- tokens ------------------------------------------------------------------------
+
+
+@dataclass
+class Token:
+    """One payment signature: its authorization, the agent it pays, the message it pays for."""
+
+    index: int
+    agent: str
+    authorizer: str
+    nonce: str
+    valid_before: int
+
+    @property
+    def text(self) -> str:
+        return f"request {self.index}"
+
+    def header(self, resource: str) -> str:
+        accepted = {
+            "scheme": "exact",
+            "network": NETWORK,
+            "asset": ASSET,
+            "amount": str(PRICE),
+            "payTo": PAY_TO,
+            "maxTimeoutSeconds": WINDOW,
+            "extra": {"name": "USDC", "version": "2"},
+        }
+        payload = {
+            "x402Version": 2,
+            "resource": {"url": resource},
+            "accepted": accepted,
+            "payload": {
+                "signature": "0x" + "11" * 65,
+                "authorization": {
+                    "from": self.authorizer,
+                    "to": PAY_TO,
+                    "value": str(PRICE),
+                    "validAfter": "0",
+                    "validBefore": str(self.valid_before),
+                    "nonce": self.nonce,
+                },
+            },
+        }
+        return base64.b64encode(json.dumps(payload).encode()).decode()
+
+
+# -- replicas ------------------------------------------------------------------------
+
+
+CONFIG = """
+public_url = "http://gate.test"
+database = "{database}"
+reconcile_interval_seconds = {pass_interval}
+claim_lease_seconds = {lease}
+task_deadline_seconds = 100000
+
+[limits]
+per_ip_per_minute = 1000000
+per_agent_per_minute = 1000000
+
+[facilitator]
+url = "http://facilitator.test"
+timeout_seconds = 5
+settle_attempts = 2
+settle_backoff_seconds = 0.001
+settle_passes = {passes}
+settle_max_delay_seconds = {max_delay}
+breaker_failures = 1000000
+
+[networks."{network}"]
+rpc_url = "http://chain.test/rpc"
+
+[agents.paid]
+backend = "python"
+callable = "tests.support.money_world:held"
+deadline_seconds = 60
+price = {{ network = "{network}", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}" }}
+
+[agents.withheld]
+backend = "python"
+callable = "tests.support.money_world:held"
+deadline_seconds = 60
+on_settle_failure = "withhold"
+price = {{ network = "{network}", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}" }}
+"""
+
+
+class Replica:
+    """One process of the gate: its services, its app, a client, its own wall clock."""
+
+    def __init__(self, world: World, name: str, skew: float = 0.0) -> None:
+        self.world, self.name, self.skew = world, name, skew
+        self.services = Services(world.settings, PaymentGate.from_parts)
+        gate = self.services.anonymous
+        assert isinstance(gate, PaymentGate)
+        self.gate = gate
+        self.alive = True
+        self.stalled = False
+        self.requests: list[asyncio.Task[None]] = []
+        db = self.services.db
+        db.__class__ = type(f"Sim{type(db).__name__}", (type(db),), {"clock_sql": world.clock_property()})
+        self.gate.claims.local_clock = lambda: world.now + self.skew  # type: ignore[attr-defined]
+        gate.facilitator.client = httpx.AsyncClient(
+            base_url="http://facilitator.test", transport=httpx.MockTransport(world.facilitator.handle)
+        )
+        gate.chain.clients[NETWORK] = httpx.AsyncClient(transport=httpx.MockTransport(world.chain.rpc))
+        app = create_app(world.settings, PaymentGate.from_parts)
+        app.state.services = self.services
+        self.client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app, client=("203.0.113.7", 4000)), base_url="http://gate.test"
+        )
+
+    async def open(self) -> None:
+        await self.services.open_store()
+
+
+class World:
+    """The database, the chain, the facilitator, the replicas and the virtual clock."""
+
+    def __init__(self, database: str, workdir: Path) -> None:
+        self.now = 1_900_000_000.0  # the database's clock
+        config = workdir / "gate.toml"
+        config.write_text(
+            CONFIG.format(
+                database=database,
+                pass_interval=PASS_INTERVAL,
+                lease=LEASE,
+                passes=PASSES,
+                max_delay=MAX_DELAY,
+                network=NETWORK,
+                asset=ASSET,
+                price=PRICE,
+                pay_to=PAY_TO,
+            )
+        )
+        self.settings = load_config(str(config))
+        self.chain = Chain(self)
+        self.facilitator = Facilitator(self.chain)
+        self.replicas: list[Replica] = []
+        self.tokens: list[Token] = []
+        self.indexes = itertools.count()
+        self.answers: list[tuple[Token, dict[str, Any]]] = []  # every Task a client was answered
+
+    def clock_property(self) -> property:
+        return property(lambda db: repr(float(self.now)))
+
+    def new_token(self, agent: str) -> Token:
+        index = next(self.indexes)
+        token = Token(
+            index,
+            agent,
+            "0x" + format(index + 1, "040x"),
+            "0x" + secrets.token_hex(32),
+            int(self.now) + WINDOW,
+        )
+        self.tokens.append(token)
+        return token
+
+    async def add_replica(self, skew: float = 0.0) -> Replica:
+        replica = Replica(self, f"r{len(self.replicas)}", skew)
+        await replica.open()
+        await replica.gate.check_sealing_key()  # what `serve` does first: the key is the database's
+        self.replicas.append(replica)
+        return replica

@@ -1,0 +1,433 @@
+"""The money invariants, hunted by a simulation rather than shown by examples.
+
+A hypothesis state machine drives replicas of the real gate (the ASGI app, the claims, the
+settler, the reconciler) on one real database (SQLite, and PostgreSQL), with a virtual
+database clock, replicas whose own clocks are off, stalls (SIGSTOP), crashes and restarts,
+a payer who retries, cancels or front-runs, and a facilitator whose settle answers the
+simulation picks (ok, refused, unknown after the money moved, unknown and lost). See
+`tests/support/money_world.py` for the world. After every step it checks:
+
+- one signature (one authorization nonce) buys at most one delivery;
+- `settled` implies a transfer from the payer to payTo of at least the price;
+- work that was not delivered is never charged;
+- under `withhold`, no surface shows the answer before the transfer exists;
+- a replay of an owed claim whose next pass is not due sends no settle;
+- the chain always answers here, so nothing is left for an operator (`needs_attention`);
+and at the end, after the world calms down for a bounded number of reconciler passes,
+every delivery is `settled` with its transfer or in a named terminal state, and nothing
+is still running, settling or owed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from gate.sealing import Sealer, SealingKeyMismatch
+from server.database import open_database
+from tests.support import money_world
+from tests.support.money_world import LEASE, MAX_DELAY, PASS_INTERVAL, PAY_TO, Replica, Token, World, answer_for
+
+QUIET_SECONDS = 10.0  # real time a step may take to come to rest (a hang is a failure)
+CALM_ROUNDS = 14
+RUNS = itertools.count()  # reconciler rounds that must bring every claim to an end
+
+
+class MoneyWorld(RuleBasedStateMachine):
+    database: str = ""  # set per engine by the test
+    workdir: Path = Path()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.world = World(self.database_location(), self.workdir)
+        self.run(self.world.add_replica(0.0))
+        self.run(self.world.add_replica(45.0))  # a clock 45 s ahead of the database's
+
+    # -- plumbing ------------------------------------------------------------
+
+    def database_location(self) -> str:
+        """A fresh database per run: a new SQLite file, or the PostgreSQL schema emptied."""
+        if self.database == "sqlite":
+            return str(self.workdir / f"gate-{next(RUNS)}.db")  # never reused: no connection sees another run
+        self.run(self.empty_schema())
+        return self.database
+
+    async def empty_schema(self) -> None:
+        db = open_database(self.database)
+        await db.open()
+        try:
+            for table in ("claims", "payments", "tasks", "api_keys", "sealing", "schema_versions"):
+                await db.execute(f"DROP TABLE IF EXISTS {table}")
+        finally:
+            await db.close()
+
+    def run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.world.replicas if r.alive and not r.stalled]
+
+    def replica(self, pick: int) -> Replica | None:
+        live = self.live()
+        return live[pick % len(live)] if live else None
+
+    async def quiet(self) -> None:
+        """Until every request of a running replica is answered or waits in the agent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + QUIET_SECONDS
+        while True:
+            await asyncio.sleep(0.002)
+            waiting = {c.task_id for c in money_world.CALLS.values()}
+            running = sum(1 for r in self.live() for t in r.requests if not t.done())
+            in_agents = sum(1 for r in self.live() for task_id in r.services.runner.live if task_id in waiting)
+            if running <= in_agents:
+                return
+            if loop.time() > deadline:
+                raise AssertionError(f"the world did not come to rest: {running} requests, {in_agents} in agents")
+
+    async def send(self, replica: Replica, token: Token) -> None:
+        url = f"/a2a/{token.agent}"
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {
+                "message": {
+                    "kind": "message",
+                    "role": "user",
+                    "messageId": os.urandom(8).hex(),
+                    "parts": [{"kind": "text", "text": token.text}],
+                }
+            },
+        }
+        response = await replica.client.post(
+            url, json=body, headers={"PAYMENT-SIGNATURE": token.header(f"http://gate.test{url}")}, timeout=None
+        )
+        assert response.status_code != 500, response.text
+        document = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+        result = document.get("result") if isinstance(document, dict) else None
+        if isinstance(result, dict) and result.get("kind") == "task":
+            self.world.answers.append((token, result))
+            self.check_withheld_surface(token, json.dumps(result))
+
+    def start(self, replica: Replica, token: Token) -> None:
+        replica.requests.append(self.loop.create_task(self.send(replica, token)))
+
+    def pick_token(self, which: int, owed_first: bool = False) -> Token:
+        """A token the payer used; one whose claim is owed when there is one and `owed_first`, or
+        every other time: that is where a payer's retries and tricks matter."""
+        candidates = self.owed_tokens()
+        if not candidates or not (owed_first or which % 2 == 0):
+            candidates = self.world.tokens
+        return candidates[which % len(candidates)]
+
+    def rows(self, sql: str) -> list[dict[str, Any]]:
+        db = self.world.replicas[0].services.db
+        return self.run(db.fetch(sql))
+
+    def token_of(self, nonce_key: str) -> Token | None:
+        nonce = nonce_key.rsplit("|", 1)[-1]
+        return next((t for t in self.world.tokens if t.nonce == nonce), None)
+
+    def deliveries(self, token: Token) -> set[str]:
+        """The tasks that showed this token's answer: to a client, or in the store."""
+        answer = answer_for(token.text)
+        seen = {task["id"] for t, task in self.world.answers if t is token and answer in json.dumps(task)}
+        for row in self.stored_tasks():
+            if answer in row["document"]:
+                seen.add(row["id"])
+        return seen
+
+    def stored_tasks(self) -> list[dict[str, Any]]:
+        return self.rows("SELECT id, document FROM tasks")
+
+    def check_withheld_surface(self, token: Token, surface: str) -> None:
+        if token.agent == "withheld" and answer_for(token.text) in surface:
+            assert self.world.chain.paid_to_us(token.authorizer, token.nonce), f"withheld answer shown unpaid: {token}"
+
+    # -- the payer ---------------------------------------------------------------
+
+    @rule(agent=st.sampled_from(["paid", "withheld"]), pick=st.integers(0, 7))
+    def pay(self, agent: str, pick: int) -> None:
+        replica = self.replica(pick)
+        if replica is None:
+            return
+        self.start(replica, self.world.new_token(agent))
+        self.run(self.quiet())
+
+    @precondition(lambda self: self.world.tokens)
+    @rule(which=st.integers(0, 63), pick=st.integers(0, 7))
+    def retry(self, which: int, pick: int) -> None:
+        """The same token and the same request again (a client's retry, or a replay)."""
+        replica = self.replica(pick)
+        if replica is None:
+            return
+        token = self.pick_token(which)
+        before = self.world.facilitator.settles
+        owed_not_due = [
+            c
+            for c in self.rows("SELECT state, next_settle_at, nonce_key FROM claims")
+            if c["state"] == "settle_failed"
+            and c["next_settle_at"] > self.world.now
+            and c["nonce_key"].endswith(token.nonce)
+        ]
+        self.start(replica, token)
+        self.run(self.quiet())
+        if owed_not_due:
+            assert self.world.facilitator.settles == before, "a replay of an owed claim settled before it was due"
+
+    @precondition(lambda self: self.owed_tokens())
+    @rule(which=st.integers(0, 63), pick=st.integers(0, 7))
+    def retry_owed(self, which: int, pick: int) -> None:
+        """The payer was told `payment-verified` (the settle is owed) and retries at once."""
+        self.retry(which * 2, pick)  # an even pick: retry() takes an owed token
+
+    def owed_tokens(self) -> list[Token]:
+        owed = {
+            c["nonce_key"].rsplit("|", 1)[-1]
+            for c in self.rows("SELECT state, nonce_key FROM claims")
+            if c["state"] in ("settle_failed", "settling")
+        }
+        return [t for t in self.world.tokens if t.nonce in owed]
+
+    @precondition(lambda self: self.world.tokens)
+    @rule(which=st.integers(0, 63), how=st.sampled_from(["cancel", "front-run"]))
+    def spend_elsewhere(self, which: int, how: str) -> None:
+        """The payer spends the nonce without paying us: cancelAuthorization, or 1 unit to someone else.
+        The payer knows when it pays off (a withheld answer says the settle is unavailable), so an
+        owed claim's token is the one picked when there is one."""
+        token = self.pick_token(which, owed_first=True)
+        if how == "cancel":
+            self.world.chain.spend(token.authorizer, token.nonce, "cancel")
+        else:
+            self.world.chain.spend(token.authorizer, token.nonce, "transfer", "0x" + "ee" * 20, 1)
+
+    # -- the agent, the facilitator, time ------------------------------------------
+
+    @precondition(lambda self: money_world.CALLS)
+    @rule(which=st.integers(0, 63), then=st.sampled_from(["agent fails", *money_world.Facilitator.MODES]))
+    def finish(self, which: int, then: str) -> None:
+        """One agent call ends (on a replica that is running): it fails, or it completes and the
+        facilitator answers its settle as `then` says."""
+        fail = then == "agent fails"
+        if not fail:
+            self.world.facilitator.mode = then
+        calls = [c for c in money_world.CALLS.values() if any(c.task_id in r.services.runner.live for r in self.live())]
+        if not calls:
+            return
+        call = calls[which % len(calls)]
+        call.fail = fail
+        call.done.set()
+        self.run(self.quiet())
+
+    @rule(mode=st.sampled_from(money_world.Facilitator.MODES))
+    def facilitator(self, mode: str) -> None:
+        self.world.facilitator.mode = mode
+
+    @rule(seconds=st.sampled_from([1.0, 5.0, LEASE / 2, LEASE + 1, PASS_INTERVAL, MAX_DELAY]))
+    def advance(self, seconds: float) -> None:
+        self.world.now += seconds
+
+    # -- replicas -------------------------------------------------------------------
+
+    @rule(pick=st.integers(0, 7))
+    def renew(self, pick: int) -> None:
+        replica = self.replica(pick)
+        if replica is not None:
+            self.run(replica.gate.claims.renew())
+            self.run(self.quiet())
+
+    @rule(pick=st.integers(0, 7))
+    def reconcile(self, pick: int) -> None:
+        replica = self.replica(pick)
+        if replica is not None:
+            self.run(self.reconcile_on(replica))
+
+    async def reconcile_on(self, replica: Replica) -> None:
+        """One reconciler pass; a live claim it takes over must have run out of lease by the
+        database's clock (not by the replica's own, which may be off)."""
+        db = self.world.replicas[0].services.db
+        live = {
+            r["token_digest"]: r
+            for r in await db.fetch(
+                "SELECT token_digest, fence, lease_until FROM claims WHERE state IN ('running', 'settling')"
+            )
+        }
+        now = self.world.now
+        await replica.gate.recover()
+        await replica.gate.reconcile()
+        await self.quiet()
+        after = {r["token_digest"]: r["fence"] for r in await db.fetch("SELECT token_digest, fence FROM claims")}
+        for digest, before in live.items():
+            if after.get(digest) != before["fence"]:
+                assert before["lease_until"] < now, (
+                    f"a live claim was taken over {before['lease_until'] - now:.0f}s before its lease ran out"
+                )
+
+    @rule(pick=st.integers(0, 7))
+    def stall(self, pick: int) -> None:
+        """SIGSTOP: the replica's work, renewals and passes wait until it wakes up."""
+        replica = self.replica(pick)
+        if replica is not None and len(self.live()) > 1:
+            replica.stalled = True
+
+    @precondition(lambda self: any(r.stalled and r.alive for r in self.world.replicas))
+    @rule()
+    def wake(self) -> None:
+        for replica in self.world.replicas:
+            replica.stalled = False
+        self.run(self.quiet())
+
+    @rule(pick=st.integers(0, 7))
+    def crash(self, pick: int) -> None:
+        """The process dies: no hook runs, its work in flight is simply gone."""
+        replica = self.replica(pick)
+        if replica is not None and len(self.live()) > 1:
+            replica.alive = False
+
+    @precondition(lambda self: len([r for r in self.world.replicas if r.alive]) < 3)
+    @rule(skew=st.sampled_from([0.0, -30.0, 3600.0]), wrong_key=st.booleans())
+    def restart(self, skew: float, wrong_key: bool) -> None:
+        """A new process on the same database; with another sealing key it must refuse to start."""
+        self.run(self.start_replica(skew, wrong_key))
+
+    async def start_replica(self, skew: float, wrong_key: bool) -> None:
+        replica = Replica(self.world, f"r{len(self.world.replicas)}", skew)
+        if wrong_key:
+            replica.gate.__dict__["sealer"] = Sealer(os.urandom(32))
+        await replica.open()
+        try:
+            await replica.gate.check_sealing_key()  # what `serve` and `reconcile` do before anything else
+        except SealingKeyMismatch:
+            await replica.client.aclose()
+            await replica.services.db.close()
+            return
+        self.world.replicas.append(replica)
+        await self.reconcile_on(replica)  # a process starts with its recovery and a first reconciler pass
+
+    # -- the invariants -------------------------------------------------------------
+
+    @invariant()
+    def one_signature_buys_at_most_one_delivery(self) -> None:
+        for token in self.world.tokens:
+            delivered = self.deliveries(token)
+            assert len(delivered) <= 1, f"{token.text}: delivered {len(delivered)} times"
+
+    @invariant()
+    def settled_means_a_transfer_to_pay_to(self) -> None:
+        for claim in self.rows("SELECT state, nonce_key FROM claims WHERE state = 'settled'"):
+            token = self.token_of(claim["nonce_key"])
+            assert token is not None
+            assert self.world.chain.paid_to_us(token.authorizer, token.nonce), (
+                f"{token.text}: settled without a transfer"
+            )
+
+    @invariant()
+    def only_delivered_work_is_charged(self) -> None:
+        delivered = {
+            c["nonce_key"].rsplit("|", 1)[-1]
+            for c in self.rows("SELECT state, nonce_key FROM claims")
+            if c["state"] != "running"
+        }
+        for token in self.world.tokens:
+            if self.world.chain.paid_to_us(token.authorizer, token.nonce):
+                assert token.nonce in delivered or self.deliveries(token), f"{token.text}: charged, never delivered"
+
+    @invariant()
+    def withheld_answers_stay_withheld_until_paid(self) -> None:
+        stored = self.stored_tasks()
+        for token in self.world.tokens:
+            for row in stored:
+                self.check_withheld_surface(token, row["document"])
+
+    @invariant()
+    def every_running_replica_holds_the_databases_sealing_key(self) -> None:
+        recorded = {r["fingerprint"] for r in self.rows("SELECT fingerprint FROM sealing")}
+        assert len(recorded) == 1, "the database records no sealing key"
+        for replica in self.world.replicas:
+            if replica.alive:
+                assert replica.gate.sealer.fingerprint in recorded, f"{replica.name} runs with another sealing key"
+
+    @invariant()
+    def nothing_needs_an_operator_while_the_chain_answers(self) -> None:
+        stuck = self.rows("SELECT state, last_error FROM claims WHERE state = 'needs_attention'")
+        assert not stuck, stuck
+
+    def teardown(self) -> None:
+        try:
+            self.calm_down()
+        finally:
+            for replica in self.world.replicas:
+                for task in replica.requests:
+                    task.cancel()
+            self.loop.run_until_complete(asyncio.sleep(0))
+            for replica in self.world.replicas:
+                self.loop.run_until_complete(replica.client.aclose())
+                self.loop.run_until_complete(replica.services.db.close())
+            money_world.CALLS.clear()
+            self.loop.close()
+
+    def calm_down(self) -> None:
+        """The world calms down: every delivery ends settled with its transfer, or terminal."""
+        for replica in self.world.replicas:
+            replica.stalled = False
+        self.world.facilitator.mode = "ok"
+        for call in list(money_world.CALLS.values()):
+            if any(call.task_id in r.services.runner.live for r in self.live()):
+                call.done.set()
+        self.run(self.quiet())
+        for _ in range(CALM_ROUNDS):
+            self.world.now += MAX_DELAY + LEASE
+            for replica in reversed(self.live()):  # the newest process first: whoever runs first takes the work
+                self.run(replica.gate.claims.renew())
+                self.run(self.reconcile_on(replica))
+        left = self.rows("SELECT state, last_error FROM claims WHERE state IN ('running', 'settling', 'settle_failed')")
+        assert not left, f"claims never ended: {left}"
+        for token in self.world.tokens:
+            paid = self.world.chain.paid_to_us(token.authorizer, token.nonce)
+            assert not paid or len(self.deliveries(token)) == 1, f"{token.text}: charged but not delivered"
+        self.nothing_needs_an_operator_while_the_chain_answers()
+        self.settled_means_a_transfer_to_pay_to()
+        self.withheld_answers_stay_withheld_until_paid()
+        self.one_signature_buys_at_most_one_delivery()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def world_on(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[type[MoneyWorld]]:
+    if request.param == "postgresql":
+        schema = request.getfixturevalue("postgres_schema")
+        database = schema.store_url()
+    else:
+        database = "sqlite"
+    monkeypatch.setenv("A2A_GATE_SEALING_KEY", "Vf0zQw4Jm9q8u4C7bJ9oZr2H1s0xk3L5n6p7r8t9v0w=")
+    machine = type("MoneyWorldOn", (MoneyWorld,), {"database": database, "workdir": tmp_path})
+    yield machine
+
+
+def test_money_invariants_hold_across_replicas_clocks_and_chain_facts(world_on: type[MoneyWorld]) -> None:
+    run_state_machine_as_test(
+        world_on,
+        settings=settings(
+            max_examples=int(os.environ.get("A2A_GATE_SIMULATION_EXAMPLES", "25")),
+            stateful_step_count=40,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+
+
+assert PAY_TO  # the world pays this address
