@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -154,20 +155,31 @@ class TaskStore:
         owner: str,
         deadline_seconds: float | None = None,
         deferred: bool = False,
+        with_writes: Sequence[tuple[str, Sequence[Any]]] = (),
     ) -> None:
         """Store a new task; `deferred`: at its first `save` (or `write`) instead, in its
         state then, one statement for both. For a task nobody can name before its answer
-        (a blocking send): the answer waits for `write`."""
+        (a blocking send): the answer waits for `write`. `with_writes`: other rows that
+        belong with it (the anonymous path's bookkeeping), in the same transaction and, on
+        PostgreSQL, the same round trip (`Database.write_together`)."""
         now = time.time()
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
         unwritten = Unwritten(agent, owner, now, now + deadline)
-        if deferred:
+        if deferred and not with_writes:
             self.unwritten[task["id"]] = unwritten
+            return
+        if with_writes:
+            await self.db.write_together([self._insert_statement(task, unwritten, {}), *with_writes])
             return
         await self._insert(task, unwritten, {})
 
     async def _insert(self, task: dict[str, Any], row: Unwritten, backend_ref: dict[str, Any]) -> None:
-        await self.db.execute(
+        await self.db.execute(*self._insert_statement(task, row, backend_ref))
+
+    def _insert_statement(
+        self, task: dict[str, Any], row: Unwritten, backend_ref: dict[str, Any]
+    ) -> tuple[str, tuple[Any, ...]]:
+        return (
             self._INSERT,
             (
                 task["id"],
@@ -208,14 +220,22 @@ class TaskStore:
             del self.unwritten[task["id"]]
         return True
 
+    @staticmethod
+    def save_statement(task: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+        """`save`'s statement for a stored task, to send with others (`Database.write_together`)."""
+        document = json.dumps(task, separators=(",", ":"))
+        return (
+            "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ?",
+            (task["status"]["state"], document, time.time(), task["id"]),
+        )
+
     async def save(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> None:
         if task["id"] in self.unwritten and await self.write(task, backend_ref):
             return
-        document = json.dumps(task, separators=(",", ":"))
         if backend_ref is None:
-            sql = "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ?"
-            args: tuple[Any, ...] = (task["status"]["state"], document, time.time(), task["id"])
+            sql, args = self.save_statement(task)
         else:
+            document = json.dumps(task, separators=(",", ":"))
             sql = "UPDATE tasks SET state = ?, document = ?, backend_ref = ?, updated_at = ? WHERE id = ?"
             args = (task["status"]["state"], document, json.dumps(backend_ref), time.time(), task["id"])
         await self.db.execute(sql, args)
