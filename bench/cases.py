@@ -67,6 +67,7 @@ class Build:
     src: Path
     python: str
     short: str = ""  # how a ratio names its rows
+    module: str = "gate.cli"  # the tree's `a2a-gate` command module
 
 
 def builds(params: Params) -> list[Build]:
@@ -74,7 +75,7 @@ def builds(params: Params) -> list[Build]:
     out = [Build("", params.gate_src, sys.executable)]
     ref = params.against
     if ref is not None:
-        out.append(Build(f"@{ref.short}", ref.src, str(ref.python), ref.short))
+        out.append(Build(f"@{ref.short}", ref.src, str(ref.python), ref.short, ref.module))
     return out
 
 
@@ -359,10 +360,10 @@ def gate_config(
     return config, port
 
 
-def create_key(config: Path, src: Path = servers.REPO, python: str = sys.executable) -> str:
+def create_key(config: Path, src: Path = servers.REPO, python: str = sys.executable, module: str = "gate.cli") -> str:
     """`a2a-gate keys --config ... create bench --agent echo`; returns the key it prints once."""
     done = subprocess.run(
-        [python, "-m", "gate.cli", "keys", "--config", str(config), "create", "bench", "--agent", "echo"],
+        [python, "-m", module, "keys", "--config", str(config), "create", "bench", "--agent", "echo"],
         capture_output=True,
         text=True,
         cwd=src,
@@ -403,7 +404,7 @@ def case_a(bench: Bench) -> None:
         key = base + build.suffix
         folder = bench.path(key)
         config, port = gate_config(folder)
-        api_key = create_key(config, build.src, build.python)
+        api_key = create_key(config, build.src, build.python, build.module)
         extra = ["--workers", "2"] if workers == 2 else []
         label = (
             "a2a-gate (API key)"
@@ -411,7 +412,14 @@ def case_a(bench: Bench) -> None:
             + (f" {build.suffix}" if build.suffix else "")
         )
         with servers.gate(
-            config, port, folder / "log.txt", *extra, src=build.src, python=build.python, label=label
+            config,
+            port,
+            folder / "log.txt",
+            *extra,
+            src=build.src,
+            python=build.python,
+            label=label,
+            module=build.module,
         ) as server:
             requests = send_requests(port, "/a2a/echo", {"Authorization": f"Bearer {api_key}"})
             note = "peak RSS is the supervisor and both workers together" if workers == 2 else ""
@@ -447,7 +455,7 @@ def case_b(bench: Bench) -> None:
             folder = bench.path(key)
             config, port = gate_config(folder, per_ip=per_ip)
             with servers.gate(
-                config, port, folder / "log.txt", src=build.src, python=build.python, label=label
+                config, port, folder / "log.txt", src=build.src, python=build.python, label=label, module=build.module
             ) as server:
                 bench.measure(
                     "b",
@@ -522,7 +530,9 @@ def case_c(bench: Bench) -> None:
         key, label = "gate-paid" + build.suffix, "a2a-gate paid" + (f" {build.suffix}" if build.suffix else "")
         folder = bench.path(key)
         config, port = gate_config(folder, facilitator=trusting.url)
-        with servers.gate(config, port, folder / "log.txt", src=build.src, python=build.python, label=label) as server:
+        with servers.gate(
+            config, port, folder / "log.txt", src=build.src, python=build.python, label=label, module=build.module
+        ) as server:
             spec, signing = paid_spec(bench, server, path, p.paid_tokens)
             bench.log(f"    signed {p.paid_tokens} tokens in {signing:.1f}s")
             reference = ["x402"] + ([] if build.suffix else against(bench, key))

@@ -26,6 +26,15 @@ class Reference:
     short: str
     src: Path  # the tree whose server/ and gate/ run
     python: Path  # its venv's interpreter
+    module: str = "gate.cli"  # its `a2a-gate` command, as `python -m` runs it
+
+
+def cli_module(src: Path) -> str:
+    """The module of a tree's `a2a-gate` script ([project.scripts]; it moved between commits)."""
+    import tomllib
+
+    scripts = tomllib.loads((src / "pyproject.toml").read_text()).get("project", {}).get("scripts", {})
+    return scripts.get("a2a-gate", "gate.cli:main").partition(":")[0]
 
 
 def cache_root() -> Path:
@@ -43,9 +52,8 @@ def prepare(ref: str, log=print) -> Reference:
     src, venv = home / "src", home / "venv"
     python = venv / "bin" / "python"
     ready = home / "ready"
-    reference = Reference(commit, commit[:7], src, python)
     if ready.exists():
-        return reference
+        return Reference(commit, commit[:7], src, python, cli_module(src))
     log(f"building {ref} ({commit[:7]}) in {home} (once) ...")
     home.mkdir(parents=True, exist_ok=True)
     if not (src / "pyproject.toml").exists():
@@ -59,4 +67,4 @@ def prepare(ref: str, log=print) -> Reference:
         timeout=1200,
     )
     ready.write_text(commit + "\n")
-    return reference
+    return Reference(commit, commit[:7], src, python, cli_module(src))

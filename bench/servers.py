@@ -233,6 +233,7 @@ def gate(
     counted: Path | None = None,
     python: str = sys.executable,
     label: str = "a2a-gate",
+    module: str = "gate.cli",
 ) -> ServerProcess:
     """`a2a-gate serve --config ... --port P` (as `python -m gate.cli`, the same entry point).
 
@@ -241,7 +242,7 @@ def gate(
     interpreter (another commit's venv). `counted`: run it through `bench/roundtrips.py`,
     which counts its PostgreSQL round trips into that file.
     """
-    entry = [str(Path(__file__).with_name("roundtrips.py")), str(counted)] if counted else ["-m", "gate.cli"]
+    entry = [str(Path(__file__).with_name("roundtrips.py")), str(counted)] if counted else ["-m", module]
     command = [
         python,
         *entry,

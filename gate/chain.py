@@ -39,6 +39,11 @@ def address_word(address: str) -> str:
     return "00" * 12 + address.lower().removeprefix("0x")
 
 
+def topics_of(log: dict[str, Any]) -> list[str]:
+    topics = log.get("topics")
+    return [str(t).lower() for t in topics] if isinstance(topics, list) else []
+
+
 class ChainUnavailable(Exception):
     """The chain could not be asked (no endpoint, transport, malformed answer)."""
 
@@ -112,24 +117,29 @@ class Chain:
         return ""
 
     async def _transferred(self, a: Authorization, transaction: str, pay_to: str) -> int:
-        """How much the token moved from the authorizer to `pay_to` in `transaction` (its receipt's logs)."""
+        """How much THIS authorization moved from the authorizer to `pay_to` in `transaction`.
+
+        One transaction may spend several nonces (a batch), so a transfer counts only as the
+        one its nonce's `AuthorizationUsed` log announces: the token's next log, the
+        `Transfer` that `transferWithAuthorization` emits right after marking the nonce used."""
         receipt = await self._rpc(a.network, "eth_getTransactionReceipt", [transaction])
         if not isinstance(receipt, dict) or not isinstance(receipt.get("logs"), list):
             raise ChainUnavailable("malformed_or_missing_receipt")
         if receipt.get("status") not in ("0x1", 1, "1"):
             return 0
-        wanted = [TRANSFER_TOPIC, "0x" + address_word(a.authorizer), "0x" + address_word(pay_to)]
-        moved = 0
-        for log in receipt["logs"]:
-            if not isinstance(log, dict) or str(log.get("address", "")).lower() != a.asset:
+        used = [AUTHORIZATION_USED_TOPIC, "0x" + address_word(a.authorizer), a.nonce]
+        paid = [TRANSFER_TOPIC, "0x" + address_word(a.authorizer), "0x" + address_word(pay_to)]
+        logs = [
+            log for log in receipt["logs"] if isinstance(log, dict) and str(log.get("address", "")).lower() == a.asset
+        ]
+        for here, following in zip(logs, [*logs[1:], None], strict=True):
+            if topics_of(here)[:3] != used or following is None:
                 continue
-            topics = log.get("topics")
-            if not isinstance(topics, list) or [str(t).lower() for t in topics[:3]] != wanted:
-                continue
-            data = log.get("data")
-            if isinstance(data, str) and WORD.match(data):
-                moved += int(data, 16)
-        return moved
+            data = following.get("data")
+            if topics_of(following)[:3] == paid and isinstance(data, str) and WORD.match(data):
+                return int(data, 16)
+            return 0
+        return 0
 
     async def _rpc(self, network: str, method: str, params: list[Any]) -> Any:
         config = self.networks.get(network)

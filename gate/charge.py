@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gate.claims import FINAL_STATES, ClaimLost, Claims, ClaimState, Hold
+from gate.claims import ENDED_STATES, ClaimLost, Claims, ClaimState, Hold
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
 from gate.settlement import (
@@ -43,9 +43,9 @@ class Charges:
         claims, live = self.claims, self.live
         outcome: list[Collection] = []
 
-        async def mark_delivered(withheld: dict[str, Any] | None) -> None:
-            try:
-                await claims.mark_delivered(hold, withheld)
+        async def mark_delivered(task: dict[str, Any], withheld: dict[str, Any] | None) -> None:
+            try:  # it names the payer and the task too: a delivery is findable even if its bind failed
+                await claims.mark_delivered(hold, withheld, payer=payment.payer, task_id=task["id"])
             except ClaimLost as lost:
                 live.pop(hold, None)
                 raise OwnershipLost(str(lost)) from None
@@ -77,7 +77,7 @@ class Charges:
         async def saved() -> None:
             live.pop(hold, None)
             try:
-                await claims.task_synced(hold, final=bool(outcome) and outcome[-1].state in FINAL_STATES)
+                await claims.task_synced(hold, final=bool(outcome) and outcome[-1].state in ENDED_STATES)
             except ClaimLost as lost:
                 raise OwnershipLost(str(lost)) from None
 

@@ -53,6 +53,8 @@ class ClaimState(StrEnum):
 LIVE_STATES = (ClaimState.RUNNING, ClaimState.SETTLING)
 FINAL_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION)
 RECORDED_STATES = (*FINAL_STATES, ClaimState.SETTLE_FAILED)  # a settle pass's outcome is on the claim
+# no pass will ever change these (needs_attention may be re-opened: it keeps what a payment needs)
+ENDED_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED)
 DEFAULT_LEASE_SECONDS = 30.0
 
 # Columns added after the first release; existing files gain them on start.
@@ -274,13 +276,18 @@ class Claims:
         if deleted != 1:
             self._lost(hold, "release")
 
-    async def mark_delivered(self, hold: Hold, withheld: dict[str, Any] | None = None) -> None:
-        """The work is delivered: from now on the claim is settled, owed or written off, never released."""
+    async def mark_delivered(
+        self, hold: Hold, withheld: dict[str, Any] | None = None, *, payer: str = "", task_id: str = ""
+    ) -> None:
+        """The work is delivered: from now on the claim is settled, owed or written off, never released.
+        It names the payer and the task again, so a replay finds them whatever became of `bind`."""
+        named = {"payer": payer, "task_id": task_id} if task_id else {}
         await self._write(
             hold,
             "mark_delivered",
             (ClaimState.RUNNING,),
             state=ClaimState.SETTLING,
+            **named,
             withheld=json.dumps(withheld, separators=(",", ":")) if withheld is not None else "",
             lease=True,
         )

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from gate.claims import FINAL_STATES, Claim, ClaimLost, ClaimState, Hold
+from gate.claims import ENDED_STATES, Claim, ClaimLost, ClaimState, Hold
 from gate.parts import GateParts
 from gate.sealing import SealingKeyMissing
 from gate.settlement import (
@@ -157,9 +157,14 @@ async def settle_owed(parts: GateParts, claim: Claim) -> dict[str, Any]:
 
 
 def owed_payment(parts: GateParts, claim: Claim) -> Payment:
+    """The payment as it was signed and sealed; a claim sealed before the price was sealed
+    with it falls back to the agent's price now."""
     sealed = parts.sealer.unseal(claim.sealed_payment, claim.token_digest)
     price = parts.config.price(claim.agent)
     amount, network, asset = (price.amount, price.network, price.asset) if price else ("", "", "")
+    signed = sealed.get("price")
+    if isinstance(signed, dict):
+        amount, network, asset = str(signed["amount"]), str(signed["network"]), str(signed["asset"])
     return Payment(
         claim.token_digest,
         sealed["version"],
@@ -189,7 +194,7 @@ async def show_outcome(
     async def write() -> None:
         if task is not None:
             await store.save(task)
-        await parts.claims.task_synced(hold, final=state in FINAL_STATES)
+        await parts.claims.task_synced(hold, final=state in ENDED_STATES)
 
     await commit_until_stored(parts.claims.db, write, "a repaired task")
 

@@ -72,7 +72,14 @@ class Payment:
         }
 
     def sealable(self) -> dict[str, Any]:
-        return {"version": self.version, "payload": self.payload, "requirements": self.requirements}
+        """What an owed settlement needs later: the signed payload and the price it was signed for
+        (never the configuration of the day it is collected)."""
+        return {
+            "version": self.version,
+            "payload": self.payload,
+            "requirements": self.requirements,
+            "price": {"amount": self.amount, "network": self.network, "asset": self.asset},
+        }
 
 
 @dataclass(frozen=True)
@@ -195,11 +202,9 @@ class Settler:
                 if result.success:
                     return await self._settled(pass_, result.receipt, result.transaction)
                 verdict = classify(result.reason, scheme)
-                if verdict == "refused":
-                    return await self._unsettled(pass_, result.reason)
-                if verdict == "nonce_used":
-                    if unknown:  # our own earlier attempt may be what used it
-                        return await self._ask_chain(pass_, result.reason, passes)
+                if verdict in ("refused", "nonce_used"):
+                    if unknown:  # an earlier attempt of ours may have landed: the refusal may be its doing
+                        return await self._ask_chain(pass_, result.reason, passes)  # (spent, expired, no funds)
                     return await self._unsettled(pass_, result.reason)
                 unknown, error = True, result.reason
             if attempt < self.attempts:

@@ -94,8 +94,8 @@ def message_in(raw: Any, dialect: str) -> dict[str, Any]:
     for key in ("messageId", "contextId", "taskId"):
         value = raw.get(key)
         if value is not None:
-            if not isinstance(value, str) or not value or len(value) > 256:
-                raise InvalidShape(f"params.message.{key} must be a non-empty string")
+            if not isinstance(value, str) or not value or len(value) > 256 or "\x00" in value:
+                raise InvalidShape(f"params.message.{key} must be a non-empty string (no NUL)")
             message[key] = value
     metadata = raw.get("metadata")
     if metadata is not None:

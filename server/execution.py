@@ -67,7 +67,7 @@ class DeliveryHooks:
     the right to deliver is gone.
     """
 
-    mark_delivered: Callable[[dict[str, Any] | None], Awaitable[None]]
+    mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None], Awaitable[None]]
     delivered: Callable[[dict[str, Any]], Awaitable[Collected]]
     not_delivered: Callable[[dict[str, Any]], Awaitable[None]]
     saved: Callable[[], Awaitable[None]]
@@ -136,15 +136,21 @@ def artifact_event(
 class LiveProgress:
     """A running agent's progress, published to the execution's stream subscribers as it comes.
 
-    Nothing of it is stored: the task keeps the whole answer once it is delivered. An agent
-    whose answer is withheld until paid shows none of it (its chunks and status texts are
-    its answer too): the whole answer is sent once the payment is settled.
+    Nothing of it is stored: the task keeps the whole answer once it is delivered. A paid
+    run streams its status texts but not its chunks, which are its answer: the whole answer
+    is sent once its delivery is recorded. An agent whose answer is withheld until paid
+    shows not even its status texts: the whole answer is sent once the payment is settled.
     """
 
     def __init__(self, execution: Execution) -> None:
         self.execution = execution
         self.chunks = 0
-        self.shown = execution.hooks is None or not execution.hooks.withhold
+        # A paid answer is delivered whole, once its delivery is recorded (a chunk streamed
+        # before that would be work given away if the run then fails or its claim is lost);
+        # a withheld one shows not even its status texts.
+        paid = execution.hooks is not None
+        self.shown_chunks = not paid
+        self.shown = not paid or not execution.hooks.withhold  # type: ignore[union-attr]
 
     def status(self, text: str) -> None:
         if not self.shown:
@@ -154,7 +160,7 @@ class LiveProgress:
         self.execution.publish(status_event(task, final=False))
 
     def chunk(self, parts: list[dict[str, Any]]) -> None:
-        if not self.shown:
+        if not self.shown_chunks:
             return
         artifact = {"artifactId": self.execution.artifact_id, "name": "result", "parts": parts}
         event = artifact_event(self.execution.task, artifact, append=self.chunks > 0, last=False)
@@ -385,16 +391,19 @@ class Runner:
             await self.store.save(task)
             execution.publish(status_event(task, final=True))
             return
+        # Nothing of the answer is visible (the live task, its streams, tasks/get) before the
+        # delivery is recorded: a delivery that could not be recorded was never made.
         try:
             if hooks.withhold:  # the answer stays out of the task, its streams and the store until paid
                 async with self.store.db.transaction():
-                    await hooks.mark_delivered({"artifact": artifact, "text": text})
+                    await hooks.mark_delivered(task, {"artifact": artifact, "text": text})
             else:
-                task.setdefault("artifacts", []).append(artifact)
+                delivered = {**task, "artifacts": [*(task.get("artifacts") or []), artifact]}
                 async with self.store.db.transaction():
-                    await self.store.save(task)
-                    await hooks.mark_delivered(None)
-        except OwnershipLost:  # the transaction rolled back: nothing was delivered
+                    await self.store.save(delivered)
+                    await hooks.mark_delivered(delivered, None)
+                task["artifacts"] = delivered["artifacts"]
+        except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
             execution.delivering = False
             raise
         if not hooks.withhold:

@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -129,15 +129,26 @@ class Methods:
         self.scrub = scrub
         self.writing: set[asyncio.Task[None]] = set()  # deferred tasks being written while they run
 
-    async def start_send(self, plan: SendPlan, agent: str, owner: str, hooks: DeliveryHooks | None = None) -> Execution:
-        """Create the task (or continue an interrupted one of the same owner) and run it."""
+    async def start_send(
+        self,
+        plan: SendPlan,
+        agent: str,
+        owner: str,
+        hooks: DeliveryHooks | None = None,
+        with_writes: Callable[[dict[str, Any]], Sequence[tuple[str, Sequence[Any]]]] | None = None,
+    ) -> Execution:
+        """Create the task (or continue an interrupted one of the same owner) and run it.
+
+        `with_writes(task)`: rows that belong with a new task (the payment gate's bookkeeping
+        for it), written in the task's own transaction and round trip."""
         message = self.scrub(plan.message)
         task_id = message.get("taskId")
         if task_id is None:
             task = new_task(message.get("contextId"), message)
             # a free blocking send: no one can name the task before its answer, which waits for the write
             deferred = hooks is None and plan.blocking and plan.call.operation == "send"
-            await self.store.create(task, agent=agent, owner=owner, deferred=deferred)
+            extra = with_writes(task) if with_writes is not None else ()
+            await self.store.create(task, agent=agent, owner=owner, deferred=deferred, with_writes=extra)
         else:
             found = await self.store.get(task_id, owner, agent)
             if found is None:
@@ -369,8 +380,8 @@ def list_query(params: dict[str, Any], dialect: str) -> tuple[TaskQuery, int | N
     elif isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_PAGE_SIZE:
         raise InvalidShape(f"pageSize must be a whole number from 1 to {MAX_PAGE_SIZE}")
     context_id = params.get("contextId")
-    if context_id is not None and not isinstance(context_id, str):
-        raise InvalidShape("contextId must be a string")
+    if context_id is not None and (not isinstance(context_id, str) or "\x00" in context_id):
+        raise InvalidShape("contextId must be a string (no NUL)")
     query = TaskQuery(
         size=size,
         context_id=context_id or None,

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -127,6 +128,11 @@ class Unwritten:
     writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def is_key(value: Any) -> bool:
+    """A string a row's key can be: PostgreSQL text holds no NUL, so one with a NUL matches nothing."""
+    return isinstance(value, str) and "\x00" not in value
+
+
 class TaskStore:
     def __init__(self, db: Database, *, deadline_seconds: float = 600.0) -> None:
         self.db = db
@@ -149,20 +155,31 @@ class TaskStore:
         owner: str,
         deadline_seconds: float | None = None,
         deferred: bool = False,
+        with_writes: Sequence[tuple[str, Sequence[Any]]] = (),
     ) -> None:
         """Store a new task; `deferred`: at its first `save` (or `write`) instead, in its
         state then, one statement for both. For a task nobody can name before its answer
-        (a blocking send): the answer waits for `write`."""
+        (a blocking send): the answer waits for `write`. `with_writes`: other rows that
+        belong with it (the anonymous path's bookkeeping), in the same transaction and, on
+        PostgreSQL, the same round trip (`Database.write_together`)."""
         now = time.time()
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
         unwritten = Unwritten(agent, owner, now, now + deadline)
-        if deferred:
+        if deferred and not with_writes:
             self.unwritten[task["id"]] = unwritten
+            return
+        if with_writes:
+            await self.db.write_together([self._insert_statement(task, unwritten, {}), *with_writes])
             return
         await self._insert(task, unwritten, {})
 
     async def _insert(self, task: dict[str, Any], row: Unwritten, backend_ref: dict[str, Any]) -> None:
-        await self.db.execute(
+        await self.db.execute(*self._insert_statement(task, row, backend_ref))
+
+    def _insert_statement(
+        self, task: dict[str, Any], row: Unwritten, backend_ref: dict[str, Any]
+    ) -> tuple[str, tuple[Any, ...]]:
+        return (
             self._INSERT,
             (
                 task["id"],
@@ -203,14 +220,22 @@ class TaskStore:
             del self.unwritten[task["id"]]
         return True
 
+    @staticmethod
+    def save_statement(task: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+        """`save`'s statement for a stored task, to send with others (`Database.write_together`)."""
+        document = json.dumps(task, separators=(",", ":"))
+        return (
+            "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ?",
+            (task["status"]["state"], document, time.time(), task["id"]),
+        )
+
     async def save(self, task: dict[str, Any], backend_ref: dict[str, Any] | None = None) -> None:
         if task["id"] in self.unwritten and await self.write(task, backend_ref):
             return
-        document = json.dumps(task, separators=(",", ":"))
         if backend_ref is None:
-            sql = "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ?"
-            args: tuple[Any, ...] = (task["status"]["state"], document, time.time(), task["id"])
+            sql, args = self.save_statement(task)
         else:
+            document = json.dumps(task, separators=(",", ":"))
             sql = "UPDATE tasks SET state = ?, document = ?, backend_ref = ?, updated_at = ? WHERE id = ?"
             args = (task["status"]["state"], document, json.dumps(backend_ref), time.time(), task["id"])
         await self.db.execute(sql, args)
@@ -239,7 +264,7 @@ class TaskStore:
 
     async def get(self, task_id: Any, owner: str, agent: str) -> dict[str, Any] | None:
         """The task when it exists, belongs to `owner` and was made by `agent`; else None."""
-        if not isinstance(task_id, str):
+        if not is_key(task_id):
             return None
         document = await self.db.fetchval(
             "SELECT document FROM tasks WHERE id = ? AND owner = ? AND agent = ?", (task_id, owner, agent)
@@ -279,7 +304,7 @@ class TaskStore:
     async def unpaid(self, task_id: Any, agent: str) -> dict[str, Any] | None:
         """A request of `agent` nobody has paid for, whoever asked: one awaiting its first
         payment (unexpired), or one that ended unpaid (declined) and is not deleted yet."""
-        if not isinstance(task_id, str):
+        if not is_key(task_id):
             return None
         document = await self.db.fetchval(
             "SELECT document FROM tasks WHERE id = ? AND agent = ? AND owner LIKE ?"
@@ -313,7 +338,7 @@ class TaskStore:
 
         From now on the task runs, so its deadline becomes an execution's.
         """
-        if not isinstance(task_id, str):
+        if not is_key(task_id):
             return None
         now = time.time()
         changed = await self.db.execute(

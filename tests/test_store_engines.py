@@ -706,6 +706,41 @@ def test_postgres_writes_together_in_one_round_trip(pg_location: str) -> None:
     assert together == 1, f"{together} round trips for BEGIN, 4 INSERTs and COMMIT"
 
 
+def test_postgres_transactions_send_begin_with_their_first_statement(pg_location: str) -> None:
+    """A transaction of two statements is three round trips (BEGIN with the first, the second,
+    COMMIT), one that issues nothing is none; and it still commits whole or rolls back."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(pg_location)
+    proxy = SyncCounter(parts.hostname or "127.0.0.1", parts.port or 5432)
+    through = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"))
+    through += "&sslmode=disable"
+
+    async def body(db: Database) -> tuple[int, int]:
+        await db.execute(ROWS)
+        before = proxy.syncs
+        async with db.transaction():
+            await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("a", 1))
+            assert await db.fetchval("SELECT n FROM t WHERE id = ?", ("a",)) == 1
+        two = proxy.syncs - before
+        before = proxy.syncs
+        async with db.transaction():
+            pass
+        empty = proxy.syncs - before
+        with pytest.raises(RuntimeError):
+            async with db.transaction():
+                await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", ("b", 2))
+                raise RuntimeError
+        assert [r["id"] for r in await db.fetch("SELECT id FROM t")] == ["a"]
+        return two, empty
+
+    try:
+        two, empty = with_db(through, body)
+    finally:
+        proxy.close()
+    assert (two, empty) == (3, 0), f"{two} round trips for two statements, {empty} for none"
+
+
 class SyncCounter:
     """A TCP proxy on loopback to one PostgreSQL, counting the client's Sync and Query messages."""
 

@@ -121,3 +121,24 @@ def test_task_ids_are_version_4_uuids_in_canonical_text():
     for text in ids:
         parsed = uuid.UUID(text)
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
+
+
+def test_a_new_task_is_written_with_the_rows_that_belong_with_it(tmp_path):
+    """`start_send(with_writes=...)`: the caller's rows for the new task, in the task's own
+    transaction (one commit here; one round trip on PostgreSQL)."""
+
+    async def body(services: Services, writes: list[str]) -> None:
+        db = services.db
+        await db.execute("CREATE TABLE notes (task_id TEXT PRIMARY KEY)")
+        statements: list[str] = []
+        db.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        plan = methods.plan_send(send_call(blocking=False))
+        execution = await services.methods.start_send(
+            plan, "echo", OWNER, with_writes=lambda task: [("INSERT INTO notes (task_id) VALUES (?)", (task["id"],))]
+        )
+        db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        assert await db.fetchval("SELECT task_id FROM notes") == execution.task["id"]
+        assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+        await services.runner.drain(5.0)
+
+    with_services(tmp_path, body)
