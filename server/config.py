@@ -122,17 +122,11 @@ def is_database_url(database: str) -> bool:
     return database.startswith(("postgresql://", "postgres://"))
 
 
-def default_settings(database: str = "a2a-gate.db", sections: dict[str, dict[str, Any]] | None = None) -> Settings:
-    """The embedded defaults: two echo agents, `echo` and `paid-echo`, one SQLite file.
-
-    `sections` gives an agent raw keys of the anonymous path (the gate prices `paid-echo`).
-    """
+def default_settings(database: str = "a2a-gate.db") -> Settings:
+    """The embedded defaults: two echo agents, `echo` and `paid-echo` (the gate prices it), one SQLite file."""
     skill = Skill(id="echo", name="Echo", description="Repeats the input text.")
-    sections = sections or {}
     agents = {
-        name: AgentConfig(
-            name=name, description="Echoes the text it is sent.", skills=(skill,), sections=sections.get(name, {})
-        )
+        name: AgentConfig(name=name, description="Echoes the text it is sent.", skills=(skill,))
         for name in ("echo", "paid-echo")
     }
     return Settings(database=database, agents=agents)
