@@ -90,6 +90,7 @@ class Services:
 
     async def start(self) -> None:
         await self.open_store()
+        await self.store.sync_clock()
         await self.anonymous.start()
         self.background.append(asyncio.create_task(self.runner.follow_cancel_requests()))
         self.background.append(asyncio.create_task(self._store_counts()))
@@ -124,7 +125,9 @@ class Services:
         return "ok"
 
     async def housekeeping(self) -> None:
-        """Expire old finished tasks and fail the turns running past their own deadline (uncharged)."""
+        """Expire old finished tasks and fail the turns running past their own deadline (uncharged),
+        by the database's clock."""
+        await self.store.sync_clock()
         await self.store.expire(self.settings.task_retention_days * 86400)
         await self.anonymous.expire(self.settings.task_retention_days * 86400)
         for task in await self.store.stuck():

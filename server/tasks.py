@@ -138,6 +138,19 @@ class TaskStore:
         self.db = db
         self.deadline_seconds = deadline_seconds
         self.unwritten: dict[str, Unwritten] = {}
+        self.clock_offset = 0.0  # the database's clock minus this process's (`sync_clock`)
+
+    def now(self) -> float:
+        """The database's time, as this process reckons it: deadlines and retention are judged by
+        one clock on every replica, so one whose own clock is off fails no other's live task."""
+        return time.time() + self.clock_offset
+
+    async def sync_clock(self) -> float:
+        """Measure how far this process's clock is from the database's; returns the offset."""
+        before = time.time()
+        database = float(await self.db.fetchval(f"SELECT {self.db.clock_sql} AS now"))
+        self.clock_offset = database - (before + time.time()) / 2
+        return self.clock_offset
 
     async def create_tables(self) -> None:
         await self.db.migrate("tasks", MIGRATIONS)
@@ -162,7 +175,7 @@ class TaskStore:
         (a blocking send): the answer waits for `write`. `with_writes`: other rows that
         belong with it (the anonymous path's bookkeeping), in the same transaction and, on
         PostgreSQL, the same round trip (`Database.write_together`)."""
-        now = time.time()
+        now = self.now()
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
         unwritten = Unwritten(agent, owner, now, now + deadline)
         if deferred and not with_writes:
@@ -190,7 +203,7 @@ class TaskStore:
                 json.dumps(task, separators=(",", ":")),
                 json.dumps(backend_ref),
                 row.created_at,
-                time.time(),
+                self.now(),
                 row.deadline_at,
             ),
         )
@@ -237,14 +250,14 @@ class TaskStore:
         else:
             document = json.dumps(task, separators=(",", ":"))
             sql = "UPDATE tasks SET state = ?, document = ?, backend_ref = ?, updated_at = ? WHERE id = ?"
-            args = (task["status"]["state"], document, json.dumps(backend_ref), time.time(), task["id"])
+            args = (task["status"]["state"], document, json.dumps(backend_ref), self.now(), task["id"])
         await self.db.execute(sql, args)
 
     async def start_turn(self, task: dict[str, Any], interrupted: str) -> bool:
         """Store `task` as its next turn starts, only while it is still `interrupted` (the state
         it was read in): the turn's deadline counts from now. False when the task changed meanwhile
         (another turn started, or it was canceled), and then nothing is written."""
-        now = time.time()
+        now = self.now()
         changed = await self.db.execute(
             "UPDATE tasks SET state = ?, document = ?, updated_at = ?, deadline_at = ? WHERE id = ? AND state = ?",
             (
@@ -309,14 +322,14 @@ class TaskStore:
         document = await self.db.fetchval(
             "SELECT document FROM tasks WHERE id = ? AND agent = ? AND owner LIKE ?"
             " AND (state <> 'input-required' OR deadline_at > ?)",
-            (task_id, agent, _PENDING_LIKE, time.time()),
+            (task_id, agent, _PENDING_LIKE, self.now()),
         )
         return None if document is None else json.loads(document)
 
     async def save_unpaid(self, task: dict[str, Any]) -> bool:
         """Store a request awaiting payment as `task` now stands, only while it still awaits it
         (unexpired, unpaid, not declined): False when it changed meanwhile, and then nothing is written."""
-        now = time.time()
+        now = self.now()
         document = json.dumps(task, separators=(",", ":"))
         changed = await self.db.execute(
             "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ? AND owner LIKE ?"
@@ -329,7 +342,7 @@ class TaskStore:
         """How many unexpired requests of one caller are awaiting payment."""
         count = await self.db.fetchval(
             "SELECT COUNT(*) FROM tasks WHERE owner = ? AND state = 'input-required' AND deadline_at > ?",
-            (owner, time.time()),
+            (owner, self.now()),
         )
         return int(count)
 
@@ -340,7 +353,7 @@ class TaskStore:
         """
         if not is_key(task_id):
             return None
-        now = time.time()
+        now = self.now()
         changed = await self.db.execute(
             "UPDATE tasks SET owner = ?, deadline_at = ?, updated_at = ? WHERE id = ? AND agent = ? AND owner LIKE ?"
             " AND state = 'input-required' AND deadline_at > ?",
@@ -366,7 +379,7 @@ class TaskStore:
     async def expire(self, retention_seconds: float) -> int:
         """Delete tasks idle past the retention (finished or waiting on their caller), and
         unpaid in-band payment requests past their deadline; returns how many went."""
-        now = time.time()
+        now = self.now()
         return await self.db.execute(
             "DELETE FROM tasks WHERE (state NOT IN ('submitted', 'working') AND updated_at < ?)"
             " OR (owner LIKE ? AND deadline_at < ?)",
@@ -377,6 +390,6 @@ class TaskStore:
         """Unfinished tasks past their deadline (not interrupted ones: those wait for the caller)."""
         rows = await self.db.fetch(
             "SELECT document FROM tasks WHERE state IN ('submitted', 'working') AND deadline_at < ? LIMIT ?",
-            (time.time(), limit),
+            (self.now(), limit),
         )
         return [json.loads(r["document"]) for r in rows]
