@@ -242,7 +242,7 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
         return streamed
     result = await parts.methods.send(plan, execution)
     info.set(*charge_outcome(execution.task))
-    return result_response(call.id, result, {**headers, **payment_response_header(execution.task)})
+    return result_response(call.id, result, {**headers, **payment_response_header(execution.task, payment.version)})
 
 
 async def claim_digest(
@@ -291,7 +291,8 @@ async def replay(parts: GateParts, plan: SendPlan, claim: Claim, payment: Paymen
     if task is None:
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
     await parts.log.append("replay", **replace(payment, payer=claim.payer).log_fields(claim.task_id))
-    return task_answer(plan, task, {**headers, "X-Idempotent-Replay": "true", **payment_response_header(task)})
+    receipt = payment_response_header(task, payment.version)
+    return task_answer(plan, task, {**headers, "X-Idempotent-Replay": "true", **receipt})
 
 
 async def bound_task_call(parts: GateParts, request: Request, call: Call, agent: AgentConfig, price: Price) -> Response:
@@ -337,12 +338,17 @@ def payer_allowed(terms: AgentPayment, payer: str) -> bool:
         return False
 
 
-def payment_response_header(task: dict[str, Any]) -> dict[str, str]:
+def payment_response_header(task: dict[str, Any], version: int = 2) -> dict[str, str]:
+    """The receipt of a settled request: `PAYMENT-RESPONSE` (x402 v2), and for a v1 payment also
+    `X-PAYMENT-RESPONSE`, where x402 1.0's own clients and middleware read it."""
     metadata = task.get("metadata") or {}
     receipts = metadata.get("x402.payment.receipts")
-    if metadata.get(STATUS) == "payment-completed" and receipts:
-        return {"PAYMENT-RESPONSE": pricing.b64_json(receipts[-1])}
-    return {}
+    if metadata.get(STATUS) != "payment-completed" or not receipts:
+        return {}
+    receipt = pricing.b64_json(receipts[-1])
+    return (
+        {"PAYMENT-RESPONSE": receipt, "X-PAYMENT-RESPONSE": receipt} if version == 1 else {"PAYMENT-RESPONSE": receipt}
+    )
 
 
 def too_many_requests(wait: float) -> JSONResponse:

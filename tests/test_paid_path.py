@@ -243,3 +243,23 @@ def test_x402_httpx_hooks_pay_transparently(paid):
     assert response.json()["result"]["metadata"]["x402.payment.status"] == "payment-completed"
     assert "PAYMENT-RESPONSE" in response.headers
     assert len(paid.ledger()["settlements"]) == 1
+
+
+def test_a_v1_payer_gets_its_receipt_where_x402_1_reads_it(paid):
+    """An x402 v1 payer (X-PAYMENT) reads its receipt in X-PAYMENT-RESPONSE, as x402 1.0's own
+    middleware sets it; PAYMENT-RESPONSE carries the same, and a replay answers both again."""
+    payer = Payer()
+    offer = paid.post("paid", send_body("v1 price?")).json()["accepts"][0]
+    headers = {"X-PAYMENT": encode_header(payer.sign_v1(offer))}
+    response = paid.post("paid", send_body("paid in v1"), headers)
+    assert response.json()["result"]["metadata"]["x402.payment.status"] == "payment-completed"
+    assert response.headers["X-PAYMENT-RESPONSE"] == response.headers["PAYMENT-RESPONSE"]
+    assert decode_header(response.headers["X-PAYMENT-RESPONSE"])["success"] is True
+    replay = paid.post("paid", send_body("paid in v1"), headers)
+    assert replay.headers["X-Idempotent-Replay"] == "true"
+    assert replay.headers["X-PAYMENT-RESPONSE"] == response.headers["X-PAYMENT-RESPONSE"]
+
+
+def test_a_v2_payer_gets_no_legacy_receipt_header(paid):
+    response = paid.post("paid", send_body("paid in v2"), Payer().header_for(paid.gate.url))
+    assert "PAYMENT-RESPONSE" in response.headers and "X-PAYMENT-RESPONSE" not in response.headers
