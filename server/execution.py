@@ -189,7 +189,7 @@ class Runner:
         self.agents = agents
         self.live: dict[str, Execution] = {}
         # What an agent may see of a stored message: the anonymous path removes its own
-        # vocabulary here (the payment gate: every x402 key), so an agent's work never varies with it.
+        # vocabulary here (the payment gate: its metadata keys), so an agent's work never varies with it.
         self.agent_view: Callable[[dict[str, Any]], dict[str, Any]] = lambda message: message
         self.cancels_seen: set[str] = set()  # cancel requests from other processes, acted on once
         self.cancelling: set[asyncio.Task[str | None]] = set()
