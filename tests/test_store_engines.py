@@ -598,6 +598,8 @@ def test_sqlite_checkpoints_its_wal_off_the_serving_connection(tmp_path: Path) -
     from server import sqlite_store
 
     path = tmp_path / "store.db"
+    others = {t for t in threading.enumerate() if t.name == "sqlite-checkpoint"}  # other tests' stores
+    mine: list[threading.Thread] = []
 
     async def body(db: Database) -> tuple[int, int]:
         assert isinstance(db, sqlite_store.SQLiteDatabase)
@@ -611,11 +613,15 @@ def test_sqlite_checkpoints_its_wal_off_the_serving_connection(tmp_path: Path) -
                 break
             await asyncio.sleep(0.05)
             frames = wal_progress(path)
+        mine.extend(t for t in threading.enumerate() if t.name == "sqlite-checkpoint" and t not in others)
         return frames
 
     written, copied = with_db(str(path), body)
     assert written > 0 and copied == written, f"{copied} of {written} WAL frames copied back"
-    assert not any(t.name == "sqlite-checkpoint" for t in threading.enumerate())  # stopped with the store
+    assert mine, "the store ran no checkpoint thread"
+    for thread in mine:  # stopped with the store
+        thread.join(timeout=10)
+        assert not thread.is_alive()
 
 
 def wal_progress(path: Path) -> tuple[int, int]:
