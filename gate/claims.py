@@ -411,16 +411,7 @@ class Claims:
     async def take_orphan(self, claim: Claim) -> Hold | None:
         """Become the owner of an orphan under a new fence, unless its owner renewed or someone
         else took it; from then on its previous owner can write nothing to it."""
-        fence = mint_fence()
-        taken = await self.db.execute(
-            f"UPDATE claims SET owner_instance = ?, fence = ?, lease_until = {self.now} + ?, updated_at = {self.now}"
-            f" WHERE token_digest = ? AND fence = ? AND state = ? AND lease_until < {self.now}",
-            (self.instance, fence, self.lease_seconds, claim.token_digest, claim.fence, claim.state),
-        )
-        if taken != 1:
-            return None
-        self.held[claim.token_digest] = fence
-        return Hold(claim.token_digest, fence)
+        return await self._take_lapsed(claim)
 
     async def orphan_settling(self, hold: Hold) -> None:
         """A settling claim whose owner is gone: owed now, and its settle may have been sent."""
@@ -438,10 +429,15 @@ class Claims:
 
     async def take_outdated(self, claim: Claim) -> Hold | None:
         """Take a claim whose task needs repair, like an orphan (same fence rule)."""
+        return await self._take_lapsed(claim, " AND task_outdated = 1")
+
+    async def _take_lapsed(self, claim: Claim, condition: str = "") -> Hold | None:
+        """The one takeover of a claim whose lease ran out: a new fence, unless the row changed since
+        `claim` was read (its owner renewed, someone else took it) or fails `condition`."""
         fence = mint_fence()
         taken = await self.db.execute(
-            f"UPDATE claims SET owner_instance = ?, fence = ?, lease_until = {self.now} + ?"
-            f" WHERE token_digest = ? AND fence = ? AND state = ? AND task_outdated = 1 AND lease_until < {self.now}",
+            f"UPDATE claims SET owner_instance = ?, fence = ?, lease_until = {self.now} + ?, updated_at = {self.now}"
+            f" WHERE token_digest = ? AND fence = ? AND state = ? AND lease_until < {self.now}{condition}",
             (self.instance, fence, self.lease_seconds, claim.token_digest, claim.fence, claim.state),
         )
         if taken != 1:
