@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gate.claims import ENDED_STATES, ClaimLost, Claims, ClaimState, Hold
+from gate.claims import ENDED_STATES, Along, ClaimLost, Claims, ClaimState, Hold
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
 from gate.settlement import (
@@ -22,12 +22,18 @@ from gate.settlement import (
     with_payment_metadata,
     withheld_metadata,
 )
-from server.database import commit_until_stored
+from server.database import Statement, commit_until_stored
 from server.execution import Collected, DeliveryHooks, OwnershipLost
 
 logger = logging.getLogger("a2a_gate.gate")
 
 HANDED_OVER = "settlement_handed_over: another server took this payment's claim over and records its outcome"
+
+
+def only_if(save: Statement) -> Along:
+    """A task's save (`TaskStore.save_statement`, its WHERE clause last) made conditional on the claim."""
+    sql, args = save
+    return lambda ours: (f"{sql} AND {ours[0]}", (*args, *ours[1]))
 
 
 class Charges:
@@ -43,9 +49,10 @@ class Charges:
         claims, live = self.claims, self.live
         outcome: list[Collection] = []
 
-        async def mark_delivered(task: dict[str, Any], withheld: dict[str, Any] | None) -> None:
+        async def mark_delivered(task: dict[str, Any], withheld: dict[str, Any] | None, save: Statement | None) -> None:
+            along = [] if save is None else [only_if(save)]  # the work is saved only if the delivery is ours
             try:  # it names the payer and the task too: a delivery is findable even if its bind failed
-                await claims.mark_delivered(hold, withheld, payer=payment.payer, task_id=task["id"])
+                await claims.mark_delivered(hold, withheld, payer=payment.payer, task_id=task["id"], along=along)
             except ClaimLost as lost:
                 live.pop(hold, None)
                 raise OwnershipLost(str(lost)) from None
@@ -74,10 +81,11 @@ class Charges:
             except ClaimLost as lost:
                 raise OwnershipLost(str(lost)) from None
 
-        async def saved() -> None:
+        async def saved(save: Statement) -> None:
             live.pop(hold, None)
+            final = bool(outcome) and outcome[-1].state in ENDED_STATES
             try:
-                await claims.task_synced(hold, final=bool(outcome) and outcome[-1].state in ENDED_STATES)
+                await claims.task_synced(hold, final=final, along=[only_if(save)])
             except ClaimLost as lost:
                 raise OwnershipLost(str(lost)) from None
 

@@ -31,12 +31,16 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from server.database import Database, Migration
+from server.database import Database, Migration, Statement
+
+# A write that belongs with a claim's update: given the condition "the claim is still ours, in
+# the state just written" (SQL and its arguments), the statement that applies only under it.
+Along = Callable[[tuple[str, tuple[Any, ...]]], Statement]
 
 logger = logging.getLogger("a2a_gate.claims")
 
@@ -265,6 +269,11 @@ class Claims:
         """Name the payer and the task; the execution may already have delivered (any state)."""
         await self._write(hold, "bind", tuple(ClaimState), payer=payer, task_id=task_id)
 
+    def bind_statement(self, hold: Hold, payer: str, task_id: str) -> Statement:
+        """`bind` as a statement to send with the task's INSERT (`Database.write_together`). Its
+        rowcount is not read: a claim lost by then fails the delivery's fenced write instead."""
+        return self._update(hold, tuple(ClaimState), {"payer": payer, "task_id": task_id})
+
     async def release(self, hold: Hold) -> None:
         """Drop a claim whose work was not delivered; never one that is settling or beyond
         (that raises `ClaimLost`, as does a claim taken over by someone else)."""
@@ -277,7 +286,13 @@ class Claims:
             self._lost(hold, "release")
 
     async def mark_delivered(
-        self, hold: Hold, withheld: dict[str, Any] | None = None, *, payer: str = "", task_id: str = ""
+        self,
+        hold: Hold,
+        withheld: dict[str, Any] | None = None,
+        *,
+        payer: str = "",
+        task_id: str = "",
+        along: Sequence[Along] = (),
     ) -> None:
         """The work is delivered: from now on the claim is settled, owed or written off, never released.
         It names the payer and the task again, so a replay finds them whatever became of `bind`."""
@@ -290,11 +305,12 @@ class Claims:
             **named,
             withheld=json.dumps(withheld, separators=(",", ":")) if withheld is not None else "",
             lease=True,
+            along=along,
         )
 
     # -- settlement outcomes (callers wrap them in one transaction with the log row) --
 
-    async def settled(self, hold: Hold, receipt: dict[str, Any]) -> None:
+    async def settled(self, hold: Hold, receipt: dict[str, Any], along: Sequence[Along] = ()) -> None:
         await self._write(
             hold,
             "settled",
@@ -304,9 +320,12 @@ class Claims:
             last_error="",
             receipt=json.dumps(receipt, separators=(",", ":")),
             task_outdated=1,
+            along=along,
         )
 
-    async def owed(self, hold: Hold, *, error: str, unknown: bool, passes: int, delay: float) -> None:
+    async def owed(
+        self, hold: Hold, *, error: str, unknown: bool, passes: int, delay: float, along: Sequence[Along] = ()
+    ) -> None:
         """Owed: the next pass is due `delay` seconds from now, by the database's clock."""
         await self._write(
             hold,
@@ -318,21 +337,29 @@ class Claims:
             settle_passes=passes,
             next_settle_in=delay,
             task_outdated=1,
+            along=along,
         )
 
-    async def terminal(self, hold: Hold, state: ClaimState, error: str) -> None:
+    async def terminal(self, hold: Hold, state: ClaimState, error: str, along: Sequence[Along] = ()) -> None:
         assert state in (ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION), state
         # needs_attention keeps its sealed payment: an operator may re-open it (`reopen`)
         sealed = {"sealed_payment": ""} if state == ClaimState.UNSETTLED else {}
         await self._write(
-            hold, str(state), (ClaimState.SETTLING,), state=state, last_error=error[:200], task_outdated=1, **sealed
+            hold,
+            str(state),
+            (ClaimState.SETTLING,),
+            state=state,
+            last_error=error[:200],
+            task_outdated=1,
+            along=along,
+            **sealed,
         )
 
-    async def task_synced(self, hold: Hold, *, final: bool) -> None:
+    async def task_synced(self, hold: Hold, *, final: bool, along: Sequence[Along] = ()) -> None:
         """The stored task now shows the claim's outcome; a final one needs no withheld answer any more."""
         self.held.pop(hold.token_digest, None)
         extra = {"withheld": ""} if final else {}
-        await self._write(hold, "task_synced", RECORDED_STATES, task_outdated=0, **extra)
+        await self._write(hold, "task_synced", RECORDED_STATES, task_outdated=0, along=along, **extra)
 
     def let_go(self, hold: Hold) -> None:
         """Stop renewing: whatever is left (a task to repair) is for whoever finds the lease expired."""
@@ -493,11 +520,37 @@ class Claims:
             (ClaimState.SETTLED, retention_seconds),
         )
 
-    async def _write(self, hold: Hold, write: str, expected: tuple[ClaimState, ...], **values: Any) -> None:
+    async def _write(
+        self,
+        hold: Hold,
+        write: str,
+        expected: tuple[ClaimState, ...],
+        *,
+        along: Sequence[Along] = (),
+        **values: Any,
+    ) -> None:
         """One fenced update: names the fence and the states it expects; no row changed is `ClaimLost`.
 
         `lease=True` renews the lease with the write; `next_settle_in` schedules the next pass
-        that many seconds from now, both by the database's clock."""
+        that many seconds from now, both by the database's clock. `along`: writes that belong
+        with it (the task it delivers, its payment log row), sent in the same transaction and,
+        on PostgreSQL, the same round trip; each applies only if this update did, so a lost
+        claim writes nothing at all."""
+        update = self._update(hold, expected, values)
+        if not along:
+            changed = await self.db.execute(*update)
+        else:
+            after = (values["state"],) if "state" in values else expected
+            marks = ", ".join("?" for _ in after)
+            ours = (
+                f"EXISTS (SELECT 1 FROM claims WHERE token_digest = ? AND fence = ? AND state IN ({marks}))",
+                (hold.token_digest, hold.fence, *after),
+            )
+            changed = (await self.db.write_together([update, *(statement(ours) for statement in along)]))[0]
+        if changed != 1:
+            self._lost(hold, write)
+
+    def _update(self, hold: Hold, expected: tuple[ClaimState, ...], values: dict[str, Any]) -> Statement:
         columns = [f"{k} = ?" for k in values if k not in ("lease", "next_settle_in")]
         args: list[Any] = [v for k, v in values.items() if k not in ("lease", "next_settle_in")]
         if values.get("lease"):
@@ -508,12 +561,10 @@ class Claims:
             args.append(values["next_settle_in"])
         columns.append(f"updated_at = {self.now}")
         marks = ", ".join("?" for _ in expected)
-        changed = await self.db.execute(
+        return (
             f"UPDATE claims SET {', '.join(columns)} WHERE token_digest = ? AND fence = ? AND state IN ({marks})",
             (*args, hold.token_digest, hold.fence, *expected),
         )
-        if changed != 1:
-            self._lost(hold, write)
 
     def _lost(self, hold: Hold, write: str) -> None:
         if self.held.get(hold.token_digest) == hold.fence:

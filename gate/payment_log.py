@@ -10,8 +10,9 @@ deleted by the gate.
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from server.database import Database, Migration
+from server.database import Database, Migration, Statement
 
 ACTIONS = ("verify", "reject", "settle", "settle_failed", "write_off", "needs_attention", "replay", "release")
 
@@ -41,7 +42,10 @@ class PaymentLog:
     async def create_tables(self) -> None:
         await self.db.migrate("payments", MIGRATIONS)
 
-    async def append(
+    async def append(self, action: str, **fields: Any) -> None:
+        await self.db.execute(*self.statement(action, **fields))
+
+    def statement(
         self,
         action: str,
         *,
@@ -54,25 +58,32 @@ class PaymentLog:
         task_id: str = "",
         transaction: str = "",
         error: str = "",
-    ) -> None:
+        only_if: tuple[str, tuple[Any, ...]] | None = None,
+    ) -> Statement:
+        """The row's INSERT, to send with other writes; `only_if` (SQL and its arguments): the
+        row is written only when that condition holds as the statement runs."""
         assert action in ACTIONS, action
-        await self.db.execute(
-            "INSERT INTO payments (at, action, agent, task_id, token_digest, payer, amount, network, asset,"
-            ' "transaction", error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
-            (
-                time.time(),
-                action,
-                agent,
-                task_id,
-                token_digest,
-                payer,
-                amount,
-                network,
-                asset,
-                transaction,
-                error[:200],
-            ),
+        values = (
+            time.time(),
+            action,
+            agent,
+            task_id,
+            token_digest,
+            payer,
+            amount,
+            network,
+            asset,
+            transaction,
+            error[:200],
         )
+        columns = 'at, action, agent, task_id, token_digest, payer, amount, network, asset, "transaction", error'
+        marks = ", ".join("?" for _ in values)
+        if only_if is None:
+            return f"INSERT INTO payments ({columns}) VALUES ({marks})", values
+        condition, condition_args = only_if
+        # typed like the columns: PostgreSQL reads an untyped literal of a SELECT list as text
+        marks = "CAST(? AS DOUBLE PRECISION), " + ", ".join("?" for _ in values[1:])
+        return f"INSERT INTO payments ({columns}) SELECT {marks} WHERE {condition}", (*values, *condition_args)
 
     async def rows(
         self, *, agent: str | None = None, payer: str | None = None, action: str | None = None, limit: int = 50

@@ -139,11 +139,12 @@ async def paid_send(
     scheme = schemes.for_price(price)  # the one kind of payload this price takes
     try:
         attempt.requirements = tokens.check_payload(token, price, resource)
-        if await parts.claims.find(token.digest) is None:
-            window = payment_window_seconds(agent.deadline_seconds, parts.config.facilitator)
-            tokens.check_window(token, min_window=window, scheme=scheme)
+        window = payment_window_seconds(agent.deadline_seconds, parts.config.facilitator)
+        tokens.check_window(token, min_window=window, scheme=scheme)
     except tokens.Rejection as exc:
-        return await refuse(parts, attempt, exc.reason)
+        # the claim is read only now: a fresh token never waits for it
+        if exc.reason not in tokens.WINDOW_REASONS or await parts.claims.find(token.digest) is None:
+            return await refuse(parts, attempt, exc.reason)
     # 8. claim, before anything is executed
     payment = attempt.payment = Payment(
         token.digest,
@@ -215,28 +216,41 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
     if not payer_allowed(attempt.terms, verification.payer):
         await parts.release(hold)
         return await refuse(parts, attempt, "payer_not_allowed", verification.payer)
-    await parts.log.append("verify", **attempt.log, payer=verification.payer)
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
     payment = attempt.payment = replace(attempt.payment, payer=verification.payer)
     owner = f"payer:{payment.payer}"
     hooks = parts.charges.hooks(payment, hold, withhold=attempt.terms.on_settle_failure == "withhold")
+    # a new task takes the verify row and the claim's bind with its INSERT: one round trip
+    fresh = attempt.pending is None and plan.message.get("taskId") is None
+    verified = parts.log.statement("verify", **attempt.log, payer=payment.payer)
+    if not fresh:
+        await parts.log.append("verify", **attempt.log, payer=payment.payer)
     try:
         if attempt.pending is not None:  # in-band: the agent runs the original message of the task
             execution = await parts.in_band.start_paid(attempt.pending, agent, owner, hooks)
         else:
-            execution = await parts.methods.start_send(plan, agent.name, owner, hooks)
+            execution = await parts.methods.start_send(
+                plan,
+                agent.name,
+                owner,
+                hooks,
+                with_writes=lambda task: [verified, parts.claims.bind_statement(hold, payment.payer, task["id"])],
+            )
     except RpcError as exc:
         await parts.release(hold)
+        if fresh:  # nothing was written with the task
+            await parts.log.append("verify", **attempt.log, payer=payment.payer)
         await parts.log.append("release", **attempt.log, payer=payment.payer, error=f"not started: {exc.message}")
         return error_response(call.id, exc)
     attempt.started = True
     headers = in_band.echo(attempt.active)
     # a stream follows the execution from now on, before anything awaits (the work may be quick)
     streamed = parts.methods.stream(plan, execution, headers) if call.operation == "stream" else None
-    try:
-        await parts.claims.bind(hold, payment.payer, execution.task["id"])
-    except ClaimLost:  # taken over already: the execution was revoked and delivers nothing
-        pass
+    if not fresh:
+        try:
+            await parts.claims.bind(hold, payment.payer, execution.task["id"])
+        except ClaimLost:  # taken over already: the execution was revoked and delivers nothing
+            pass
     if streamed is not None:
         info.set("ok", "stream")
         return streamed

@@ -29,7 +29,7 @@ from typing import Any
 
 from gate import schemes
 from gate.chain import Chain, ChainUnavailable
-from gate.claims import Claim, Claims, ClaimState, Hold
+from gate.claims import Along, Claim, Claims, ClaimState, Hold
 from gate.config import FacilitatorConfig
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.metrics import GateMetrics
@@ -252,10 +252,10 @@ class Settler:
 
     async def _settled(self, p: Pass, receipt: dict[str, Any], tx: str, note: str = "") -> Collection:
         async def write() -> None:
-            await self.claims.settled(p.hold, receipt)
-            await self.log.append("settle", **p.log_fields(), transaction=tx, error=note)
+            row = self._row("settle", p, transaction=tx, error=note)
+            await self.claims.settled(p.hold, receipt, along=[row])
 
-        await commit_until_stored(self.claims.db, write, "a settlement")
+        await commit_until_stored(self.claims.db, write, "a settlement", atomic=True)
         self._count("settled")
         if self.metrics is not None:
             payment = p.payment
@@ -265,10 +265,10 @@ class Settler:
 
     async def _owed(self, p: Pass, error: str, unknown: bool, passes: int, delay: float) -> Collection:
         async def write() -> None:
-            await self.claims.owed(p.hold, error=error, unknown=unknown, passes=passes, delay=delay)
-            await self.log.append("settle_failed", **p.log_fields(), error=error)
+            row = self._row("settle_failed", p, error=error)
+            await self.claims.owed(p.hold, error=error, unknown=unknown, passes=passes, delay=delay, along=[row])
 
-        await commit_until_stored(self.claims.db, write, "an owed settlement")
+        await commit_until_stored(self.claims.db, write, "an owed settlement", atomic=True)
         if self.metrics is not None:
             self.metrics.settle_failures.inc()
         self._count("owed")
@@ -276,23 +276,27 @@ class Settler:
 
     async def _unsettled(self, p: Pass, reason: str) -> Collection:
         async def write() -> None:
-            await self.claims.terminal(p.hold, ClaimState.UNSETTLED, reason)
-            await self.log.append("write_off", **p.log_fields(), error=reason)
+            row = self._row("write_off", p, error=reason)
+            await self.claims.terminal(p.hold, ClaimState.UNSETTLED, reason, along=[row])
 
-        await commit_until_stored(self.claims.db, write, "a write-off")
+        await commit_until_stored(self.claims.db, write, "a write-off", atomic=True)
         self._count("unsettled")
         logger.warning("settlement written off for task %s: %s", p.task_id, reason)
         return Collection(ClaimState.UNSETTLED, failed_metadata(reason))
 
     async def _needs_attention(self, p: Pass, reason: str) -> Collection:
         async def write() -> None:
-            await self.claims.terminal(p.hold, ClaimState.NEEDS_ATTENTION, reason)
-            await self.log.append("needs_attention", **p.log_fields(), error=reason)
+            row = self._row("needs_attention", p, error=reason)
+            await self.claims.terminal(p.hold, ClaimState.NEEDS_ATTENTION, reason, along=[row])
 
-        await commit_until_stored(self.claims.db, write, "a settlement needing attention")
+        await commit_until_stored(self.claims.db, write, "a settlement needing attention", atomic=True)
         self._count("needs_attention")
         logger.warning("settlement of task %s needs attention: %s", p.task_id, reason)
         return Collection(ClaimState.NEEDS_ATTENTION, verified_metadata(reason))
+
+    def _row(self, action: str, p: Pass, **fields: str) -> Along:
+        """The payment log row of a pass's outcome, written with the claim's (and only if it is)."""
+        return lambda ours: self.log.statement(action, **p.log_fields(), **fields, only_if=ours)
 
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:

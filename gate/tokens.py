@@ -232,6 +232,10 @@ def check_payload(token: Token, price: Price, resource_url: str) -> dict[str, An
     return required
 
 
+# What `check_window` refuses with: a retry of a claimed token is answered by its claim instead.
+WINDOW_REASONS = frozenset({"payment_not_yet_valid", "payment_expired", "payment_window_too_short"})
+
+
 def check_window(
     token: Token, now: float | None = None, min_window: float = 0.0, scheme: Scheme = exact_eip3009.SCHEME
 ) -> None:

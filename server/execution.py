@@ -17,7 +17,7 @@ from typing import Any
 
 from server import request_log
 from server.agents import AgentReply, AgentRequest
-from server.database import commit_until_stored
+from server.database import Statement, commit_until_stored
 from server.dialects import INTERRUPTED_STATES
 from server.registry import AgentRegistry
 from server.request_log import TASK_ID
@@ -55,22 +55,23 @@ class Collected:
 class DeliveryHooks:
     """What the payment gate plugs into an execution (None on the free path).
 
-    `mark_delivered` records the delivery in the same transaction that saves the
-    work, so a crash can never leave delivered work unowed or owed work undelivered
-    (a withholding agent's answer is handed to it instead of the task); `delivered`
+    `mark_delivered` records the delivery and runs the statement that saves the work
+    (`TaskStore.save_statement`) with it, only if the record is made: one transaction, so a
+    crash can never leave delivered work unowed or owed work undelivered (a withholding
+    agent's answer is handed to it instead of the task, and there is no statement); `delivered`
     then settles, records the outcome durably, mirrors it at `task.metadata` and never
-    raises (its `Collected.metadata` goes on the final status message); `saved` runs inside
-    the transaction that stores the final task; `abandoned` when that store gave up
+    raises (its `Collected.metadata` goes on the final status message); `saved` stores the
+    final task the same way, its statement with the hook's own record; `abandoned` when that store gave up
     (the reconciler repairs the task from the recorded outcome); `not_delivered` runs
     when nothing is to be charged. Any hook may raise `OwnershipLost`; `revoke` is filled
     in by the runner at the start, for the anonymous path to stop the work when it learns
     the right to deliver is gone.
     """
 
-    mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None], Awaitable[None]]
+    mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None, Statement | None], Awaitable[None]]
     delivered: Callable[[dict[str, Any]], Awaitable[Collected]]
     not_delivered: Callable[[dict[str, Any]], Awaitable[None]]
-    saved: Callable[[], Awaitable[None]]
+    saved: Callable[[Statement], Awaitable[None]]
     abandoned: Callable[[], None] = lambda: None
     withhold: bool = False  # settle before the answer leaves; unpaid, it never does
     revoke: Callable[[], None] = lambda: None
@@ -395,13 +396,10 @@ class Runner:
         # delivery is recorded: a delivery that could not be recorded was never made.
         try:
             if hooks.withhold:  # the answer stays out of the task, its streams and the store until paid
-                async with self.store.db.transaction():
-                    await hooks.mark_delivered(task, {"artifact": artifact, "text": text})
+                await hooks.mark_delivered(task, {"artifact": artifact, "text": text}, None)
             else:
                 delivered = {**task, "artifacts": [*(task.get("artifacts") or []), artifact]}
-                async with self.store.db.transaction():
-                    await self.store.save(delivered)
-                    await hooks.mark_delivered(delivered, None)
+                await hooks.mark_delivered(delivered, None, self.store.save_statement(delivered))
                 task["artifacts"] = delivered["artifacts"]
         except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
             execution.delivering = False
@@ -448,10 +446,9 @@ class Runner:
         assert hooks is not None
 
         async def write() -> None:
-            await self.store.save(execution.task)
-            await hooks.saved()
+            await hooks.saved(self.store.save_statement(execution.task))
 
-        await commit_until_stored(self.store.db, write, "a settled task")
+        await commit_until_stored(self.store.db, write, "a settled task", atomic=True)
 
     async def _end_undelivered(self, execution: Execution, reply: AgentReply) -> None:
         task = execution.task

@@ -235,7 +235,8 @@ class TaskStore:
 
     @staticmethod
     def save_statement(task: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
-        """`save`'s statement for a stored task, to send with others (`Database.write_together`)."""
+        """`save`'s statement for a stored task, to send with others (`Database.write_together`).
+        Its WHERE clause comes last: a caller may make it conditional with `AND ...`."""
         document = json.dumps(task, separators=(",", ":"))
         return (
             "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ?",
