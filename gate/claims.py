@@ -540,15 +540,18 @@ class Claims:
         if not along:
             changed = await self.db.execute(*update)
         else:
-            after = (values["state"],) if "state" in values else expected
-            marks = ", ".join("?" for _ in after)
-            ours = (
-                f"EXISTS (SELECT 1 FROM claims WHERE token_digest = ? AND fence = ? AND state IN ({marks}))",
-                (hold.token_digest, hold.fence, *after),
-            )
+            ours = self._ours(hold, (values["state"],) if "state" in values else expected)
             changed = (await self.db.write_together([update, *(statement(ours) for statement in along)]))[0]
         if changed != 1:
             self._lost(hold, write)
+
+    def _ours(self, hold: Hold, states: tuple[ClaimState, ...]) -> tuple[str, tuple[Any, ...]]:
+        """The condition "this claim is still ours, in one of `states`", for writes sent with its update."""
+        marks = ", ".join("?" for _ in states)
+        return (
+            f"EXISTS (SELECT 1 FROM claims WHERE token_digest = ? AND fence = ? AND state IN ({marks}))",
+            (hold.token_digest, hold.fence, *states),
+        )
 
     def _update(self, hold: Hold, expected: tuple[ClaimState, ...], values: dict[str, Any]) -> Statement:
         columns = [f"{k} = ?" for k in values if k not in ("lease", "next_settle_in")]

@@ -29,9 +29,12 @@ replicas = support.replicas
 
 
 def bind_waiting(fleet: support.Replicas) -> list[tuple[Any, ...]]:
+    """The bind, waiting on the claim row: on its own, or sent with the task's INSERT (one query,
+    whose text pg_stat_activity cuts at 1 kB, before the bind if the task is long)."""
     return fleet.rows(
-        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND (query LIKE %s OR query LIKE %s)",
         "%UPDATE claims SET payer%",
+        "INSERT INTO tasks %",
     )
 
 
