@@ -107,7 +107,7 @@ class Attempt:
     started: bool = False  # the execution owns the claim from here on
 
     @property
-    def log(self) -> dict[str, str]:
+    def log(self) -> dict[str, Any]:
         assert self.token is not None
         return log_fields(self.offer, self.token)
 
