@@ -167,7 +167,7 @@ async def a2a_endpoint(request: Request) -> Response:
     response = await branch(services, request, name, info)
     if not info.outcome:
         info.set(outcome_of(response))
-    services.metrics.requests.labels(info.agent, info.caller.partition(":")[0], info.outcome).inc()
+    services.metrics.count_request(info.agent, info.caller.partition(":")[0], info.outcome)
     services.counts.count(info.agent, info.outcome)
     request_log.write(info, response.status_code)
     return response

@@ -194,6 +194,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
+_STRICT = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -264,8 +265,11 @@ def requested_version(header: str) -> str:
 
 
 def load_json(body: bytes) -> Any:
-    """Strict JSON: no NaN or Infinity, no number too large for a float (ValueError)."""
-    return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+    """Strict JSON: no NaN or Infinity, no number too large for a float (ValueError).
+
+    As `json.loads(body, ...)` reads bytes (UTF-8, -16 or -32), with one decoder made once
+    (`json.loads` with options builds a new one per call)."""
+    return _STRICT.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
 
 
 def parse_call(body: bytes) -> Call:

@@ -50,8 +50,17 @@ class Metrics:
             ["agent", "caller", "outcome"],
             registry=self.registry,
         )
+        self.request_children: dict[tuple[str, str, str], Any] = {}  # labels() looked up once per label set
         # gauges of stored state are read from the database (asynchronously) before each scrape
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []
+
+    def count_request(self, agent: str, caller: str, outcome: str) -> None:
+        """One answered request (its labels are bounded: public agent labels, caller kinds, outcomes)."""
+        key = (agent, caller, outcome)
+        child = self.request_children.get(key)
+        if child is None:
+            child = self.request_children[key] = self.requests.labels(*key)
+        child.inc()
 
     async def endpoint(self, request: Request) -> Response:
         for refresh in self.before_scrape:

@@ -44,13 +44,17 @@ class RequestCounts:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.pending: Counter[tuple[str, str, str]] = Counter()
+        self.day, self.day_starts = "", -86400.0  # the UTC day being counted, and when it began
 
     async def create_tables(self) -> None:
         await self.db.migrate("request_counts", MIGRATIONS)
 
     def count(self, agent: str, outcome: str) -> None:
         if outcome in COUNTED:
-            self.pending[(day_of(time.time()), agent, outcome)] += 1
+            now = time.time()
+            if not self.day_starts <= now < self.day_starts + 86400:  # formatted once a day, not per answer
+                self.day, self.day_starts = day_of(now), now // 86400 * 86400
+            self.pending[(self.day, agent, outcome)] += 1
 
     async def flush(self) -> None:
         """Add the counts gathered since the last flush; kept for the next one if the store is away."""

@@ -118,6 +118,9 @@ def write(info: RequestInfo, status: int) -> None:
         logger.info("request", extra={"fields": info.fields(status)})
 
 
+REQUEST_ID_NAME = REQUEST_ID_HEADER.lower().encode()
+
+
 class RequestIds:
     """ASGI middleware: each HTTP request gets an id for its log lines and `X-Request-Id`.
 
@@ -134,7 +137,7 @@ class RequestIds:
             await self.app(scope, receive, send)
             return
         request_id = self.given(scope) or os.urandom(16).hex()
-        header = (REQUEST_ID_HEADER.lower().encode(), request_id.encode())
+        header = (REQUEST_ID_NAME, request_id.encode())
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
