@@ -1,5 +1,10 @@
 """The hooks one paid execution calls: settle after delivery, release otherwise.
 
+An upto payment is charged at its delivery: the usage the agent reported is priced
+(gate/usage_price.py), capped at the ceiling the payer authorized, and the charge is
+sealed onto the claim in the transaction that records the delivery, so whoever
+settles it later (the reconciler, a replay) collects that amount and no other.
+
 `Charges.hooks(payment, hold)` is what the server's execution is handed
 (`server.execution.DeliveryHooks`). Every write names the execution's `hold`; one that finds
 the claim taken over raises `OwnershipLost` to the server, and a claim found lost by any
@@ -14,6 +19,7 @@ from typing import Any
 from gate.claims import ENDED_STATES, ClaimLost, Claims, ClaimState, Hold
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
+from gate.sealing import Sealer
 from gate.settlement import (
     Collection,
     Payment,
@@ -22,6 +28,7 @@ from gate.settlement import (
     with_payment_metadata,
     withheld_metadata,
 )
+from gate.usage_price import Counts, UsagePrice, charge
 from server.database import commit_until_stored
 from server.execution import Collected, DeliveryHooks, OwnershipLost
 
@@ -38,21 +45,36 @@ class Charges:
         self.live: dict[Hold, DeliveryHooks] = {}
         claims.on_lost = self.lost
 
-    def hooks(self, payment: Payment, hold: Hold, *, withhold: bool) -> DeliveryHooks:
-        """The hooks an execution calls for `payment`, claimed under `hold`."""
+    def hooks(
+        self,
+        payment: Payment,
+        hold: Hold,
+        *,
+        withhold: bool,
+        usage_price: UsagePrice | None = None,
+        sealer: Sealer | None = None,
+    ) -> DeliveryHooks:
+        """The hooks an execution calls for `payment`, claimed under `hold`; with a `usage_price`
+        (upto), the delivery is charged its priced usage, sealed with `sealer`."""
         claims, live = self.claims, self.live
         outcome: list[Collection] = []
+        settled = [payment]  # what the delivery settles: the payment, or its upto charge
 
-        async def mark_delivered(task: dict[str, Any], withheld: dict[str, Any] | None) -> None:
+        async def mark_delivered(task: dict[str, Any], withheld: dict[str, Any] | None, used: Counts) -> None:
+            sealed = ""
+            if usage_price is not None:
+                assert sealer is not None
+                settled[0] = self.charge(payment, usage_price, used)
+                sealed = sealer.seal(settled[0].sealable(), payment.token_digest)
             try:  # it names the payer and the task too: a delivery is findable even if its bind failed
-                await claims.mark_delivered(hold, withheld, payer=payment.payer, task_id=task["id"])
+                await claims.mark_delivered(hold, withheld, payer=payment.payer, task_id=task["id"], sealed=sealed)
             except ClaimLost as lost:
                 live.pop(hold, None)
                 raise OwnershipLost(str(lost)) from None
 
         async def delivered(task: dict[str, Any]) -> Collected:
             try:
-                collection = await self.settler.settle(payment, task["id"], hold)
+                collection = await self.settler.settle(settled[0], task["id"], hold)
             except ClaimLost:  # delivered, then taken over while settling: the new owner records it
                 collection = Collection(ClaimState.SETTLE_FAILED, verified_metadata(HANDED_OVER))
             outcome.append(collection)
@@ -95,6 +117,13 @@ class Charges:
         )
         live[hold] = hooks
         return hooks
+
+    def charge(self, payment: Payment, usage_price: UsagePrice, used: Counts) -> Payment:
+        """The upto payment as its delivery is charged, counted by how the charge came out."""
+        charged = charge(usage_price, int(payment.amount), used, payment.agent)
+        outcome = "pricing_failed" if charged.error else "capped" if charged.capped else "priced"
+        self.metrics.usage_charges.labels(outcome).inc()
+        return payment.charged(charged)
 
     def lost(self, lost: ClaimLost) -> None:
         """A fenced write (or a renewal) found a claim of ours taken over: stop the work it covered."""

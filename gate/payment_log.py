@@ -3,7 +3,9 @@
 Actions: verify, reject, release (not delivered, not charged), settle (charged; the
 transaction), settle_failed (one settle pass failed, retried later), write_off
 (terminal: delivered, not paid), needs_attention (terminal: unknown, an operator must
-look), replay. Each row names the token by its digest only; rows are never updated or
+look), no_charge (terminal: an upto delivery charged nothing), replay. `amount` is what the row's
+payment is charged (an upto delivery's priced usage), `authorized` what its payer signed for
+(the same, but for an upto ceiling). Each row names the token by its digest only; rows are never updated or
 deleted by the gate.
 """
 
@@ -13,7 +15,17 @@ import time
 
 from server.database import Database, Migration
 
-ACTIONS = ("verify", "reject", "settle", "settle_failed", "write_off", "needs_attention", "replay", "release")
+ACTIONS = (
+    "verify",
+    "reject",
+    "settle",
+    "settle_failed",
+    "write_off",
+    "needs_attention",
+    "replay",
+    "release",
+    "no_charge",
+)
 
 
 _COLUMNS = (
@@ -30,6 +42,10 @@ MIGRATIONS = (
     Migration(
         sqlite=(f"CREATE TABLE IF NOT EXISTS payments (id INTEGER PRIMARY KEY,{_COLUMNS})", *_INDEXES),
         postgresql=(f"CREATE TABLE IF NOT EXISTS payments (id BIGSERIAL PRIMARY KEY,{_COLUMNS})", *_INDEXES),
+    ),
+    Migration(  # what the payer authorized, beside what was charged (upto)
+        sqlite=("ALTER TABLE payments ADD COLUMN authorized TEXT NOT NULL DEFAULT ''",),
+        postgresql=("ALTER TABLE payments ADD COLUMN IF NOT EXISTS authorized TEXT NOT NULL DEFAULT ''",),
     ),
 )
 
@@ -49,6 +65,7 @@ class PaymentLog:
         token_digest: str,
         payer: str = "",
         amount: str = "",
+        authorized: str = "",
         network: str = "",
         asset: str = "",
         task_id: str = "",
@@ -57,8 +74,8 @@ class PaymentLog:
     ) -> None:
         assert action in ACTIONS, action
         await self.db.execute(
-            "INSERT INTO payments (at, action, agent, task_id, token_digest, payer, amount, network, asset,"
-            ' "transaction", error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+            "INSERT INTO payments (at, action, agent, task_id, token_digest, payer, amount, authorized, network,"
+            ' asset, "transaction", error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
             (
                 time.time(),
                 action,
@@ -67,6 +84,7 @@ class PaymentLog:
                 token_digest,
                 payer,
                 amount,
+                authorized or amount,
                 network,
                 asset,
                 transaction,

@@ -216,10 +216,18 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
         await parts.release(hold)
         return await refuse(parts, attempt, "payer_not_allowed", verification.payer)
     await parts.log.append("verify", **attempt.log, payer=verification.payer)
+    price = attempt.offer.price
+    parts.metrics.authorized.labels(price.network, price.asset).inc(int(price.amount))
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
     payment = attempt.payment = replace(attempt.payment, payer=verification.payer)
     owner = f"payer:{payment.payer}"
-    hooks = parts.charges.hooks(payment, hold, withhold=attempt.terms.on_settle_failure == "withhold")
+    hooks = parts.charges.hooks(
+        payment,
+        hold,
+        withhold=attempt.terms.on_settle_failure == "withhold",
+        usage_price=price.usage,
+        sealer=parts.sealer if price.usage is not None else None,
+    )
     try:
         if attempt.pending is not None:  # in-band: the agent runs the original message of the task
             execution = await parts.in_band.start_paid(attempt.pending, agent, owner, hooks)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from server import request_log
+from server import request_log, usage
 from server.agents import AgentReply, AgentRequest
 from server.database import commit_until_stored
 from server.dialects import INTERRUPTED_STATES
@@ -57,7 +57,8 @@ class DeliveryHooks:
 
     `mark_delivered` records the delivery in the same transaction that saves the
     work, so a crash can never leave delivered work unowed or owed work undelivered
-    (a withholding agent's answer is handed to it instead of the task); `delivered`
+    (a withholding agent's answer is handed to it instead of the task), and is told what
+    the work used (the agent's usage report, plain counts); `delivered`
     then settles, records the outcome durably, mirrors it at `task.metadata` and never
     raises (its `Collected.metadata` goes on the final status message); `saved` runs inside
     the transaction that stores the final task; `abandoned` when that store gave up
@@ -67,7 +68,7 @@ class DeliveryHooks:
     the right to deliver is gone.
     """
 
-    mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None], Awaitable[None]]
+    mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None, usage.Counts], Awaitable[None]]
     delivered: Callable[[dict[str, Any]], Awaitable[Collected]]
     not_delivered: Callable[[dict[str, Any]], Awaitable[None]]
     saved: Callable[[], Awaitable[None]]
@@ -393,15 +394,16 @@ class Runner:
             return
         # Nothing of the answer is visible (the live task, its streams, tasks/get) before the
         # delivery is recorded: a delivery that could not be recorded was never made.
+        used = usage.read(reply.usage)
         try:
             if hooks.withhold:  # the answer stays out of the task, its streams and the store until paid
                 async with self.store.db.transaction():
-                    await hooks.mark_delivered(task, {"artifact": artifact, "text": text})
+                    await hooks.mark_delivered(task, {"artifact": artifact, "text": text}, used)
             else:
                 delivered = {**task, "artifacts": [*(task.get("artifacts") or []), artifact]}
                 async with self.store.db.transaction():
                     await self.store.save(delivered)
-                    await hooks.mark_delivered(delivered, None)
+                    await hooks.mark_delivered(delivered, None, used)
                 task["artifacts"] = delivered["artifacts"]
         except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
             execution.delivering = False
