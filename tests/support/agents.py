@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from server.agents import AgentReply, AgentRequest, AgentStatus
+from server.agents import AgentReply, AgentRequest, AgentStatus, Usage
 
 
 async def slow(request: AgentRequest) -> str:
@@ -73,3 +73,11 @@ async def streams_then_asks(request: AgentRequest) -> AsyncIterator[str | AgentS
         return
     yield "forecast for "
     yield AgentReply(parts=[{"kind": "text", "text": f"{request.text}: sunny"}])
+
+
+async def metered_chunks(request: AgentRequest) -> AsyncIterator[str | Usage]:
+    """Five chunks, each reported as used (`chunks`, `characters`) as it is sent."""
+    for i in range(5):
+        chunk = f"chunk {i} of {request.text}; "
+        yield chunk
+        yield Usage({"chunks": 1, "characters": len(chunk)})
