@@ -59,20 +59,33 @@ class Charges:
         claims, live = self.claims, self.live
         outcome: list[Collection] = []
         settled = [payment]  # what the delivery settles: the payment, or its upto charge
+        marked: list[bool] = []  # the claim is marked delivered (a first chunk, or the whole answer)
 
-        async def mark_delivered(task: dict[str, Any], withheld: dict[str, Any] | None, used: Counts) -> None:
+        async def record(task: dict[str, Any], withheld: dict[str, Any] | None, used: Counts) -> None:
             sealed = ""
             if usage_price is not None:
                 assert sealer is not None
-                settled[0] = self.charge(payment, usage_price, used)
+                settled[0] = payment.charged(charge(usage_price, int(payment.amount), used, payment.agent))
                 sealed = sealer.seal(settled[0].sealable(), payment.token_digest)
-            try:  # it names the payer and the task too: a delivery is findable even if its bind failed
-                await claims.mark_delivered(hold, withheld, payer=payment.payer, task_id=task["id"], sealed=sealed)
+            try:
+                if marked:  # delivered in part already: the charge follows what is delivered now
+                    await claims.recharge(hold, sealed)
+                else:  # it names the payer and the task too: a delivery is findable even if its bind failed
+                    await claims.mark_delivered(hold, withheld, payer=payment.payer, task_id=task["id"], sealed=sealed)
             except ClaimLost as lost:
                 live.pop(hold, None)
                 raise OwnershipLost(str(lost)) from None
+            marked.append(True)
+
+        async def mark_delivered(task: dict[str, Any], withheld: dict[str, Any] | None, used: Counts) -> None:
+            await record(task, withheld, used)
+
+        async def deliver_part(task: dict[str, Any], used: Counts) -> None:
+            await record(task, None, used)
 
         async def delivered(task: dict[str, Any]) -> Collected:
+            if settled[0].metered:
+                self.count_charge(settled[0])
             try:
                 collection = await self.settler.settle(settled[0], task["id"], hold)
             except ClaimLost:  # delivered, then taken over while settling: the new owner records it
@@ -114,16 +127,17 @@ class Charges:
             saved=saved,
             abandoned=abandoned,
             withhold=withhold,
+            # an upto charge follows the work delivered: a streamed answer is delivered chunk by chunk
+            deliver_part=deliver_part if usage_price is not None and not withhold else None,
         )
         live[hold] = hooks
         return hooks
 
-    def charge(self, payment: Payment, usage_price: UsagePrice, used: Counts) -> Payment:
-        """The upto payment as its delivery is charged, counted by how the charge came out."""
-        charged = charge(usage_price, int(payment.amount), used, payment.agent)
-        outcome = "pricing_failed" if charged.error else "capped" if charged.capped else "priced"
+    def count_charge(self, charged: Payment) -> None:
+        """An upto delivery's charge, counted by how it came out."""
+        usage = charged.usage
+        outcome = "pricing_failed" if usage.get("error") else "capped" if usage.get("capped") else "priced"
         self.metrics.usage_charges.labels(outcome).inc()
-        return payment.charged(charged)
 
     def lost(self, lost: ClaimLost) -> None:
         """A fenced write (or a renewal) found a claim of ours taken over: stop the work it covered."""

@@ -303,6 +303,10 @@ class Claims:
             lease=True,
         )
 
+    async def recharge(self, hold: Hold, sealed: str) -> None:
+        """More of a delivery delivered (an upto answer, chunk by chunk): the sealed charge grows with it."""
+        await self._write(hold, "recharge", (ClaimState.SETTLING,), sealed_payment=sealed, lease=True)
+
     # -- settlement outcomes (callers wrap them in one transaction with the log row) --
 
     async def settled(self, hold: Hold, receipt: dict[str, Any]) -> None:

@@ -73,6 +73,10 @@ class Progress(Protocol):
     def chunk(self, parts: list[dict[str, Any]]) -> None:
         """More of the answer: parts appended to the result artifact (an artifact-update)."""
 
+    async def checkpoint(self, used: usage.Counts) -> None:
+        """The agent moved on past the chunks it sent, having used `used` so far: where the work
+        is delivered chunk by chunk, those chunks are delivered now (a streaming agent's next yield)."""
+
 
 class NoProgress:
     """A progress nobody follows."""
@@ -81,6 +85,9 @@ class NoProgress:
         return None
 
     def chunk(self, parts: list[dict[str, Any]]) -> None:
+        return None
+
+    async def checkpoint(self, used: usage.Counts) -> None:
         return None
 
 
@@ -139,13 +146,17 @@ class PythonBackend:
 
 
 async def follow(events: AsyncGenerator[Any, Any], progress: Progress) -> AgentReply:
-    """Run a streaming agent to its end: each yield reported as progress, the answer built up."""
+    """Run a streaming agent to its end: each yield reported as progress, the answer built up.
+
+    A chunk is complete when the agent yields its next item (a `Usage` report with it counts
+    for the chunks before it): the progress may then deliver it (`Progress.checkpoint`)."""
     answer = Answer()
     used: usage.Counts = {}
     try:
         async for item in events:
             if isinstance(item, Usage):
                 used = usage.added(used, usage.read(item.counts))
+                await progress.checkpoint(used)
                 continue
             if isinstance(item, AgentReply):
                 if item.state == "completed" and not item.parts:
@@ -153,6 +164,7 @@ async def follow(events: AsyncGenerator[Any, Any], progress: Progress) -> AgentR
                 item.usage = usage.read(item.usage) or used
                 return item
             if isinstance(item, AgentStatus):
+                await progress.checkpoint(used)
                 if item.state in INTERRUPTED_STATES:
                     return AgentReply(state=item.state, parts=answer.parts, text=item.text or item.state, usage=used)
                 if item.state != "working":
@@ -164,6 +176,7 @@ async def follow(events: AsyncGenerator[Any, Any], progress: Progress) -> AgentR
             part = {"kind": "text", "text": item} if isinstance(item, str) else part_in_v03(item)
             if part is None:
                 return AgentReply.failed(f"agent yielded an unusable {type(item).__name__}")
+            await progress.checkpoint(used)
             answer.add(part)
             progress.chunk([part])
     finally:

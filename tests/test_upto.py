@@ -138,3 +138,143 @@ def test_a_failed_task_moves_nothing(upto):
     assert "PAYMENT-RESPONSE" not in answer.headers
     assert upto.balance(payer.address) == before and upto.counts()["settle"] == 0
     assert upto.rows("SELECT action FROM payments WHERE action IN ('settle', 'no_charge')") == []
+
+
+def stream_events(answer) -> list[dict]:
+    from tests.support.gate_helpers import sse_events
+
+    return [event.get("result", event) for event in sse_events(answer.text)]
+
+
+def chunk_price(chunks: list[str]) -> int:
+    """tests.support.pricing:per_chunk for these chunks."""
+    return 100 * len(chunks) + sum(len(c) for c in chunks)
+
+
+def test_a_stream_is_delivered_chunk_by_chunk_and_charged_its_usage(upto):
+    payer = Payer()
+    before = upto.balance(payer.address)
+    answer = pay_with_x402(upto.url("paid-metered-chunks"), send_body("go", method="message/stream"), payer.key)
+    assert answer.status_code == 200, answer.text
+    events = stream_events(answer)
+    chunks = [e["artifact"]["parts"][0]["text"] for e in events if e.get("kind") == "artifact-update"]
+    expected = [f"chunk {i} of go; " for i in range(5)]
+    assert chunks[:5] == expected and chunks[5] == "".join(expected)  # each chunk, then the whole answer
+    final = events[-1]
+    assert final["final"] is True and final["status"]["state"] == "completed"
+    [receipt] = final["status"]["message"]["metadata"]["x402.payment.receipts"]
+    assert receipt["amount"] == str(chunk_price(expected))
+    assert receipt["extra"]["usage"]["units"] == {"chunks": 5, "characters": sum(map(len, expected))}
+    assert upto.balance(payer.address) == before - chunk_price(expected)
+    assert len(upto.transfers()) == 1
+
+
+def test_a_stream_cut_after_two_of_five_chunks_settles_exactly_those_two(upto):
+    payer = Payer()
+    before = upto.balance(payer.address)
+    answer = pay_with_x402(upto.url("paid-metered-cut"), send_body("go", method="message/stream"), payer.key)
+    events = stream_events(answer)
+    chunks = [e["artifact"]["parts"][0]["text"] for e in events if e.get("kind") == "artifact-update"]
+    delivered = ["chunk 0; ", "chunk 1; "]
+    assert chunks == delivered
+    final = events[-1]
+    assert final["status"]["state"] == "failed"
+    [receipt] = final["status"]["message"]["metadata"]["x402.payment.receipts"]
+    assert receipt["amount"] == str(chunk_price(delivered)) and receipt["success"] is True
+    assert upto.balance(payer.address) == before - chunk_price(delivered)
+    # the stored task keeps what was delivered, and what it was charged
+    import httpx
+
+    task_id = final["taskId"]
+    [claim] = upto.rows("SELECT state, task_id FROM claims")
+    assert claim == {"state": "settled", "task_id": task_id}
+    [settle] = upto.rows("SELECT amount, authorized FROM payments WHERE action = 'settle'")
+    assert settle == {"amount": str(chunk_price(delivered)), "authorized": str(CEILING)}
+    assert httpx.get(f"{upto.gate.url}/healthz").status_code == 200
+
+
+def test_a_stream_canceled_after_two_chunks_settles_what_was_delivered(upto, tmp_path):
+    import threading
+
+    import httpx
+
+    from devnet.payer import encode_header
+    from tests.support.upto import sign_upto
+
+    payer = Payer()
+    before = upto.balance(payer.address)
+    headers = {"PAYMENT-SIGNATURE": encode_header(sign_upto(upto.offer("paid-metered-waits"), payer.key))}
+    signal = tmp_path / "never"
+    seen: list[dict] = []
+    two = threading.Event()
+
+    def follow() -> None:
+        body = send_body(str(signal), method="message/stream")
+        with httpx.stream("POST", upto.url("paid-metered-waits"), json=body, headers=headers, timeout=30) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data:"):
+                    import json
+
+                    seen.append(json.loads(line[5:])["result"])
+                    if sum(e.get("kind") == "artifact-update" for e in seen) == 2:
+                        two.set()
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    assert two.wait(15), seen
+    task_id = seen[-1]["taskId"]
+    cancel = {"jsonrpc": "2.0", "id": 2, "method": "tasks/cancel", "params": {"id": task_id}}
+    canceled = httpx.post(upto.url("paid-metered-waits"), json=cancel, headers=headers, timeout=30).json()
+    reader.join(15)
+    assert canceled["result"]["status"]["state"] == "canceled", canceled
+    delivered = ["chunk 0; ", "chunk 1; "]
+    final = seen[-1]
+    assert final["final"] is True and final["status"]["state"] == "canceled"
+    [receipt] = final["status"]["message"]["metadata"]["x402.payment.receipts"]
+    assert receipt["amount"] == str(chunk_price(delivered))
+    assert upto.balance(payer.address) == before - chunk_price(delivered)
+
+
+def test_v1_dialect_send_message_is_charged_its_usage(upto):
+    payer = Payer()
+    before = upto.balance(payer.address)
+    text = "v1 dialect"
+    answer = pay_with_x402(
+        upto.url("paid-metered"), send_body(text, method="SendMessage"), payer.key, {"A2A-Version": "1.0"}
+    )
+    task = answer.json()["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    receipt = task["metadata"]["x402.payment.receipts"][-1]
+    assert receipt == decode_header(answer.headers["PAYMENT-RESPONSE"])
+    assert receipt["amount"] == str(UNIT_PRICE * len(text))
+    assert upto.balance(payer.address) == before - UNIT_PRICE * len(text)
+
+
+@pytest.mark.parametrize("method", ["message/send", "SendMessage"])
+def test_a_non_blocking_send_polled_with_tasks_get_is_charged_once(upto, method):
+    import httpx
+
+    from devnet.payer import encode_header
+    from tests.support.gate_helpers import poll
+    from tests.support.upto import sign_upto
+
+    payer = Payer()
+    before = upto.balance(payer.address)
+    headers = {"PAYMENT-SIGNATURE": encode_header(sign_upto(upto.offer("paid-metered-chunks"), payer.key))}
+    if method == "SendMessage":
+        headers["A2A-Version"] = "1.0"
+    started = httpx.post(
+        upto.url("paid-metered-chunks"), json=send_body("later", method=method, blocking=False), headers=headers
+    ).json()["result"]
+    task_id = started["task"]["id"] if "task" in started else started["id"]
+    get = {"jsonrpc": "2.0", "id": 3, "method": "tasks/get" if method == "message/send" else "GetTask"}
+    get["params"] = {"id": task_id}
+
+    def fetch() -> dict:
+        return httpx.post(upto.url("paid-metered-chunks"), json=get, headers=headers).json()["result"]
+
+    done = poll(fetch, lambda t: "receipts" in str(t.get("metadata", {})))
+    expected = [f"chunk {i} of later; " for i in range(5)]
+    assert done["metadata"]["x402.payment.receipts"][-1]["amount"] == str(chunk_price(expected))
+    assert upto.balance(payer.address) == before - chunk_price(expected)
+    assert len(upto.transfers()) == 1

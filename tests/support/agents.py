@@ -81,3 +81,25 @@ async def metered_chunks(request: AgentRequest) -> AsyncIterator[str | Usage]:
         chunk = f"chunk {i} of {request.text}; "
         yield chunk
         yield Usage({"chunks": 1, "characters": len(chunk)})
+
+
+async def metered_cut(request: AgentRequest) -> AsyncIterator[str | Usage]:
+    """Would send five chunks; its stream is cut after two (it raises): those two were delivered."""
+    for i in range(5):
+        if i == 2:
+            raise ConnectionError("the model's stream was cut")
+        chunk = f"chunk {i}; "
+        yield chunk
+        yield Usage({"chunks": 1, "characters": len(chunk)})
+
+
+async def metered_until_told(request: AgentRequest) -> AsyncIterator[str | Usage]:
+    """Two chunks, each reported; then waits for the file its message names before three more."""
+    for i in range(5):
+        if i == 2:
+            signal = Path(request.text)
+            while not signal.exists():
+                await asyncio.sleep(0.02)
+        chunk = f"chunk {i}; "
+        yield chunk
+        yield Usage({"chunks": 1, "characters": len(chunk)})

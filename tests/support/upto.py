@@ -66,6 +66,16 @@ backend = "python"
 callable = "tests.support.agents:metered_chunks"
 price = {upto_price('{ callable = "tests.support.pricing:per_chunk" }')}
 
+[agents.paid-metered-cut]
+backend = "python"
+callable = "tests.support.agents:metered_cut"
+price = {upto_price('{ callable = "tests.support.pricing:per_chunk" }')}
+
+[agents.paid-metered-waits]
+backend = "python"
+callable = "tests.support.agents:metered_until_told"
+price = {upto_price('{ callable = "tests.support.pricing:per_chunk" }')}
+
 [agents.paid-metered-asks]
 backend = "python"
 callable = "tests.support.agents:streams_then_asks"
