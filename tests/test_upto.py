@@ -278,3 +278,69 @@ def test_a_non_blocking_send_polled_with_tasks_get_is_charged_once(upto, method)
     assert done["metadata"]["x402.payment.receipts"][-1]["amount"] == str(chunk_price(expected))
     assert upto.balance(payer.address) == before - chunk_price(expected)
     assert len(upto.transfers()) == 1
+
+
+def test_each_turn_of_an_input_required_task_is_charged_what_it_delivered(upto):
+    import httpx
+
+    from devnet.payer import encode_header
+    from tests.support.upto import sign_upto
+
+    payer = Payer()
+    before = upto.balance(payer.address)
+
+    def paying() -> dict[str, str]:
+        return {"PAYMENT-SIGNATURE": encode_header(sign_upto(upto.offer("paid-metered-asks"), payer.key))}
+
+    first = httpx.post(upto.url("paid-metered-asks"), json=send_body("weather?"), headers=paying(), timeout=30)
+    task = first.json()["result"]
+    assert task["status"]["state"] == "input-required"
+    turn_one = UNIT_PRICE * len("looking up ")
+    assert receipts(first)[0]["amount"] == str(turn_one)  # the pause settled what the turn delivered
+    assert upto.balance(payer.address) == before - turn_one
+    second = httpx.post(
+        upto.url("paid-metered-asks"), json=send_body("Paris", task_id=task["id"]), headers=paying(), timeout=30
+    )
+    done = second.json()["result"]
+    assert done["id"] == task["id"] and done["status"]["state"] == "completed"
+    turn_two = UNIT_PRICE * len("forecast for Paris: sunny")
+    assert receipts(second)[0]["amount"] == str(turn_two)
+    assert upto.balance(payer.address) == before - turn_one - turn_two
+    assert [t["amount"] for t in upto.transfers()] == [turn_one, turn_two]
+
+
+def test_an_in_band_payment_is_offered_the_ceiling_and_charged_the_usage(upto):
+    import httpx
+
+    from tests.support.in_band import ACTIVATE, offer_v1, paying_body, task_of
+    from tests.support.upto import sign_upto
+
+    payer = Payer()
+    before = upto.balance(payer.address)
+    text = "in band, metered"
+    asked = httpx.post(upto.url("paid-metered"), json=send_body(text), headers=ACTIVATE).json()["result"]
+    assert task_of(asked)["status"]["state"] == "input-required"
+    offer = offer_v1(task_of(asked))
+    assert offer["scheme"] == "upto" and offer["maxAmountRequired"] == str(CEILING)
+    assert offer["extra"]["facilitatorAddress"] and offer["extra"]["assetTransferMethod"] == "permit2"
+    # the payer signs the same requirements in x402 v2 (the upto client speaks v2 only)
+    requirements = {
+        "scheme": "upto",
+        "network": "eip155:84532",
+        "asset": offer["asset"],
+        "amount": offer["maxAmountRequired"],
+        "payTo": offer["payTo"],
+        "maxTimeoutSeconds": offer["maxTimeoutSeconds"],
+        "extra": offer["extra"],
+    }
+    required = {"x402Version": 2, "resource": {"url": offer["resource"]}, "accepts": [requirements]}
+    payload = sign_upto(required, payer.key)
+    paid = httpx.post(
+        upto.url("paid-metered"), json=paying_body("pay", asked["id"], payload), headers=ACTIVATE, timeout=30
+    )
+    task = task_of(paid.json()["result"])
+    assert task["status"]["state"] == "completed"
+    [receipt] = task["metadata"]["x402.payment.receipts"]
+    assert receipt == decode_header(paid.headers["PAYMENT-RESPONSE"])
+    assert receipt["amount"] == str(UNIT_PRICE * len(text))  # the original message's answer, not "pay"
+    assert upto.balance(payer.address) == before - UNIT_PRICE * len(text)

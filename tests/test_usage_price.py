@@ -153,7 +153,9 @@ def upto_payload(**changes: Any) -> dict[str, Any]:
         "witness": {"to": PAY_TO, "facilitator": FACILITATOR, "validAfter": "0"},
     }
     for key, value in changes.items():
-        target = auth["witness"] if key in auth["witness"] else auth["permitted"] if key in ("token", "amount") else auth
+        target = (
+            auth["witness"] if key in auth["witness"] else auth["permitted"] if key in ("token", "amount") else auth
+        )
         target[key] = value
     return {"permit2Authorization": auth, "signature": "0x" + "11" * 65}
 

@@ -103,3 +103,13 @@ async def metered_until_told(request: AgentRequest) -> AsyncIterator[str | Usage
         chunk = f"chunk {i}; "
         yield chunk
         yield Usage({"chunks": 1, "characters": len(chunk)})
+
+
+async def metered_asks(request: AgentRequest) -> AsyncIterator[str | Usage | AgentStatus]:
+    """Streams a chunk and reports it, then pauses to ask; on the next turn streams and reports one more."""
+    first = len([m for m in request.history if m.get("role") == "user"]) < 2
+    chunk = "looking up " if first else f"forecast for {request.text}: sunny"
+    yield chunk
+    yield Usage({"characters": len(chunk)})
+    if first:
+        yield AgentStatus("input-required", "Which city?")

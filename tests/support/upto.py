@@ -78,7 +78,7 @@ price = {upto_price('{ callable = "tests.support.pricing:per_chunk" }')}
 
 [agents.paid-metered-asks]
 backend = "python"
-callable = "tests.support.agents:streams_then_asks"
+callable = "tests.support.agents:metered_asks"
 price = {upto_price(PER_CHARACTER)}
 """
 
