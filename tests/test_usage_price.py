@@ -197,7 +197,6 @@ def test_an_upto_payload_with_an_extra_witness_key_is_refused():
 
 def test_the_dev_facilitator_address_the_gate_names_is_the_development_network_s():
     from devnet.chain import FACILITATOR_ADDRESS
-
     from gate.config import DEV_FACILITATOR_ADDRESS
 
     assert DEV_FACILITATOR_ADDRESS == FACILITATOR_ADDRESS
