@@ -127,6 +127,8 @@ class SimulatedContracts(Protocol):
 
     def receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None: ...
 
+    def logs(self) -> list[dict[str, Any]]: ...
+
 
 def _function_table() -> FunctionTable:
     """Selector -> (name, input types, output types) for the calls multicall may batch."""
@@ -458,11 +460,13 @@ class ChainRpc:
     """The little Ethereum JSON-RPC a settlement checker needs, answered from the ledger.
 
     ``eth_call`` runs any view function the simulated contracts know (among them
-    ``authorizationState``); ``eth_getLogs`` returns the ``AuthorizationUsed`` log of a
-    transfer's authorization, or the ``AuthorizationCanceled`` log of a canceled one;
+    ``authorizationState``, and Permit2's ``nonceBitmap``); ``eth_getLogs`` returns the
+    ``AuthorizationUsed`` log of a transfer's authorization, or the ``AuthorizationCanceled``
+    log of a canceled one, and any other filter (an ERC-20 ``Transfer(from, to)``) by a scan;
     ``eth_getTransactionReceipt`` returns a transaction's receipt in the standard shape: a
     transfer's carries its ``AuthorizationUsed`` and ERC-20 ``Transfer`` logs, a cancel's its
-    ``AuthorizationCanceled`` log, an unknown hash is null.
+    ``AuthorizationCanceled`` log, a Permit2 proxy settle's the ``Transfer`` and the proxy's
+    ``Settled()``; an unknown hash is null.
     """
 
     def __init__(self, signer: LedgerEvmSigner) -> None:
@@ -500,7 +504,7 @@ class ChainRpc:
             raise JsonRpcError(-32602, "eth_getLogs needs a filter with topics")
         topics = query["topics"]
         if len(topics) != 3 or topics[0] not in (AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC):
-            return []  # the dev chain only indexes AuthorizationUsed / AuthorizationCanceled(authorizer, nonce)
+            return self._scan_logs(query.get("address"), topics)
         ledger, network = self.signer.ledger, self.signer.network
         try:
             asset = to_checksum_address(query.get("address"))
@@ -550,6 +554,32 @@ class ChainRpc:
             "status": "0x1",
             "logs": logs,
         }
+
+    def _scan_logs(self, address: Any, topics: list[Any]) -> list[dict[str, Any]]:
+        """Any other filter (an ERC-20 ``Transfer(from, to)``, say): every log of every transaction, filtered.
+
+        Indexed lookups are for the ``AuthorizationUsed``/``AuthorizationCanceled`` queries; this is a
+        scan, fine for a development chain. A topic or address is a value, a list of values, or null.
+        """
+
+        def matches(wanted: Any, value: str) -> bool:
+            if wanted is None:
+                return True
+            options = wanted if isinstance(wanted, list) else [wanted]
+            return any(isinstance(o, str) and o.lower() == value.lower() for o in options)
+
+        ledger, logs = self.signer.ledger, []
+        for transfer in ledger.settlements():
+            logs += transfer_logs(transfer, transfer["tx_hash"])
+        for contract in set(self.signer.contracts.values()):
+            logs += contract.logs()
+        return [
+            log
+            for log in logs
+            if matches(address, log["address"])
+            and len(topics) <= len(log["topics"])
+            and all(matches(t, v) for t, v in zip(topics, log["topics"], strict=False))
+        ]
 
     def _contract_receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
         for contract in set(self.signer.contracts.values()):

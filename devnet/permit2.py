@@ -209,6 +209,10 @@ class Permit2Contracts:
         row = self.settlement(tx_hash)
         return None if row is None else (row["proxy"], settlement_logs(row))
 
+    def logs(self) -> list[dict[str, Any]]:
+        """Every log of every settlement, oldest first."""
+        return [log for row in self.settlements() for log in settlement_logs(row)]
+
     # -- state ---------------------------------------------------------------
 
     def nonce_bitmap(self, owner: str, word_pos: int) -> int:
