@@ -1,7 +1,7 @@
 """Usage pricing (x402 `upto`) against a real gate process and the x402 package's own upto client.
 
-The facilitator runs the x402 package's upto facilitator scheme over the development ledger
-(tests/support/upto_facilitator.py). The payer authorizes the ceiling; the gate settles the
+The facilitator is the development facilitator: the x402 package's upto facilitator scheme over
+the development chain with Permit2 and x402's upto proxy (devnet/permit2.py). The payer authorizes the ceiling; the gate settles the
 usage the agent reported, priced, once; the payer's balance falls by exactly the receipt's
 amount; undelivered work and a pricing that fails move nothing.
 """
@@ -17,10 +17,10 @@ from tests.support.upto import CEILING, UNIT_PRICE, UptoSetup, pay_with_x402, up
 
 @pytest.fixture
 def upto(tmp_path, start_gate, write_config):
+    from devnet.facilitator import create_facilitator_app
     from tests.support.serve import serve_app
-    from tests.support.upto_facilitator import create_upto_facilitator_app
 
-    with serve_app(create_upto_facilitator_app(str(tmp_path / "ledger.db")), wait_on_exit=False) as facilitator:
+    with serve_app(create_facilitator_app(str(tmp_path / "ledger.db")), wait_on_exit=False) as facilitator:
         port = free_port()
         config = write_config(upto_config(f"http://127.0.0.1:{port}", facilitator))
         yield UptoSetup(start_gate(config, port=port), facilitator, tmp_path / "gate.db")
@@ -99,7 +99,7 @@ def test_a_replay_of_the_signature_settles_nothing_more(upto):
     assert first.status_code == 200 and again.headers.get("X-Idempotent-Replay") == "true"
     assert receipts(again)[0] == receipts(first)[0]
     assert (other.status_code, other.json()["error"]) == (403, "payment_already_used")
-    assert len(upto.transfers()) == 1 and upto.counts()["settle"] == 1
+    assert len(upto.transfers()) == 1 and upto.settle_calls() == 1
 
 
 def test_usage_priced_above_the_ceiling_is_charged_the_ceiling(upto):
@@ -123,7 +123,7 @@ def test_a_pricing_callable_that_raises_charges_nothing(upto):
     assert header == receipt and receipt["amount"] == "0" and receipt["transaction"] == ""
     assert receipt["extra"]["usage"]["error"] == "pricing_failed: RuntimeError"
     assert upto.balance(payer.address) == before
-    assert upto.counts()["settle"] == 0 and upto.transfers() == []
+    assert upto.settle_calls() == 0 and upto.transfers() == []
     [claim] = upto.rows("SELECT state, last_error FROM claims")
     assert claim == {"state": "no_charge", "last_error": "pricing_failed: RuntimeError"}
     [row] = upto.rows("SELECT amount, authorized, error FROM payments WHERE action = 'no_charge'")
@@ -136,7 +136,7 @@ def test_a_failed_task_moves_nothing(upto):
     answer = pay_with_x402(upto.url("paid-metered-broken"), send_body("fail"), payer.key)
     assert answer.json()["result"]["status"]["state"] == "failed"
     assert "PAYMENT-RESPONSE" not in answer.headers
-    assert upto.balance(payer.address) == before and upto.counts()["settle"] == 0
+    assert upto.balance(payer.address) == before and upto.settle_calls() == 0
     assert upto.rows("SELECT action FROM payments WHERE action IN ('settle', 'no_charge')") == []
 
 

@@ -136,15 +136,28 @@ class UptoSetup:
     def url(self, agent: str) -> str:
         return f"{self.gate.url}/a2a/{agent}"
 
+    def ledger(self, *addresses: str) -> dict[str, Any]:
+        params = [("address", a) for a in addresses] + [("asset", ASSET)]
+        return dict(httpx.get(f"{self.facilitator_url}/dev/ledger", params=params, timeout=10).json())
+
     def balance(self, address: str) -> int:
-        answer = httpx.get(f"{self.facilitator_url}/dev/balance/{address}", params={"asset": ASSET})
-        return int(answer.json()["balance"])
+        """The address's balance on the development chain."""
+        return int(self.ledger(address)["balances"][address])
 
     def transfers(self) -> list[dict[str, Any]]:
-        return list(httpx.get(f"{self.facilitator_url}/dev/counts").json()["transfers"])
+        """The upto proxy's settlements on the development chain: amount, from, to, ceiling."""
+        return [
+            {
+                "amount": int(s["amount"]),
+                "from": s["from_address"],
+                "to": s["to_address"],
+                "ceiling": s["permitted_amount"],
+            }
+            for s in self.ledger()["permit2_settlements"]
+        ]
 
-    def counts(self) -> dict[str, Any]:
-        return dict(httpx.get(f"{self.facilitator_url}/dev/counts").json())
+    def settle_calls(self) -> int:
+        return int(self.ledger()["settle_calls"])
 
     def offer(self, agent: str) -> dict[str, Any]:
         from tests.support.paid import send_body
