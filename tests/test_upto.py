@@ -344,3 +344,47 @@ def test_an_in_band_payment_is_offered_the_ceiling_and_charged_the_usage(upto):
     assert receipt == decode_header(paid.headers["PAYMENT-RESPONSE"])
     assert receipt["amount"] == str(UNIT_PRICE * len(text))  # the original message's answer, not "pay"
     assert upto.balance(payer.address) == before - UNIT_PRICE * len(text)
+
+
+RAISING_COPY = """
+[agents.paid-metered-raising]
+description = "paid-metered, priced by a callable that raises"
+price = { scheme = "upto", network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318f3dCF7e", pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C", ceiling = "50000", facilitator_address = "0xFB0b6D1F8B44CAeaC383d5AC8C0b374BB08E2619", usage = { callable = "operator_pricing:price" } }
+"""
+
+
+def test_the_example_configuration_serves_paid_metered_with_the_dev_facilitator(tmp_path):
+    """The first README command on the shipped example, with a raising copy of the agent beside it."""
+    import shutil
+
+    from tests.support.gate_process import GateProcess
+
+    config = tmp_path / "a2a-gate.toml"
+    shutil.copy("config/a2a-gate.example.toml", config)
+    with config.open("a") as file:
+        file.write(RAISING_COPY)
+    (tmp_path / "operator_pricing.py").write_text("def price(usage):\n    raise ZeroDivisionError('oops')\n")
+    facilitator_port = free_port()
+    gate = GateProcess(config, tmp_path / "gate.log", extra_args=["--dev-facilitator", str(facilitator_port)])
+    gate.start(timeout=90)
+    try:
+        upto = UptoSetup(gate, f"http://127.0.0.1:{facilitator_port}", tmp_path / "a2a-gate.db")
+        [accepted] = upto.offer("paid-metered")["accepts"]
+        assert (accepted["scheme"], accepted["amount"]) == ("upto", "50000")
+        payer = Payer()
+        before = upto.balance(payer.address)
+        amounts = []
+        for text in ("hi", "a longer answer"):
+            answer = pay_with_x402(upto.url("paid-metered"), send_body(text), payer.key)
+            header, receipt = receipts(answer)
+            assert header == receipt and receipt["extra"]["usage"]["units"] == {"characters": len(text)}
+            amounts.append(int(receipt["amount"]))
+        assert amounts == [10 * 2, 10 * 15] and max(amounts) < 50000
+        assert upto.balance(payer.address) == before - sum(amounts)
+        assert [t["amount"] for t in upto.transfers()] == amounts  # once each
+        free = pay_with_x402(upto.url("paid-metered-raising"), send_body("no charge"), payer.key)
+        assert free.status_code == 200 and receipts(free)[0]["amount"] == "0"
+        assert upto.balance(payer.address) == before - sum(amounts) and len(upto.transfers()) == 2
+        assert "pricing its usage failed (ZeroDivisionError)" in (tmp_path / "gate.log").read_text()
+    finally:
+        gate.stop()
