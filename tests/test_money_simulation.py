@@ -248,25 +248,46 @@ class MoneyWorld(RuleBasedStateMachine):
     @rule(
         which=st.integers(0, 63),
         then=st.sampled_from(FINISHES),
-        units=st.one_of(st.just(0), st.integers(1, 10_000)),
+        units=st.one_of(st.just(0), st.integers(1, 100), st.integers(1, 10_000)),
     )
     def finish(self, which: int, then: str, units: int) -> None:
         """One agent call ends (on a replica that is running): it fails, or it completes (having
         used `units`, which a usage-priced agent is charged by) and the facilitator answers its
         settle as `then` says."""
-        fail = then == "agent fails"
-        if not fail:
-            self.world.facilitator.mode = then
         calls = [c for c in money_world.CALLS.values() if any(c.task_id in r.services.runner.live for r in self.live())]
         if not calls:
             return
-        call = calls[which % len(calls)]
+        self.finish_call(calls[which % len(calls)], then, units)
+
+    def finish_call(self, call: money_world.Call, then: str, units: int) -> None:
+        fail = then == "agent fails"
+        if not fail:
+            self.world.facilitator.mode = then
         call.fail, call.units = fail, units
         token = next(t for t in self.world.tokens if t.text == call.text)
         if token.metered and not fail:
             self.world.priced[call.task_id] = priced(token.agent, units)
         call.done.set()
         self.run(self.quiet())
+
+    @rule(
+        agent=st.sampled_from(list(CEILINGS)),
+        pick=st.integers(0, 7),
+        then=st.sampled_from(FINISHES),
+        units=st.one_of(st.just(0), st.integers(1, 100), st.integers(1, 10_000)),
+    )
+    def pay_metered(self, agent: str, pick: int, then: str, units: int) -> None:
+        """A usage-priced request, run to its end at once: the agent fails, or completes having used
+        `units` and its settle is answered as `then` says (where the charge meets every settle outcome)."""
+        replica = self.replica(pick)
+        if replica is None:
+            return
+        token = self.world.new_token(agent)
+        self.start(replica, token)
+        self.run(self.quiet())
+        call = next((c for c in money_world.CALLS.values() if c.text == token.text), None)
+        if call is not None:
+            self.finish_call(call, then, units)
 
     @rule(mode=st.sampled_from(money_world.Facilitator.MODES))
     def facilitator(self, mode: str) -> None:
@@ -454,6 +475,7 @@ class MoneyWorld(RuleBasedStateMachine):
             if any(call.task_id in r.services.runner.live for r in self.live()):
                 token = next(t for t in self.world.tokens if t.text == call.text)
                 if token.metered:
+                    call.units = 1 + token.index * 37 % 2000  # some usage, capped or not
                     self.world.priced[call.task_id] = priced(token.agent, call.units)
                 call.done.set()
         self.run(self.quiet())
