@@ -95,6 +95,7 @@ class Run:
         elif isinstance(event, TaskArtifactUpdateEvent):
             update = MessageToDict(event)
             self.report(update.get("metadata"))
+            self.report((update.get("artifact") or {}).get("metadata"))  # TaskUpdater.add_artifact(metadata=...)
             parts = self.artifact(update.get("artifact") or {}, append=update.get("append") is True)
             if parts:
                 self.progress.chunk(parts)

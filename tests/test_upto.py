@@ -70,6 +70,27 @@ def test_a_blocking_send_settles_the_priced_usage_once_below_the_ceiling(upto):
     assert settle == {"amount": str(charged), "authorized": str(CEILING), "payer": payer.address.lower()}
     [verify] = upto.rows("SELECT amount, authorized FROM payments WHERE action = 'verify'")
     assert verify == {"amount": str(CEILING), "authorized": str(CEILING)}
+    # metrics count both: what was authorized, what was charged
+    import httpx
+
+    metrics = httpx.get(f"{upto.gate.url}/metrics").text
+    money = 'asset="0x036CbD53842c5426634e7929541eC2318f3dCF7e",network="eip155:84532"'
+    assert f"a2a_gate_authorized_atomic_total{{{money}}} {float(CEILING)}" in metrics
+    assert f"a2a_gate_revenue_atomic_total{{{money}}} {float(charged)}" in metrics
+    assert 'a2a_gate_usage_charges_total{outcome="priced"} 1.0' in metrics
+    # and `a2a-gate payments` shows the charged amount beside the authorized one
+    import subprocess
+    import sys
+
+    listing = subprocess.run(
+        [sys.executable, "-m", "gate.cli", "payments", "--action", "settle", "--config", str(upto.gate.config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    header, row = listing.splitlines()
+    columns = dict(zip(header.split("\t"), row.split("\t"), strict=True))
+    assert (columns["amount"], columns["authorized"]) == (str(charged), str(CEILING))
 
 
 def test_a_longer_answer_costs_more(upto):

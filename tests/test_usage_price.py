@@ -200,3 +200,14 @@ def test_the_dev_facilitator_address_the_gate_names_is_the_development_network_s
     from gate.config import DEV_FACILITATOR_ADDRESS
 
     assert DEV_FACILITATOR_ADDRESS == FACILITATOR_ADDRESS
+
+
+def test_the_embedded_defaults_price_paid_metered_as_the_example_configuration_does():
+    from dataclasses import replace
+
+    from gate.config import default_settings, load_config
+
+    example = load_config("config/a2a-gate.example.toml").anonymous.price("paid-metered")
+    embedded = default_settings().anonymous.price("paid-metered")
+    assert replace(example, max_timeout_seconds=embedded.max_timeout_seconds) == embedded
+    assert default_settings().agents["paid-metered"].backend == "echo"
