@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
@@ -57,8 +58,10 @@ __all__ = [
     "REVERT_INVALID_SIGNATURE",
     "TRANSFER_TOPIC",
     "ChainRpc",
+    "FunctionTable",
     "JsonRpcError",
     "LedgerEvmSigner",
+    "SimulatedContracts",
     "TokenInfo",
     "cancel_authorization_digest",
     "default_tokens",
@@ -102,7 +105,32 @@ def default_tokens(network: str = DEV_NETWORK) -> dict[str, TokenInfo]:
     }
 
 
-def _function_table() -> dict[bytes, tuple[str, list[str], list[str]]]:
+#: Selector -> (name, input types, output types).
+FunctionTable = dict[bytes, tuple[str, list[str], list[str]]]
+
+
+class SimulatedContracts(Protocol):
+    """Contracts the dev chain plays beside its tokens (``devnet.permit2``: Permit2 and x402's proxies).
+
+    ``LedgerEvmSigner`` sends them the calls and transactions addressed to one of ``addresses``,
+    asks them for the token allowances they hold, and for the receipts of what they did.
+    """
+
+    addresses: frozenset[str]
+    functions: FunctionTable  # the selectors eth_call may name
+
+    def call(self, target: str, function_name: str, args: tuple[Any, ...], sender: str) -> Any: ...
+
+    def transact(self, target: str, function_name: str, args: tuple[Any, ...], sender: str) -> str: ...
+
+    def allowance(self, owner: str, spender: str) -> int: ...
+
+    def receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None: ...
+
+    def logs(self) -> list[dict[str, Any]]: ...
+
+
+def _function_table() -> FunctionTable:
     """Selector -> (name, input types, output types) for the calls multicall may batch."""
     abis: list[list[dict[str, Any]]] = [
         BALANCE_OF_ABI,
@@ -172,6 +200,7 @@ class LedgerEvmSigner:
         tokens: dict[str, TokenInfo] | None = None,
         trust_signatures: bool = False,
         address: str = FACILITATOR_ADDRESS,
+        contracts: Sequence[SimulatedContracts] = (),
     ) -> None:
         self.ledger = ledger
         self.network = network
@@ -179,6 +208,10 @@ class LedgerEvmSigner:
         self.tokens = {to_checksum_address(a): info for a, info in (tokens or default_tokens(network)).items()}
         self.trust_signatures = trust_signatures
         self.address = to_checksum_address(address)
+        self.contracts = {a: c for c in contracts for a in c.addresses}
+        self.functions: FunctionTable = {**_FUNCTIONS}
+        for c in contracts:
+            self.functions.update(c.functions)
 
     # -- FacilitatorEvmSigner ------------------------------------------------
 
@@ -189,7 +222,7 @@ class LedgerEvmSigner:
         return self.chain_id
 
     def get_code(self, address: str) -> bytes:
-        if to_checksum_address(address) in self.tokens:
+        if to_checksum_address(address) in self.tokens or to_checksum_address(address) in self.contracts:
             return _TOKEN_CODE
         return _TRUSTING_WALLET_CODE if self.trust_signatures else b""
 
@@ -207,6 +240,9 @@ class LedgerEvmSigner:
         *args: Any,
         data_suffix: str | None = None,
     ) -> str:
+        contract = self.contracts.get(to_checksum_address(address))
+        if contract is not None:
+            return contract.transact(address, function_name, args, self.address)
         token = self.tokens.get(to_checksum_address(address))
         if token is None or function_name != "transferWithAuthorization":
             raise LedgerRevert(f"dev ledger cannot execute {function_name} on {address}")
@@ -221,6 +257,10 @@ class LedgerEvmSigner:
     def wait_for_transaction_receipt(self, tx_hash: str) -> TransactionReceipt:
         row = self.ledger.settlement(tx_hash)
         if row is None:
+            for contract in set(self.contracts.values()):
+                found = contract.receipt(tx_hash)
+                if found is not None:
+                    return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=found[1])
             raise RuntimeError(f"transaction {tx_hash} not found in the dev ledger")
         return TransactionReceipt(
             status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=transfer_logs(row, row["tx_hash"])
@@ -288,10 +328,12 @@ class LedgerEvmSigner:
 
     # -- the simulated contracts ---------------------------------------------
 
-    def _call(self, address: str, function_name: str, args: tuple[Any, ...]) -> Any:
+    def _call(self, address: str, function_name: str, args: tuple[Any, ...], sender: str | None = None) -> Any:
         target = to_checksum_address(address)
         if target == MULTICALL3_ADDRESS and function_name == "tryAggregate":
             return self._try_aggregate(args[1])
+        if target in self.contracts:
+            return self.contracts[target].call(target, function_name, args, sender or self.address)
         token = self.tokens.get(target)
         if token is not None:
             return self._token_call(target, token, function_name, args)
@@ -317,8 +359,8 @@ class LedgerEvmSigner:
             return token.symbol
         if function_name == "decimals":
             return token.decimals
-        if function_name == "allowance":
-            return 0  # no approvals exist on the dev chain
+        if function_name == "allowance":  # no approvals but those the simulated contracts hold
+            return max((c.allowance(args[0], args[1]) for c in self.contracts.values()), default=0)
         raise LedgerRevert(f"dev token does not implement {function_name}")
 
     def _transfer_from_args(self, asset: str, args: tuple[Any, ...]) -> tuple[Transfer, bytes]:
@@ -361,7 +403,7 @@ class LedgerEvmSigner:
         """Multicall3 ``tryAggregate(false, calls)``: each call succeeds or reverts alone."""
         results = []
         for target, call_data in calls:
-            entry = _FUNCTIONS.get(bytes(call_data[:4]))
+            entry = self.functions.get(bytes(call_data[:4]))
             if entry is None:
                 results.append((False, _encode_revert("unknown function selector")))
                 continue
@@ -418,11 +460,13 @@ class ChainRpc:
     """The little Ethereum JSON-RPC a settlement checker needs, answered from the ledger.
 
     ``eth_call`` runs any view function the simulated contracts know (among them
-    ``authorizationState``); ``eth_getLogs`` returns the ``AuthorizationUsed`` log of a
-    transfer's authorization, or the ``AuthorizationCanceled`` log of a canceled one;
+    ``authorizationState``, and Permit2's ``nonceBitmap``); ``eth_getLogs`` returns the
+    ``AuthorizationUsed`` log of a transfer's authorization, or the ``AuthorizationCanceled``
+    log of a canceled one, and any other filter (an ERC-20 ``Transfer(from, to)``) by a scan;
     ``eth_getTransactionReceipt`` returns a transaction's receipt in the standard shape: a
     transfer's carries its ``AuthorizationUsed`` and ERC-20 ``Transfer`` logs, a cancel's its
-    ``AuthorizationCanceled`` log, an unknown hash is null.
+    ``AuthorizationCanceled`` log, a Permit2 proxy settle's the ``Transfer`` and the proxy's
+    ``Settled()``; an unknown hash is null.
     """
 
     def __init__(self, signer: LedgerEvmSigner) -> None:
@@ -446,9 +490,9 @@ class ChainRpc:
             raise JsonRpcError(-32602, "eth_call needs {to, data}")
         try:
             data = bytes.fromhex(tx["data"].removeprefix("0x"))
-            name, input_types, output_types = _FUNCTIONS[data[:4]]
+            name, input_types, output_types = self.signer.functions[data[:4]]
             args = tuple(abi_decode(input_types, data[4:]))
-            value = self.signer._call(tx["to"], name, args)
+            value = self.signer._call(tx["to"], name, args, tx.get("from"))
         except LedgerRevert as exc:
             raise JsonRpcError(3, str(exc)) from None
         except (KeyError, ValueError, TypeError) as exc:
@@ -460,7 +504,7 @@ class ChainRpc:
             raise JsonRpcError(-32602, "eth_getLogs needs a filter with topics")
         topics = query["topics"]
         if len(topics) != 3 or topics[0] not in (AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC):
-            return []  # the dev chain only indexes AuthorizationUsed / AuthorizationCanceled(authorizer, nonce)
+            return self._scan_logs(query.get("address"), topics)
         ledger, network = self.signer.ledger, self.signer.network
         try:
             asset = to_checksum_address(query.get("address"))
@@ -483,9 +527,12 @@ class ChainRpc:
         tx_hash = tx_hash.lower()
         ledger = self.signer.ledger
         transfer = ledger.settlement(tx_hash)
+        found = None if transfer is not None else self._contract_receipt(tx_hash)
         if transfer is not None:
             asset = transfer["asset"]
             logs = transfer_logs(transfer, tx_hash)
+        elif found is not None:
+            asset, logs = found
         else:
             cancel = ledger.cancellation(tx_hash)
             if cancel is None:
@@ -507,6 +554,39 @@ class ChainRpc:
             "status": "0x1",
             "logs": logs,
         }
+
+    def _scan_logs(self, address: Any, topics: list[Any]) -> list[dict[str, Any]]:
+        """Any other filter (an ERC-20 ``Transfer(from, to)``, say): every log of every transaction, filtered.
+
+        Indexed lookups are for the ``AuthorizationUsed``/``AuthorizationCanceled`` queries; this is a
+        scan, fine for a development chain. A topic or address is a value, a list of values, or null.
+        """
+
+        def matches(wanted: Any, value: str) -> bool:
+            if wanted is None:
+                return True
+            options = wanted if isinstance(wanted, list) else [wanted]
+            return any(isinstance(o, str) and o.lower() == value.lower() for o in options)
+
+        ledger, logs = self.signer.ledger, []
+        for transfer in ledger.settlements():
+            logs += transfer_logs(transfer, transfer["tx_hash"])
+        for contract in set(self.signer.contracts.values()):
+            logs += contract.logs()
+        return [
+            log
+            for log in logs
+            if matches(address, log["address"])
+            and len(topics) <= len(log["topics"])
+            and all(matches(t, v) for t, v in zip(topics, log["topics"], strict=False))
+        ]
+
+    def _contract_receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
+        for contract in set(self.signer.contracts.values()):
+            found = contract.receipt(tx_hash)
+            if found is not None:
+                return found
+        return None
 
 
 _HASH = re.compile(r"0x[0-9a-fA-F]{64}")

@@ -42,6 +42,7 @@ def cmd_facilitator(args: argparse.Namespace) -> int:
         initial_balance=args.initial_balance,
         auth_token=args.auth_token,
         log_level=args.log_level,
+        permit2=args.permit2,
     )
     return 0
 
@@ -76,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--auth-token",
         default=os.environ.get("A2A_GATE_FACILITATOR_TOKEN"),
         help="require this bearer token (default: $A2A_GATE_FACILITATOR_TOKEN)",
+    )
+    facilitator.add_argument(
+        "--no-permit2",
+        dest="permit2",
+        action="store_false",
+        help="no Permit2 on the chain: refuse exact-by-Permit2 and upto (served by default)",
     )
     facilitator.add_argument("--log-level", default="info")
     facilitator.set_defaults(func=cmd_facilitator)

@@ -1,7 +1,8 @@
 """`a2a-gate-devnet pay`: send one message to a priced agent and pay for it, like a real buyer.
 
-The paying is done by the x402 package's own httpx client (402 -> sign -> retry),
-with a throwaway key unless one is given, so the paid flow can be shown end to end
+The paying is done by the x402 package's own httpx client (402 -> sign -> retry) with its
+exact-EVM and ``upto`` client schemes (an ``upto`` offer is signed for its ceiling, and the
+agent settles what the work cost), with a throwaway key unless one is given, so the paid flow can be shown end to end
 on a fresh machine against the development facilitator.
 """
 
@@ -16,6 +17,7 @@ from eth_account import Account
 from x402 import x402Client
 from x402.http.clients.httpx import x402HttpxClient
 from x402.mechanisms.evm.exact import register_exact_evm_client
+from x402.mechanisms.evm.upto import UptoEvmClientScheme
 
 from devnet.payer import new_private_key
 
@@ -25,6 +27,7 @@ async def pay(url: str, text: str, *, private_key: str | None = None, timeout: f
     account = Account.from_key(private_key or new_private_key())
     client = x402Client()
     register_exact_evm_client(client, account)
+    client.register("eip155:*", UptoEvmClientScheme(account))
     body = {
         "jsonrpc": "2.0",
         "id": 1,

@@ -333,6 +333,24 @@ class DevLedger:
         with self._immediate():
             self._write_balance(network, to_checksum_address(asset), to_checksum_address(address), int(amount))
 
+    # -- for contracts whose state lives beside the token's (devnet.permit2) ---
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite_utils.Database]:
+        """One ``BEGIN IMMEDIATE`` transaction: what the block reads, writes and ``move``s commits together."""
+        with self._immediate():
+            yield self.db
+
+    def move(self, network: str, asset: str, from_address: str, to_address: str, value: int) -> None:
+        """ERC-20 ``transferFrom``'s balance update, inside ``transaction()``; reverts on a short balance."""
+        asset, source, target = (to_checksum_address(a) for a in (asset, from_address, to_address))
+        with self._lock:
+            balance = self._balance(network, asset, source)
+            if value < 0 or balance < value:
+                raise LedgerRevert(REVERT_INSUFFICIENT_BALANCE)
+            self._write_balance(network, asset, source, balance - value)
+            self._write_balance(network, asset, target, self._balance(network, asset, target) + value)
+
     # -- internals (caller holds the lock) ------------------------------------
 
     def _check(self, t: Transfer, now: int) -> None:

@@ -1,8 +1,8 @@
 """Sign x402 payments the way a real buyer does, for tests, benchmarks and the CLI.
 
 The signing itself is the x402 package's client (``x402ClientSync`` with the
-exact-EVM client schemes and an eth-account key), so a payment produced here
-is byte-for-byte what a real x402 buyer would send.
+exact-EVM client schemes, its ``upto`` client scheme and an eth-account key), so a
+payment produced here is byte-for-byte what a real x402 buyer would send.
 
 A payer can also spend its own authorization without the facilitator, as on a real
 chain: give it up (``sign_cancel_authorization``) or sign the same nonce over to
@@ -21,6 +21,7 @@ from eth_account.messages import encode_typed_data
 from eth_utils import to_checksum_address
 from x402 import x402ClientSync
 from x402.mechanisms.evm.exact import register_exact_evm_client
+from x402.mechanisms.evm.upto import UptoEvmClientScheme
 from x402.schemas import PaymentRequired, PaymentRequiredV1
 
 from devnet.chain import DEV_CHAIN_ID, DEV_NETWORK, default_tokens
@@ -38,6 +39,7 @@ __all__ = [
 def _client(private_key: str) -> x402ClientSync:
     client = x402ClientSync()
     register_exact_evm_client(client, Account.from_key(private_key))
+    client.register("eip155:*", UptoEvmClientScheme(Account.from_key(private_key)))
     # A test payer must be able to sign what it is asked to sign, including
     # offers a careful wallet would refuse (unknown assets, large amounts);
     # the client's default spend controls would silently filter those out.

@@ -1,5 +1,10 @@
 """The hooks one paid execution calls: settle after delivery, release otherwise.
 
+An upto payment is charged at its delivery: the usage the agent reported is priced
+(gate/usage_price.py), capped at the ceiling the payer authorized, and the charge is
+sealed onto the claim in the transaction that records the delivery, so whoever
+settles it later (the reconciler, a replay) collects that amount and no other.
+
 `Charges.hooks(payment, hold)` is what the server's execution is handed
 (`server.execution.DeliveryHooks`). Every write names the execution's `hold`; one that finds
 the claim taken over raises `OwnershipLost` to the server, and a claim found lost by any
@@ -14,6 +19,7 @@ from typing import Any
 from gate.claims import ENDED_STATES, Along, ClaimLost, Claims, ClaimState, Hold
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
+from gate.sealing import Sealer
 from gate.settlement import (
     Collection,
     Payment,
@@ -22,6 +28,7 @@ from gate.settlement import (
     with_payment_metadata,
     withheld_metadata,
 )
+from gate.usage_price import Counts, UsagePrice, charge
 from server.database import Statement, commit_until_stored
 from server.execution import Collected, DeliveryHooks, OwnershipLost
 
@@ -44,22 +51,56 @@ class Charges:
         self.live: dict[Hold, DeliveryHooks] = {}
         claims.on_lost = self.lost
 
-    def hooks(self, payment: Payment, hold: Hold, *, withhold: bool) -> DeliveryHooks:
-        """The hooks an execution calls for `payment`, claimed under `hold`."""
+    def hooks(
+        self,
+        payment: Payment,
+        hold: Hold,
+        *,
+        withhold: bool,
+        usage_price: UsagePrice | None = None,
+        sealer: Sealer | None = None,
+    ) -> DeliveryHooks:
+        """The hooks an execution calls for `payment`, claimed under `hold`; with a `usage_price`
+        (upto), the delivery is charged its priced usage, sealed with `sealer`."""
         claims, live = self.claims, self.live
         outcome: list[Collection] = []
+        settled = [payment]  # what the delivery settles: the payment, or its upto charge
+        marked: list[bool] = []  # the claim is marked delivered (a first chunk, or the whole answer)
 
-        async def mark_delivered(task: dict[str, Any], withheld: dict[str, Any] | None, save: Statement | None) -> None:
+        async def record(
+            task: dict[str, Any], withheld: dict[str, Any] | None, used: Counts, save: Statement | None
+        ) -> None:
             along = [] if save is None else [only_if(save)]  # the work is saved only if the delivery is ours
-            try:  # it names the payer and the task too: a delivery is findable even if its bind failed
-                await claims.mark_delivered(hold, withheld, payer=payment.payer, task_id=task["id"], along=along)
+            sealed = ""
+            if usage_price is not None:
+                assert sealer is not None
+                settled[0] = payment.charged(charge(usage_price, int(payment.amount), used, payment.agent))
+                sealed = sealer.seal(settled[0].sealable(), payment.token_digest)
+            try:
+                if marked:  # delivered in part already: the charge follows what is delivered now
+                    await claims.recharge(hold, sealed, along=along)
+                else:  # it names the payer and the task too: a delivery is findable even if its bind failed
+                    await claims.mark_delivered(
+                        hold, withheld, payer=payment.payer, task_id=task["id"], sealed=sealed, along=along
+                    )
             except ClaimLost as lost:
                 live.pop(hold, None)
                 raise OwnershipLost(str(lost)) from None
+            marked.append(True)
+
+        async def mark_delivered(
+            task: dict[str, Any], withheld: dict[str, Any] | None, used: Counts, save: Statement | None
+        ) -> None:
+            await record(task, withheld, used, save)
+
+        async def deliver_part(task: dict[str, Any], used: Counts, save: Statement) -> None:
+            await record(task, None, used, save)
 
         async def delivered(task: dict[str, Any]) -> Collected:
+            if settled[0].metered:
+                self.count_charge(settled[0])
             try:
-                collection = await self.settler.settle(payment, task["id"], hold)
+                collection = await self.settler.settle(settled[0], task["id"], hold)
             except ClaimLost:  # delivered, then taken over while settling: the new owner records it
                 collection = Collection(ClaimState.SETTLE_FAILED, verified_metadata(HANDED_OVER))
             outcome.append(collection)
@@ -100,9 +141,17 @@ class Charges:
             saved=saved,
             abandoned=abandoned,
             withhold=withhold,
+            # an upto charge follows the work delivered: a streamed answer is delivered chunk by chunk
+            deliver_part=deliver_part if usage_price is not None and not withhold else None,
         )
         live[hold] = hooks
         return hooks
+
+    def count_charge(self, charged: Payment) -> None:
+        """An upto delivery's charge, counted by how it came out."""
+        usage = charged.usage
+        outcome = "pricing_failed" if usage.get("error") else "capped" if usage.get("capped") else "priced"
+        self.metrics.usage_charges.labels(outcome).inc()
 
     def lost(self, lost: ClaimLost) -> None:
         """A fenced write (or a renewal) found a claim of ours taken over: stop the work it covered."""

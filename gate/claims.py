@@ -7,7 +7,8 @@ wrapper can claim twice. Verify is a dry run the facilitator passes again and ag
 until settlement; without this row one signature would buy unlimited work.
 
 States (`ClaimState`): running -> settling -> settled | settle_failed (owed: settling
-again later) | unsettled (written off) | needs_attention. A claim for work that was
+again later) | unsettled (written off) | needs_attention | no_charge (an upto delivery
+charged nothing; kept, since its nonce was never spent on chain). A claim for work that was
 not delivered is released: the row goes, and the same token may try again. A claim in
 `settling` is never released: its settle call may have been sent.
 
@@ -52,13 +53,14 @@ class ClaimState(StrEnum):
     SETTLE_FAILED = "settle_failed"  # owed: delivered, settlement to be retried
     UNSETTLED = "unsettled"  # terminal: delivered, not paid, written off
     NEEDS_ATTENTION = "needs_attention"  # terminal until an operator re-opens it
+    NO_CHARGE = "no_charge"  # terminal: delivered, charged nothing (an upto usage priced at 0, or unpriceable)
 
 
 LIVE_STATES = (ClaimState.RUNNING, ClaimState.SETTLING)
-FINAL_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION)
+FINAL_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION, ClaimState.NO_CHARGE)
 RECORDED_STATES = (*FINAL_STATES, ClaimState.SETTLE_FAILED)  # a settle pass's outcome is on the claim
 # no pass will ever change these (needs_attention may be re-opened: it keeps what a payment needs)
-ENDED_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED)
+ENDED_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NO_CHARGE)
 DEFAULT_LEASE_SECONDS = 30.0
 
 # Columns added after the first release; existing files gain them on start.
@@ -292,11 +294,15 @@ class Claims:
         *,
         payer: str = "",
         task_id: str = "",
+        sealed: str = "",
         along: Sequence[Along] = (),
     ) -> None:
         """The work is delivered: from now on the claim is settled, owed or written off, never released.
-        It names the payer and the task again, so a replay finds them whatever became of `bind`."""
-        named = {"payer": payer, "task_id": task_id} if task_id else {}
+        It names the payer and the task again, so a replay finds them whatever became of `bind`; `sealed`
+        replaces the sealed payment with what this delivery is charged (an upto charge)."""
+        named: dict[str, Any] = {"payer": payer, "task_id": task_id} if task_id else {}
+        if sealed:
+            named["sealed_payment"] = sealed
         await self._write(
             hold,
             "mark_delivered",
@@ -307,6 +313,10 @@ class Claims:
             lease=True,
             along=along,
         )
+
+    async def recharge(self, hold: Hold, sealed: str, along: Sequence[Along] = ()) -> None:
+        """More of a delivery delivered (an upto answer, chunk by chunk): the sealed charge grows with it."""
+        await self._write(hold, "recharge", (ClaimState.SETTLING,), sealed_payment=sealed, lease=True, along=along)
 
     # -- settlement outcomes (callers wrap them in one transaction with the log row) --
 
@@ -336,6 +346,20 @@ class Claims:
             settle_unknown=int(unknown),
             settle_passes=passes,
             next_settle_in=delay,
+            task_outdated=1,
+            along=along,
+        )
+
+    async def no_charge(self, hold: Hold, receipt: dict[str, Any], error: str, along: Sequence[Along] = ()) -> None:
+        """Delivered and charged nothing: terminal, kept (its nonce, unspent on chain, must buy nothing more)."""
+        await self._write(
+            hold,
+            "no_charge",
+            (ClaimState.SETTLING,),
+            state=ClaimState.NO_CHARGE,
+            sealed_payment="",
+            last_error=error[:200],
+            receipt=json.dumps(receipt, separators=(",", ":")),
             task_outdated=1,
             along=along,
         )

@@ -273,7 +273,8 @@ async def _keys(args: argparse.Namespace, db: Database) -> int:
     return 0
 
 
-PAYMENT_COLUMNS = ("time (UTC)", "action", "agent", "payer", "amount", "transaction", "error", "task")
+# amount: what the row's payment is charged; authorized: what its payer signed for (an upto ceiling)
+PAYMENT_COLUMNS = ("time (UTC)", "action", "agent", "payer", "amount", "authorized", "transaction", "error", "task")
 
 
 def cmd_payments(args: argparse.Namespace) -> int:
@@ -294,7 +295,8 @@ def cmd_payments(args: argparse.Namespace) -> int:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         print(
             f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
-            f"{row['transaction'] or '-'}\t{row['error'] or '-'}\t{row['task_id'] or '-'}"
+            f"{row.get('authorized') or row['amount'] or '-'}\t{row['transaction'] or '-'}\t"
+            f"{row['error'] or '-'}\t{row['task_id'] or '-'}"
         )
     if not rows:
         print("(no payment log rows" + (" match" if action or args.agent or args.payer else "") + ")", file=sys.stderr)
@@ -308,6 +310,8 @@ SUMMARY_COLUMNS = (
     "verified",
     "settled",
     "revenue (atomic units, asset@network)",
+    "authorized (atomic units, asset@network)",
+    "charged nothing",
     "settle failures",
     "owed",
     "written off",
@@ -327,12 +331,14 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
         counts = RequestCounts(db)
         await counts.create_tables()
         rows = await db.fetch(
-            "SELECT at, agent, action, network, asset, amount, token_digest FROM payments"
-            " WHERE at >= ? AND action IN ('verify', 'settle', 'settle_failed', 'write_off', 'needs_attention')",
+            "SELECT at, agent, action, network, asset, amount, authorized, token_digest FROM payments"
+            " WHERE at >= ? AND action IN"
+            " ('verify', 'settle', 'settle_failed', 'write_off', 'needs_attention', 'no_charge')",
             (since,),
         )
         ended = await db.fetch(
-            "SELECT DISTINCT token_digest FROM payments WHERE action IN ('settle', 'write_off', 'needs_attention')"
+            "SELECT DISTINCT token_digest FROM payments"
+            " WHERE action IN ('settle', 'write_off', 'needs_attention', 'no_charge')"
         )
         return rows, ended, await counts.read(day_of(since))
 
@@ -341,7 +347,9 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
     table: dict[tuple[str, str], dict[str, Any]] = {}
 
     def line(day: str, agent: str) -> dict[str, Any]:
-        return table.setdefault((day, agent), {"revenue": Counter(), "owed": {}, **dict.fromkeys(SUMMARY_KEYS, 0)})
+        return table.setdefault(
+            (day, agent), {"revenue": Counter(), "authorized": Counter(), "owed": {}, **dict.fromkeys(SUMMARY_KEYS, 0)}
+        )
 
     for (day, agent, outcome), n in counts.items():
         if outcome == "payment_required" and (not args.agent or agent == args.agent):
@@ -359,12 +367,17 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
             if row["token_digest"] not in finished:
                 entry["owed"][row["token_digest"]] = money
         else:
-            entry[{"verify": "verified", "write_off": "written off", "needs_attention": "needs attention"}[action]] += 1
+            if action == "verify":
+                entry["authorized"][money] += int(row["authorized"] or row["amount"] or 0)
+            names = {"verify": "verified", "write_off": "written off", "needs_attention": "needs attention"}
+            entry[names.get(action, "charged nothing")] += 1
     print("\t".join(SUMMARY_COLUMNS))
     for (day, agent), entry in sorted(table.items()):
         revenue = ", ".join(f"{amount} {money}" for money, amount in sorted(entry["revenue"].items())) or "0"
+        authorized = ", ".join(f"{amount} {money}" for money, amount in sorted(entry["authorized"].items())) or "0"
         print(
             f"{day}\t{agent}\t{entry['402s']}\t{entry['verified']}\t{entry['settled']}\t{revenue}\t"
+            f"{authorized}\t{entry['charged nothing']}\t"
             f"{entry['settle failures']}\t{len(entry['owed'])}\t{entry['written off']}\t{entry['needs attention']}"
         )
     if not table:
@@ -372,7 +385,7 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
     return 0
 
 
-SUMMARY_KEYS = ("402s", "verified", "settled", "settle failures", "written off", "needs attention")
+SUMMARY_KEYS = ("402s", "verified", "settled", "charged nothing", "settle failures", "written off", "needs attention")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -13,17 +13,20 @@ import math
 import os
 import re
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from gate import schemes
 from gate.price import Price
+from gate.usage_price import UsagePrice
 from server import anonymous
 from server.config import AgentConfig, Reader, Settings
 from server.config import default_settings as server_defaults
 
 EVM_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+DECIMAL = re.compile(r"^(0|[1-9][0-9]*)(\.[0-9]+)?$")
 CAIP2_NETWORK = re.compile(r"^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}$")
 SETTLE_FAILURE_POLICIES = ("deliver", "withhold")
 PRICE_KEYS = frozenset(
@@ -39,6 +42,12 @@ PRICE_KEYS = frozenset(
         "description",
     }
 )
+USAGE_PRICE_KEYS = frozenset({"ceiling", "facilitator_address", "usage"})  # beside PRICE_KEYS, for `upto`
+USAGE_KEYS = frozenset({"unit", "unit_price", "fixed", "callable"})
+USAGE_SCHEMES = frozenset({"upto"})  # schemes whose price is a ceiling and a usage rule
+# The development facilitator's settling address (devnet.chain.FACILITATOR_ADDRESS, which the gate
+# may not import): the example's usage-priced agent names it as its upto price's facilitator_address.
+DEV_FACILITATOR_ADDRESS = "0xFB0b6D1F8B44CAeaC383d5AC8C0b374BB08E2619"
 SIGNING_ALLOWANCE_SECONDS = 30  # inside maxTimeoutSeconds: a client's time to sign a token and send it
 
 # EIP-712 domain of well-known USDC deployments, so a price needs no `extra` table.
@@ -139,6 +148,17 @@ DEMO_PRICE = Price(
     pay_to="0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
     extra={"name": "USDC", "version": "2"},
 )
+# The usage-priced demo: the echo, 10 atomic units (0.00001 USDC) per character it answers with,
+# at most 0.05 USDC; settled by the development facilitator.
+DEMO_METERED_PRICE = replace(
+    DEMO_PRICE,
+    scheme="upto",
+    asset_transfer_method="permit2",
+    amount="50000",
+    extra={**DEMO_PRICE.extra, "facilitatorAddress": DEV_FACILITATOR_ADDRESS},
+    usage=UsagePrice(unit="characters", unit_price=Fraction(10)),
+)
+METERED_DESCRIPTION = "Echoes the text it is sent, for 0.00001 test USDC per character (at most 0.05)."
 
 
 class GateSections:
@@ -166,15 +186,22 @@ def load_config(path: str | os.PathLike[str]) -> Settings:
 
 
 def default_settings(database: str = "a2a-gate.db") -> Settings:
-    """The embedded defaults: a free echo agent (API keys) and a priced one (x402), one SQLite file.
+    """The embedded defaults: a free echo agent (API keys), a priced one (x402 `exact`) and one
+    priced by usage (x402 `upto`, per character), one SQLite file.
 
     Without a facilitator the priced agent answers 501; `serve --dev-facilitator`
     starts the development facilitator so the paid flow runs offline.
     """
     settings = server_defaults(database)
     paid = replace(settings.agents["paid-echo"], description="Echoes the text it is sent, for 0.001 test USDC.")
-    config = GateConfig(agents={"paid-echo": AgentPayment("paid-echo", DEMO_PRICE)})
-    return replace(settings, agents={**settings.agents, "paid-echo": paid}, anonymous=config)
+    metered = replace(settings.agents["paid-metered"], description=METERED_DESCRIPTION)
+    config = GateConfig(
+        agents={
+            "paid-echo": AgentPayment("paid-echo", DEMO_PRICE),
+            "paid-metered": AgentPayment("paid-metered", DEMO_METERED_PRICE),
+        }
+    )
+    return replace(settings, agents={**settings.agents, "paid-echo": paid, "paid-metered": metered}, anonymous=config)
 
 
 def of(settings: Settings) -> GateConfig:
@@ -412,10 +439,15 @@ class _GateReader:
                 ' amount = "2000", pay_to = "0x<your address>" } (0.002 USDC on Base Sepolia)',
             )
             return None
-        r.unknown(raw, PRICE_KEYS, path)
         scheme = r.get(raw, "scheme", str, "exact", f"{path}.scheme")
+        metered = scheme in USAGE_SCHEMES
+        r.unknown(raw, (PRICE_KEYS - {"amount"}) | USAGE_PRICE_KEYS if metered else PRICE_KEYS, path)
         method = r.get(
-            raw, "asset_transfer_method", str, schemes.DEFAULT_TRANSFER_METHOD, f"{path}.asset_transfer_method"
+            raw,
+            "asset_transfer_method",
+            str,
+            "permit2" if metered else schemes.DEFAULT_TRANSFER_METHOD,
+            f"{path}.asset_transfer_method",
         )
         if not any(name == scheme for name, _ in schemes.SCHEMES):
             known = ", ".join(sorted({name for name, _ in schemes.SCHEMES}))
@@ -432,18 +464,21 @@ class _GateReader:
         pay_to = r.get(raw, "pay_to", str, "", f"{path}.pay_to")
         if not EVM_ADDRESS.match(pay_to):
             r.problem(f"{path}.pay_to", f"must be a 0x address (40 hex digits), got {pay_to!r}")
-        amount = raw.get("amount")
-        if isinstance(amount, int) and not isinstance(amount, bool):
-            amount = str(amount)
-        if (
-            not isinstance(amount, str)
-            or not (amount.isascii() and amount.isdigit())
-            or int(amount) <= 0
-            or len(amount) > 78
-        ):
-            r.problem(f"{path}.amount", f"must be a positive whole number of atomic units, got {amount!r}")
-            amount = "0"
+        amount_key = "ceiling" if metered else "amount"
+        amount = self.atomic(raw.get(amount_key), f"{path}.{amount_key}", positive=True)
         extra = self.asset_extra(raw, network, asset, f"{path}.extra")
+        usage = None
+        if metered:
+            usage = self.usage_price(raw.get("usage"), f"{path}.usage")
+            facilitator = r.get(raw, "facilitator_address", str, "", f"{path}.facilitator_address")
+            if not EVM_ADDRESS.match(facilitator):
+                r.problem(
+                    f"{path}.facilitator_address",
+                    "required for upto: the address your facilitator settles from (its /supported kind's"
+                    f" extra.facilitatorAddress; the development facilitator's is {DEV_FACILITATOR_ADDRESS}),"
+                    f" got {facilitator!r}",
+                )
+            extra = {**extra, "facilitatorAddress": facilitator}
         return Price(
             scheme=scheme,
             network=network,
@@ -454,7 +489,65 @@ class _GateReader:
             extra=extra,
             description=r.get(raw, "description", str, "", f"{path}.description"),
             asset_transfer_method=method,
+            usage=usage,
         )
+
+    def atomic(self, value: Any, path: str, *, positive: bool) -> str:
+        """A whole number of atomic units (a TOML integer or a decimal string), or a problem and "0"."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if (
+            not isinstance(value, str)
+            or not (value.isascii() and value.isdigit())
+            or (positive and int(value) <= 0)
+            or len(value) > 78
+        ):
+            kind = "positive" if positive else "non-negative"
+            self.r.problem(path, f"must be a {kind} whole number of atomic units, got {value!r}")
+            return "0"
+        return str(int(value))
+
+    def usage_price(self, raw: Any, path: str) -> UsagePrice | None:
+        """`{ unit, unit_price, fixed }` (fixed + unit_price per unit of the named usage) or `{ callable }`."""
+        r = self.r
+        if not isinstance(raw, dict):
+            r.problem(
+                path,
+                "required for upto: how the charge follows the usage the agent reports, e.g."
+                ' usage = { unit = "characters", unit_price = "10", fixed = "0" } (atomic units),'
+                ' or usage = { callable = "mypackage.pricing:price" } (usage mapping -> atomic units)',
+            )
+            return None
+        r.unknown(raw, USAGE_KEYS, path)
+        if "callable" in raw:
+            if set(raw) - {"callable"}:
+                r.problem(path, "a callable price takes no unit, unit_price or fixed: the callable says it all")
+            target = r.callable_name(raw, "callable", f"{path}.callable")
+            if not target:
+                r.problem(f"{path}.callable", "must name a 'package.module:function'")
+                return None
+            function = r.importable(target, f"{path}.callable")
+            if function is not None and not callable(function):
+                r.problem(f"{path}.callable", f"{target} is not callable")
+                function = None
+            return UsagePrice(callable=target, function=function)
+        unit = r.get(raw, "unit", str, "", f"{path}.unit")
+        if not unit or len(unit) > 64:
+            r.problem(f"{path}.unit", f"required: the usage count charged per unit (e.g. 'characters'), got {unit!r}")
+        unit_price = self.unit_price(raw.get("unit_price"), f"{path}.unit_price")
+        fixed = int(self.atomic(raw.get("fixed", "0"), f"{path}.fixed", positive=False))
+        return UsagePrice(fixed=fixed, unit=unit, unit_price=unit_price)
+
+    def unit_price(self, value: Any, path: str) -> Fraction:
+        """Atomic units per unit: a whole number, or a decimal string for a fraction of one ("0.25")."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if isinstance(value, str) and DECIMAL.match(value) and len(value) <= 78:
+            return Fraction(value)
+        self.r.problem(
+            path, f'must be a non-negative number of atomic units per unit, as a string ("0.25"), got {value!r}'
+        )
+        return Fraction(0)
 
     def asset_extra(self, raw: dict[str, Any], network: str, asset: str, path: str) -> dict[str, Any]:
         """The asset's EIP-712 domain (`name`, `version`): a client cannot sign a payment without it.

@@ -29,7 +29,7 @@ class GateMetrics:
         )
         self.settlements = Counter(
             "a2a_gate_settlements",
-            "Settle passes by outcome (settled, owed, unsettled, needs_attention)",
+            "Settle passes by outcome (settled, owed, unsettled, needs_attention, no_charge)",
             ["outcome"],
             registry=registry,
         )
@@ -38,6 +38,19 @@ class GateMetrics:
             "a2a_gate_revenue_atomic",
             "Settled amounts, in the asset's atomic units, by network and asset",
             ["network", "asset"],
+            registry=registry,
+        )
+        self.authorized = Counter(
+            "a2a_gate_authorized_atomic",
+            "Amounts payers authorized (verified payments: the price, or an upto ceiling), in atomic units",
+            ["network", "asset"],
+            registry=registry,
+        )
+        self.usage_charges = Counter(
+            "a2a_gate_usage_charges",
+            "Upto deliveries charged by usage, by how the charge came out (priced; capped: the usage priced"
+            " above the ceiling, which was charged; pricing_failed: charged nothing)",
+            ["outcome"],
             registry=registry,
         )
         self.unsettled = Gauge(

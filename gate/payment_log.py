@@ -3,7 +3,9 @@
 Actions: verify, reject, release (not delivered, not charged), settle (charged; the
 transaction), settle_failed (one settle pass failed, retried later), write_off
 (terminal: delivered, not paid), needs_attention (terminal: unknown, an operator must
-look), replay. Each row names the token by its digest only; rows are never updated or
+look), no_charge (terminal: an upto delivery charged nothing), replay. `amount` is what the row's
+payment is charged (an upto delivery's priced usage), `authorized` what its payer signed for
+(the same, but for an upto ceiling). Each row names the token by its digest only; rows are never updated or
 deleted by the gate.
 """
 
@@ -14,7 +16,17 @@ from typing import Any
 
 from server.database import Database, Migration, Statement
 
-ACTIONS = ("verify", "reject", "settle", "settle_failed", "write_off", "needs_attention", "replay", "release")
+ACTIONS = (
+    "verify",
+    "reject",
+    "settle",
+    "settle_failed",
+    "write_off",
+    "needs_attention",
+    "replay",
+    "release",
+    "no_charge",
+)
 
 
 _COLUMNS = (
@@ -31,6 +43,10 @@ MIGRATIONS = (
     Migration(
         sqlite=(f"CREATE TABLE IF NOT EXISTS payments (id INTEGER PRIMARY KEY,{_COLUMNS})", *_INDEXES),
         postgresql=(f"CREATE TABLE IF NOT EXISTS payments (id BIGSERIAL PRIMARY KEY,{_COLUMNS})", *_INDEXES),
+    ),
+    Migration(  # what the payer authorized, beside what was charged (upto)
+        sqlite=("ALTER TABLE payments ADD COLUMN authorized TEXT NOT NULL DEFAULT ''",),
+        postgresql=("ALTER TABLE payments ADD COLUMN IF NOT EXISTS authorized TEXT NOT NULL DEFAULT ''",),
     ),
 )
 
@@ -53,6 +69,7 @@ class PaymentLog:
         token_digest: str,
         payer: str = "",
         amount: str = "",
+        authorized: str = "",
         network: str = "",
         asset: str = "",
         task_id: str = "",
@@ -71,12 +88,15 @@ class PaymentLog:
             token_digest,
             payer,
             amount,
+            authorized or amount,
             network,
             asset,
             transaction,
             error[:200],
         )
-        columns = 'at, action, agent, task_id, token_digest, payer, amount, network, asset, "transaction", error'
+        columns = (
+            'at, action, agent, task_id, token_digest, payer, amount, authorized, network, asset, "transaction", error'
+        )
         marks = ", ".join("?" for _ in values)
         if only_if is None:
             return f"INSERT INTO payments ({columns}) VALUES ({marks})", values

@@ -216,10 +216,18 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
     if not payer_allowed(attempt.terms, verification.payer):
         await parts.release(hold)
         return await refuse(parts, attempt, "payer_not_allowed", verification.payer)
+    price = attempt.offer.price
+    parts.metrics.authorized.labels(price.network, price.asset).inc(int(price.amount))
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
     payment = attempt.payment = replace(attempt.payment, payer=verification.payer)
     owner = f"payer:{payment.payer}"
-    hooks = parts.charges.hooks(payment, hold, withhold=attempt.terms.on_settle_failure == "withhold")
+    hooks = parts.charges.hooks(
+        payment,
+        hold,
+        withhold=attempt.terms.on_settle_failure == "withhold",
+        usage_price=price.usage,
+        sealer=parts.sealer if price.usage is not None else None,
+    )
     # a new task takes the verify row and the claim's bind with its INSERT: one round trip
     fresh = attempt.pending is None and plan.message.get("taskId") is None
     verified = parts.log.statement("verify", **attempt.log, payer=payment.payer)

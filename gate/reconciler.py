@@ -161,6 +161,7 @@ def owed_payment(parts: GateParts, claim: Claim) -> Payment:
     signed = sealed.get("price")
     if isinstance(signed, dict):
         amount, network, asset = str(signed["amount"]), str(signed["network"]), str(signed["asset"])
+    charged = sealed.get("charge")  # an upto delivery: its charge, sealed when it was delivered
     return Payment(
         claim.token_digest,
         sealed["version"],
@@ -171,6 +172,8 @@ def owed_payment(parts: GateParts, claim: Claim) -> Payment:
         amount,
         network,
         asset,
+        authorized=str(charged["authorized"]) if isinstance(charged, dict) else "",
+        usage=dict(charged["usage"]) if isinstance(charged, dict) else {},
     )
 
 

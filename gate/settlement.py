@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gate import schemes
@@ -35,6 +35,7 @@ from gate.facilitator import FacilitatorClient, Unavailable
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
 from gate.schemes.base import Scheme
+from gate.usage_price import Charge
 from server.database import commit_until_stored
 from server.tasks import agent_message, set_status
 
@@ -55,9 +56,15 @@ class Payment:
     requirements: dict[str, Any]
     agent: str
     payer: str
-    amount: str
+    amount: str  # what is settled: the price, or an upto delivery's charge
     network: str
     asset: str
+    authorized: str = ""  # what the payer signed for, when it differs from `amount` (an upto ceiling)
+    usage: dict[str, Any] = field(default_factory=dict)  # an upto charge, as its receipt states it
+
+    @property
+    def metered(self) -> bool:
+        return bool(self.usage)
 
     def log_fields(self, task_id: str = "") -> dict[str, str]:
         """What a payment log row says about this payment (never the payload itself)."""
@@ -66,6 +73,7 @@ class Payment:
             "token_digest": self.token_digest,
             "payer": self.payer,
             "amount": self.amount,
+            "authorized": self.authorized or self.amount,
             "network": self.network,
             "asset": self.asset,
             "task_id": task_id,
@@ -73,13 +81,35 @@ class Payment:
 
     def sealable(self) -> dict[str, Any]:
         """What an owed settlement needs later: the signed payload and the price it was signed for
-        (never the configuration of the day it is collected)."""
-        return {
+        (never the configuration of the day it is collected); an upto delivery's charge with it."""
+        sealable = {
             "version": self.version,
             "payload": self.payload,
             "requirements": self.requirements,
             "price": {"amount": self.amount, "network": self.network, "asset": self.asset},
         }
+        if self.metered:
+            sealable["charge"] = {"authorized": self.authorized, "usage": self.usage}
+        return sealable
+
+    def charged(self, charge: Charge) -> Payment:
+        """This (upto) payment as its delivery is settled: the requirements ask for the charge, not the ceiling."""
+        amount = str(charge.amount)
+        return replace(
+            self,
+            amount=amount,
+            requirements={**self.requirements, "amount": amount},
+            authorized=str(charge.ceiling),
+            usage=charge.receipt(),
+        )
+
+    def receipt(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """The receipt the payer is shown: the settle answer, with an upto charge's usage in `extra.usage`."""
+        if not self.metered:
+            return answer
+        extra = answer.get("extra")
+        extra = extra if isinstance(extra, dict) else {}
+        return {**answer, "amount": answer.get("amount") or self.amount, "extra": {**extra, "usage": self.usage}}
 
 
 @dataclass(frozen=True)
@@ -91,7 +121,8 @@ class Collection:
 
     @property
     def paid(self) -> bool:
-        return self.state == ClaimState.SETTLED
+        """Nothing more is owed: settled, or an upto delivery that came to nothing."""
+        return self.state in (ClaimState.SETTLED, ClaimState.NO_CHARGE)
 
 
 @dataclass(frozen=True)
@@ -125,7 +156,7 @@ def withheld_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
 
 def metadata_for(claim: Claim) -> dict[str, Any]:
     """What a task says about a claim in this state (the repair of a stored task)."""
-    if claim.state == ClaimState.SETTLED:
+    if claim.state in (ClaimState.SETTLED, ClaimState.NO_CHARGE):
         return completed_metadata(claim.receipt)
     if claim.state == ClaimState.UNSETTLED:
         return failed_metadata(claim.last_error)
@@ -189,6 +220,8 @@ class Settler:
         """One settle pass for a claim already in `settling` under `hold`; its outcome is committed
         before it returns (`ClaimLost` if the claim was taken over meanwhile: nothing recorded)."""
         pass_ = Pass(payment, task_id, hold)
+        if payment.metered and payment.amount == "0":  # nothing to collect: no settle, no transfer
+            return await self._no_charge(pass_)
         unknown = claim.settle_unknown if claim is not None else False
         passes = claim.settle_passes if claim is not None else 0
         error = "settle_failed"
@@ -250,7 +283,9 @@ class Settler:
         delay = min(jittered(self.pass_delay(passes)), left + 1.0)
         return await self._owed(p, f"{heard}; chain: authorization unused, still valid", True, passes, delay)
 
-    async def _settled(self, p: Pass, receipt: dict[str, Any], tx: str, note: str = "") -> Collection:
+    async def _settled(self, p: Pass, answer: dict[str, Any], tx: str, note: str = "") -> Collection:
+        receipt = p.payment.receipt(answer)
+
         async def write() -> None:
             row = self._row("settle", p, transaction=tx, error=note)
             await self.claims.settled(p.hold, receipt, along=[row])
@@ -262,6 +297,23 @@ class Settler:
             if payment.amount.isdigit():
                 self.metrics.revenue.labels(payment.network, payment.asset).inc(int(payment.amount))
         return Collection(ClaimState.SETTLED, completed_metadata(receipt))
+
+    async def _no_charge(self, p: Pass) -> Collection:
+        """An upto delivery whose charge is 0 (its usage priced at nothing, or its pricing failed):
+        terminal, with a receipt of 0 and no settle call; the claim stays, so its signature buys nothing more."""
+        payment = p.payment
+        receipt = payment.receipt(
+            {"success": True, "transaction": "", "network": payment.network, "payer": payment.payer, "amount": "0"}
+        )
+        error = str(payment.usage.get("error", ""))
+
+        async def write() -> None:
+            row = self._row("no_charge", p, error=error or "usage priced at 0")
+            await self.claims.no_charge(p.hold, receipt, error, along=[row])
+
+        await commit_until_stored(self.claims.db, write, "a delivery charged nothing", atomic=True)
+        self._count("no_charge")
+        return Collection(ClaimState.NO_CHARGE, completed_metadata(receipt))
 
     async def _owed(self, p: Pass, error: str, unknown: bool, passes: int, delay: float) -> Collection:
         async def write() -> None:

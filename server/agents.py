@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server import callables
+from server import callables, usage
 from server.dialects import INTERRUPTED_STATES, part_in_v03
 
 
@@ -40,6 +40,8 @@ class AgentReply:
     parts: list[dict[str, Any]] = field(default_factory=list)
     text: str = ""  # the status message shown to the caller
     backend_ref: dict[str, Any] = field(default_factory=dict)
+    # what the work used, by name (`{"output_tokens": 812}`): carried to the delivery, never priced here
+    usage: usage.Counts = field(default_factory=dict)
 
     @classmethod
     def failed(cls, reason: str) -> AgentReply:
@@ -55,6 +57,13 @@ class AgentStatus:
     text: str = ""
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a streaming agent yields to report usage as it goes; its reports are summed by name."""
+
+    counts: usage.Counts
+
+
 class Progress(Protocol):
     """Where a backend reports work in progress, before its reply."""
 
@@ -63,6 +72,10 @@ class Progress(Protocol):
 
     def chunk(self, parts: list[dict[str, Any]]) -> None:
         """More of the answer: parts appended to the result artifact (an artifact-update)."""
+
+    async def checkpoint(self, used: usage.Counts) -> None:
+        """The agent moved on past the chunks it sent, having used `used` so far: where the work
+        is delivered chunk by chunk, those chunks are delivered now (a streaming agent's next yield)."""
 
 
 class NoProgress:
@@ -74,6 +87,9 @@ class NoProgress:
     def chunk(self, parts: list[dict[str, Any]]) -> None:
         return None
 
+    async def checkpoint(self, used: usage.Counts) -> None:
+        return None
+
 
 class Backend(Protocol):
     async def run(self, request: AgentRequest, progress: Progress) -> AgentReply: ...
@@ -82,10 +98,13 @@ class Backend(Protocol):
 
 
 class EchoBackend:
-    """Built in: answers with the parts it was sent, as one artifact."""
+    """Built in: answers with the parts it was sent, as one artifact; its usage is the
+    characters of text it answers with (`characters`), which a usage price can charge by."""
 
     async def run(self, request: AgentRequest, progress: Progress) -> AgentReply:
-        return AgentReply(parts=[dict(p) for p in request.message["parts"]])
+        parts = [dict(p) for p in request.message["parts"]]
+        characters = sum(len(p["text"]) for p in parts if p.get("kind") == "text" and isinstance(p.get("text"), str))
+        return AgentReply(parts=parts, usage={"characters": characters})
 
     async def aclose(self) -> None:
         return None
@@ -95,9 +114,10 @@ class PythonBackend:
     """An importable callable, ``package.module:function``, called with the `AgentRequest`.
 
     An async function returns a string (one text part), a list of parts, or an
-    `AgentReply`. An async generator streams: it yields strings (text chunks), parts and
-    `AgentStatus` updates as it goes, and what it yielded is the answer when it ends (or
-    the `AgentReply` it yields last).
+    `AgentReply` (with its `usage`). An async generator streams: it yields strings (text
+    chunks), parts, `AgentStatus` updates and `Usage` reports as it goes, and what it
+    yielded is the answer when it ends (or the `AgentReply` it yields last), its usage the
+    sum of its reports (or the reply's own, when it has one).
     """
 
     def __init__(self, target: str) -> None:
@@ -126,17 +146,27 @@ class PythonBackend:
 
 
 async def follow(events: AsyncGenerator[Any, Any], progress: Progress) -> AgentReply:
-    """Run a streaming agent to its end: each yield reported as progress, the answer built up."""
+    """Run a streaming agent to its end: each yield reported as progress, the answer built up.
+
+    A chunk is complete when the agent yields its next item (a `Usage` report with it counts
+    for the chunks before it): the progress may then deliver it (`Progress.checkpoint`)."""
     answer = Answer()
+    used: usage.Counts = {}
     try:
         async for item in events:
+            if isinstance(item, Usage):
+                used = usage.added(used, usage.read(item.counts))
+                await progress.checkpoint(used)
+                continue
             if isinstance(item, AgentReply):
                 if item.state == "completed" and not item.parts:
                     item.parts = answer.parts
+                item.usage = usage.read(item.usage) or used
                 return item
             if isinstance(item, AgentStatus):
+                await progress.checkpoint(used)
                 if item.state in INTERRUPTED_STATES:
-                    return AgentReply(state=item.state, parts=answer.parts, text=item.text or item.state)
+                    return AgentReply(state=item.state, parts=answer.parts, text=item.text or item.state, usage=used)
                 if item.state != "working":
                     return AgentReply.failed(f"agent yielded a status it may not set: {item.state!r}")
                 progress.status(item.text)
@@ -146,13 +176,14 @@ async def follow(events: AsyncGenerator[Any, Any], progress: Progress) -> AgentR
             part = {"kind": "text", "text": item} if isinstance(item, str) else part_in_v03(item)
             if part is None:
                 return AgentReply.failed(f"agent yielded an unusable {type(item).__name__}")
+            await progress.checkpoint(used)
             answer.add(part)
             progress.chunk([part])
     finally:
         await events.aclose()
     if not answer.parts:
         return AgentReply.failed("The agent produced no answer.")
-    return AgentReply(parts=answer.parts)
+    return AgentReply(parts=answer.parts, usage=used)
 
 
 @dataclass

@@ -123,11 +123,12 @@ def is_database_url(database: str) -> bool:
 
 
 def default_settings(database: str = "a2a-gate.db") -> Settings:
-    """The embedded defaults: two echo agents, `echo` and `paid-echo` (the gate prices it), one SQLite file."""
+    """The embedded defaults: three echo agents, `echo`, `paid-echo` and `paid-metered` (the gate
+    prices the last two), one SQLite file."""
     skill = Skill(id="echo", name="Echo", description="Repeats the input text.")
     agents = {
         name: AgentConfig(name=name, description="Echoes the text it is sent.", skills=(skill,))
-        for name in ("echo", "paid-echo")
+        for name in ("echo", "paid-echo", "paid-metered")
     }
     return Settings(database=database, agents=agents)
 

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from server import request_log
-from server.agents import AgentReply, AgentRequest
+from server import request_log, usage
+from server.agents import AgentReply, AgentRequest, Answer
 from server.database import Statement, commit_until_stored
 from server.dialects import INTERRUPTED_STATES
 from server.registry import AgentRegistry
@@ -58,23 +58,29 @@ class DeliveryHooks:
     `mark_delivered` records the delivery and runs the statement that saves the work
     (`TaskStore.save_statement`) with it, only if the record is made: one transaction, so a
     crash can never leave delivered work unowed or owed work undelivered (a withholding
-    agent's answer is handed to it instead of the task, and there is no statement); `delivered`
+    agent's answer is handed to it instead of the task, and there is no statement), and is told
+    what the work used (the agent's usage report, plain counts); `delivered`
     then settles, records the outcome durably, mirrors it at `task.metadata` and never
     raises (its `Collected.metadata` goes on the final status message); `saved` stores the
     final task the same way, its statement with the hook's own record; `abandoned` when that store gave up
     (the reconciler repairs the task from the recorded outcome); `not_delivered` runs
-    when nothing is to be charged. Any hook may raise `OwnershipLost`; `revoke` is filled
+    when nothing is to be charged. With `deliver_part`, the work is delivered chunk by chunk:
+    each complete chunk of a streamed answer is recorded with it (in the transaction that
+    saves the task with the answer so far, and what the work used so far) before anyone sees
+    it; a run that then ends without its whole answer (failed, canceled, paused) is settled
+    for the part delivered (`delivered`), not released. Any hook may raise `OwnershipLost`; `revoke` is filled
     in by the runner at the start, for the anonymous path to stop the work when it learns
     the right to deliver is gone.
     """
 
-    mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None, Statement | None], Awaitable[None]]
+    mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None, usage.Counts, Statement | None], Awaitable[None]]
     delivered: Callable[[dict[str, Any]], Awaitable[Collected]]
     not_delivered: Callable[[dict[str, Any]], Awaitable[None]]
     saved: Callable[[Statement], Awaitable[None]]
     abandoned: Callable[[], None] = lambda: None
     withhold: bool = False  # settle before the answer leaves; unpaid, it never does
     revoke: Callable[[], None] = lambda: None
+    deliver_part: Callable[[dict[str, Any], usage.Counts, Statement], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -106,6 +112,11 @@ class Execution:
     revoked: bool = False  # the anonymous path took back the right to deliver
     job: asyncio.Task[None] | None = None
     artifact_id: str = field(default_factory=new_id)  # the result: streamed in chunks, then whole
+    # delivered chunk by chunk (`DeliveryHooks.deliver_part`): the chunks sent, not yet delivered,
+    # and the answer delivered so far
+    pending: list[list[dict[str, Any]]] = field(default_factory=list)
+    delivered_part: Answer = field(default_factory=Answer)
+    parts_delivered: int = 0
 
     def publish(self, event: dict[str, Any]) -> None:
         for subscriber in self.subscribers:
@@ -143,13 +154,18 @@ class LiveProgress:
     shows not even its status texts: the whole answer is sent once the payment is settled.
     """
 
-    def __init__(self, execution: Execution) -> None:
+    def __init__(
+        self, execution: Execution, deliver: Callable[[Execution, usage.Counts], Awaitable[None]] | None = None
+    ) -> None:
         self.execution = execution
         self.chunks = 0
         # A paid answer is delivered whole, once its delivery is recorded (a chunk streamed
-        # before that would be work given away if the run then fails or its claim is lost);
-        # a withheld one shows not even its status texts.
+        # before that would be work given away if the run then fails or its claim is lost),
+        # or chunk by chunk where the hooks take part of it (`deliver`: each recorded, then
+        # shown); a withheld one shows not even its status texts.
         paid = execution.hooks is not None
+        self.by_chunk = paid and execution.hooks.deliver_part is not None and deliver is not None  # type: ignore[union-attr]
+        self.deliver = deliver
         self.shown_chunks = not paid
         self.shown = not paid or not execution.hooks.withhold  # type: ignore[union-attr]
 
@@ -161,12 +177,33 @@ class LiveProgress:
         self.execution.publish(status_event(task, final=False))
 
     def chunk(self, parts: list[dict[str, Any]]) -> None:
+        if self.by_chunk:
+            self.execution.pending.append(parts)  # delivered at the agent's next yield
+            return
         if not self.shown_chunks:
             return
+        self.show(parts)
+
+    def show(self, parts: list[dict[str, Any]]) -> None:
         artifact = {"artifactId": self.execution.artifact_id, "name": "result", "parts": parts}
         event = artifact_event(self.execution.task, artifact, append=self.chunks > 0, last=False)
         self.chunks += 1
         self.execution.publish(event)
+
+    async def checkpoint(self, used: usage.Counts) -> None:
+        if not self.by_chunk or not self.execution.pending:
+            return
+        assert self.deliver is not None
+        pending = list(self.execution.pending)
+        await self.deliver(self.execution, used)
+        for parts in pending:
+            self.show(parts)
+
+
+def with_artifact(task: dict[str, Any], artifact: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's artifacts with `artifact` in place of any earlier version of it (the same id)."""
+    kept = [a for a in task.get("artifacts") or [] if a.get("artifactId") != artifact["artifactId"]]
+    return [*kept, artifact]
 
 
 def status_event(task: dict[str, Any], final: bool) -> dict[str, Any]:
@@ -336,8 +373,10 @@ class Runner:
                 set_status(task, "failed", agent_message(task, PAST_DEADLINE))
             else:
                 why = "Stopped by a server shutdown; nothing was charged." if execution.stopped_by_shutdown else None
+                if execution.parts_delivered:
+                    why = "Stopped by a server shutdown." if execution.stopped_by_shutdown else None
                 set_status(task, "canceled", agent_message(task, why or "Canceled by the caller."))
-            await self._finish_undelivered(execution)
+            await self._end_early(execution)
         except Exception:
             logger.exception("execution of task %s failed", task["id"])
             if execution.delivering:
@@ -367,11 +406,12 @@ class Runner:
         try:
             # the payment window a token must leave is counted from this deadline (DESIGN 4.7)
             async with asyncio.timeout(deadline):
-                reply = await self.agents.backend(execution.agent).run(request, LiveProgress(execution))
+                progress = LiveProgress(execution, self._deliver_part)
+                reply = await self.agents.backend(execution.agent).run(request, progress)
         except TimeoutError:
             logger.warning("agent %s passed its deadline of %gs", execution.agent, deadline)
             return AgentReply.failed(f"The agent did not finish within {deadline:g}s (its deadline).")
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, OwnershipLost):
             raise
         except Exception as exc:  # whatever an agent raises fails its task, uncharged
             # the agent's own fault, with its traceback: it never saw a key or a payment token
@@ -381,6 +421,28 @@ class Runner:
         if reply.backend_ref:
             await self.store.save(task, backend_ref=reply.backend_ref)
         return reply
+
+    async def _deliver_part(self, execution: Execution, used: usage.Counts) -> None:
+        """The chunks an agent has moved past, delivered before the whole answer (hooks with
+        `deliver_part`): recorded with the task's answer so far and what the work used so far,
+        in one transaction, before any of them is shown. Cancels and deadlines wait for it."""
+        task, hooks = execution.task, execution.hooks
+        assert hooks is not None and hooks.deliver_part is not None
+        answer = Answer([dict(p) for p in execution.delivered_part.parts])
+        for parts in execution.pending:
+            for part in parts:
+                answer.add(part)
+        artifact = {"artifactId": execution.artifact_id, "name": "result", "parts": answer.parts}
+        delivered = {**task, "artifacts": with_artifact(task, artifact)}
+        execution.delivering = True  # a cancel now would leave the record and the answer apart
+        try:
+            await hooks.deliver_part(delivered, used, self.store.save_statement(delivered))
+        finally:
+            execution.delivering = False
+        task["artifacts"] = delivered["artifacts"]
+        execution.parts_delivered += len(execution.pending)
+        execution.pending.clear()
+        execution.delivered_part = answer
 
     async def _deliver(self, execution: Execution, reply: AgentReply) -> None:
         task, hooks = execution.task, execution.hooks
@@ -394,12 +456,13 @@ class Runner:
             return
         # Nothing of the answer is visible (the live task, its streams, tasks/get) before the
         # delivery is recorded: a delivery that could not be recorded was never made.
+        used = usage.read(reply.usage)
         try:
             if hooks.withhold:  # the answer stays out of the task, its streams and the store until paid
-                await hooks.mark_delivered(task, {"artifact": artifact, "text": text}, None)
+                await hooks.mark_delivered(task, {"artifact": artifact, "text": text}, used, None)
             else:
-                delivered = {**task, "artifacts": [*(task.get("artifacts") or []), artifact]}
-                await hooks.mark_delivered(delivered, None, self.store.save_statement(delivered))
+                delivered = {**task, "artifacts": with_artifact(task, artifact)}
+                await hooks.mark_delivered(delivered, None, used, self.store.save_statement(delivered))
                 task["artifacts"] = delivered["artifacts"]
         except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
             execution.delivering = False
@@ -470,7 +533,22 @@ class Runner:
         set_status(task, reply.state if reply.state in UNDELIVERED_STATES else "failed", message)
         if reply.state in INTERRUPTED_STATES:
             task.setdefault("history", []).append(message)
-        await self._finish_undelivered(execution)
+        await self._end_early(execution)
+
+    async def _end_early(self, execution: Execution) -> None:
+        """A run that ended without its whole answer (its status set): settled for the part of it
+        already delivered chunk by chunk, if any; otherwise undelivered, nothing charged."""
+        task, hooks = execution.task, execution.hooks
+        if hooks is None or not execution.parts_delivered:
+            await self._finish_undelivered(execution)
+            return
+        execution.delivering = True
+        collected = await asyncio.shield(hooks.delivered(task))
+        message = task["status"].get("message") or agent_message(task, task["status"]["state"])
+        message["metadata"] = {**(message.get("metadata") or {}), **collected.metadata}
+        task["status"]["message"] = message
+        await self._save_final(execution)
+        execution.publish(status_event(task, final=True))
 
     async def _finish_undelivered(self, execution: Execution) -> None:
         task = execution.task

@@ -30,7 +30,7 @@ from a2a.types.a2a_pb2 import (
 )
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError  # type: ignore[import-untyped]
 
-from server import callables
+from server import callables, usage
 from server.agents import AgentReply, AgentRequest, NoProgress, Progress
 from server.config import AgentConfig
 from server.dialects import (
@@ -69,22 +69,33 @@ class Run:
     status_parts: list[dict[str, Any]] = field(default_factory=list)  # ... all of it: a bare answer
     message_parts: list[dict[str, Any]] | None = None  # a Message answer: the whole reply at once
     context: RequestContext | None = None
+    used: usage.Counts = field(default_factory=dict)  # `metadata.usage` of its events, summed
+
+    def report(self, metadata: Any) -> None:
+        self.used = usage.added(self.used, usage.from_metadata(metadata))
 
     def take(self, event: Any) -> None:
         if self.message_parts is not None or self.state in TERMINAL_STATES:
             return  # the answer is given: what comes after it changes nothing
         if isinstance(event, Message):
-            message = message_from_any(MessageToDict(event))
+            raw = MessageToDict(event)
+            message = message_from_any(raw)
             self.message_parts = message["parts"] if message else []
+            self.report(raw.get("metadata"))
         elif isinstance(event, Task):
             task = MessageToDict(event)
             for artifact in task.get("artifacts") or []:
                 self.artifact(artifact, append=False)
+            self.used = usage.from_metadata(task.get("metadata")) or self.used  # a whole task: its total
             self.status(task.get("status"))
         elif isinstance(event, TaskStatusUpdateEvent):
-            self.status(MessageToDict(event).get("status"))
+            update = MessageToDict(event)
+            self.report(update.get("metadata"))
+            self.status(update.get("status"))
         elif isinstance(event, TaskArtifactUpdateEvent):
             update = MessageToDict(event)
+            self.report(update.get("metadata"))
+            self.report((update.get("artifact") or {}).get("metadata"))  # TaskUpdater.add_artifact(metadata=...)
             parts = self.artifact(update.get("artifact") or {}, append=update.get("append") is True)
             if parts:
                 self.progress.chunk(parts)
@@ -115,14 +126,14 @@ class Run:
         if self.message_parts is not None:
             if not self.message_parts:
                 return AgentReply.failed("The agent answered with an empty message.")
-            return AgentReply(parts=self.message_parts, backend_ref=memory)
+            return AgentReply(parts=self.message_parts, backend_ref=memory, usage=self.used)
         parts = [part for chunk in self.artifacts.values() for part in chunk]
         if self.state == "completed" and not parts:  # completed with its answer in the status message
             parts = self.status_parts
         if self.state is None or self.state == "completed":
             if not parts:
                 return AgentReply.failed("The agent ended without an answer.")
-            return AgentReply(parts=parts, text=self.text, backend_ref=memory)
+            return AgentReply(parts=parts, text=self.text, backend_ref=memory, usage=self.used)
         if self.state in INTERRUPTED_STATES:
             return AgentReply(state=self.state, parts=parts, text=self.text or self.state, backend_ref=memory)
         return AgentReply(state=self.state, text=self.text or f"The agent ended the task: {self.state}.")

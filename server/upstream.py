@@ -11,11 +11,12 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from server import usage
 from server.agents import AgentReply, AgentRequest, Progress
 from server.config import AgentConfig
 from server.dialects import (
@@ -39,6 +40,7 @@ class Result:
     text: str
     task_id: str = ""
     context_id: str = ""
+    usage: usage.Counts = field(default_factory=dict)  # the upstream's `metadata.usage`, if it reports one
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,9 @@ def parse_answer(status_code: int, body: bytes) -> Answer:
     message = message_from_any(result)
     if message is None or not message["parts"]:
         return Malformed("result is neither a Task nor a Message")
-    return Result("completed", message["parts"], _text(message["parts"]))
+    return Result(
+        "completed", message["parts"], _text(message["parts"]), usage=usage.from_metadata(result.get("metadata"))
+    )
 
 
 def _task_answer(task: dict[str, Any]) -> Answer:
@@ -114,7 +118,12 @@ def _task_answer(task: dict[str, Any]) -> Answer:
                 parts.extend(parts_from_any(artifact.get("parts")))
     if state == "completed" and not parts:
         parts = status_parts
-    return Result(state, parts, _text(status_parts), task_id, context_id)
+    # usage on the task's metadata, else on its final status message's
+    raw = status.get("message")
+    used = usage.from_metadata(task.get("metadata")) or usage.from_metadata(
+        raw.get("metadata") if isinstance(raw, dict) else None
+    )
+    return Result(state, parts, _text(status_parts), task_id, context_id, used)
 
 
 def _text(parts: list[dict[str, Any]]) -> str:
@@ -189,7 +198,7 @@ class UpstreamBackend:
         assert isinstance(answer, Result)
         ref = {"upstream_task_id": answer.task_id, "upstream_context_id": answer.context_id} if answer.task_id else {}
         if answer.state == "completed":
-            return AgentReply(parts=answer.parts, text=answer.text, backend_ref=ref)
+            return AgentReply(parts=answer.parts, text=answer.text, backend_ref=ref, usage=answer.usage)
         if answer.state in INTERRUPTED_STATES:
             # an interrupted upstream task may already hold partial work: kept, not delivered
             return AgentReply(state=answer.state, parts=answer.parts, text=answer.text or answer.state, backend_ref=ref)

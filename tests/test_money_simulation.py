@@ -12,7 +12,12 @@ simulation picks (ok, refused, unknown after the money moved, unknown and lost).
 - work that was not delivered is never charged;
 - under `withhold`, no surface shows the answer before the transfer exists;
 - a replay of an owed claim whose next pass is not due sends no settle;
-- the chain always answers here, so nothing is left for an operator (`needs_attention`);
+- the chain always answers here, so nothing is left for an operator (`needs_attention`), but
+  for a usage-priced (upto, Permit2) payment whose settle went unknown: the chain is not asked
+  about Permit2 nonces, so that is its named terminal state;
+- usage pricing (upto): the gate never asks to settle more than the payer authorized; a
+  settled upto claim moved exactly the priced usage of the work it delivered (its receipt's
+  amount); one charged nothing (`no_charge`) moved nothing, and its usage priced at 0;
 and at the end, after the world calms down for a bounded number of reconciler passes,
 every delivery is `settled` with its transfer or in a named terminal state, and nothing
 is still running, settling or owed.
@@ -36,7 +41,20 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from gate.sealing import Sealer, SealingKeyMismatch
 from server.engines import open_database
 from tests.support import money_world
-from tests.support.money_world import LEASE, MAX_DELAY, PASS_INTERVAL, PAY_TO, Replica, Token, World, answer_for
+from tests.support.money_world import (
+    CEILINGS,
+    LEASE,
+    MAX_DELAY,
+    PASS_INTERVAL,
+    PAY_TO,
+    Replica,
+    Token,
+    World,
+    answer_for,
+    priced,
+)
+
+USAGES = st.one_of(st.just(0), st.integers(1, 100), st.integers(1, 10_000))  # a usage-priced agent's units
 
 QUIET_SECONDS = 10.0  # real time a step may take to come to rest (a hang is a failure)
 CALM_ROUNDS = 14
@@ -231,14 +249,22 @@ class MoneyWorld(RuleBasedStateMachine):
     def finish(self, which: int, then: str) -> None:
         """One agent call ends (on a replica that is running): it fails, or it completes and the
         facilitator answers its settle as `then` says."""
-        fail = then == "agent fails"
-        if not fail:
+        if then != "agent fails":
             self.world.facilitator.mode = then
         calls = [c for c in money_world.CALLS.values() if any(c.task_id in r.services.runner.live for r in self.live())]
         if not calls:
             return
         call = calls[which % len(calls)]
-        call.fail = fail
+        self.finish_call(call, then, 1 + len(call.text) * 41 % 3000)  # a usage-priced one used some
+
+    def finish_call(self, call: money_world.Call, then: str, units: int) -> None:
+        fail = then == "agent fails"
+        if not fail:
+            self.world.facilitator.mode = then
+        call.fail, call.units = fail, units
+        token = next(t for t in self.world.tokens if t.text == call.text)
+        if token.metered and not fail:
+            self.world.priced[call.task_id] = priced(token.agent, units)
         call.done.set()
         self.run(self.quiet())
 
@@ -342,9 +368,35 @@ class MoneyWorld(RuleBasedStateMachine):
         for claim in self.rows("SELECT state, nonce_key FROM claims WHERE state = 'settled'"):
             token = self.token_of(claim["nonce_key"])
             assert token is not None
-            assert self.world.chain.paid_to_us(token.authorizer, token.nonce), (
+            least = 1 if token.metered else money_world.PRICE  # an upto charge may be below the fixed price
+            assert self.world.chain.paid_to_us(token.authorizer, token.nonce, least), (
                 f"{token.text}: settled without a transfer"
             )
+
+    @invariant()
+    def an_upto_settle_never_asks_more_than_was_authorized(self) -> None:
+        for nonce, amount, ceiling in self.world.facilitator.asked:
+            assert 0 < amount <= ceiling, f"asked to settle {amount} of a ceiling of {ceiling} (nonce {nonce})"
+
+    @invariant()
+    def an_upto_charge_is_the_priced_usage_of_the_delivered_work(self) -> None:
+        claims = self.rows(
+            "SELECT state, nonce_key, task_id, receipt FROM claims WHERE state IN ('settled', 'no_charge')"
+        )
+        for claim in claims:
+            token = self.token_of(claim["nonce_key"])
+            assert token is not None
+            if not token.metered:
+                continue
+            moved = self.world.chain.moved(token.authorizer, token.nonce)
+            usage_priced = self.world.priced.get(claim["task_id"])
+            receipt = json.loads(claim["receipt"])
+            assert usage_priced is not None, f"{token.text}: charged for work its agent never completed"
+            assert moved == usage_priced == int(receipt["amount"]), (
+                f"{token.text} ({claim['state']}): moved {moved}, usage priced {usage_priced}, receipt {receipt}"
+            )
+            assert moved <= CEILINGS[token.agent]
+            assert (claim["state"] == "no_charge") == (usage_priced == 0)
 
     @invariant()
     def only_delivered_work_is_charged(self) -> None:
@@ -354,7 +406,7 @@ class MoneyWorld(RuleBasedStateMachine):
             if c["state"] != "running"
         }
         for token in self.world.tokens:
-            if self.world.chain.paid_to_us(token.authorizer, token.nonce):
+            if self.world.chain.paid_to_us(token.authorizer, token.nonce, 1 if token.metered else money_world.PRICE):
                 assert token.nonce in delivered or self.deliveries(token), f"{token.text}: charged, never delivered"
 
     @invariant()
@@ -374,7 +426,9 @@ class MoneyWorld(RuleBasedStateMachine):
 
     @invariant()
     def nothing_needs_an_operator_while_the_chain_answers(self) -> None:
-        stuck = self.rows("SELECT state, last_error FROM claims WHERE state = 'needs_attention'")
+        """(The chain is not asked about Permit2 nonces: an unknown upto settle ends there, by design.)"""
+        stuck = self.rows("SELECT state, last_error, nonce_key FROM claims WHERE state = 'needs_attention'")
+        stuck = [c for c in stuck if "|permit2|" not in c["nonce_key"]]
         assert not stuck, stuck
 
     def teardown(self) -> None:
@@ -398,6 +452,10 @@ class MoneyWorld(RuleBasedStateMachine):
         self.world.facilitator.mode = "ok"
         for call in list(money_world.CALLS.values()):
             if any(call.task_id in r.services.runner.live for r in self.live()):
+                token = next(t for t in self.world.tokens if t.text == call.text)
+                if token.metered:
+                    call.units = 1 + token.index * 37 % 2000  # some usage, capped or not
+                    self.world.priced[call.task_id] = priced(token.agent, call.units)
                 call.done.set()
         self.run(self.quiet())
         for _ in range(CALM_ROUNDS):
@@ -407,38 +465,66 @@ class MoneyWorld(RuleBasedStateMachine):
                 self.run(self.reconcile_on(replica))
         left = self.rows("SELECT state, last_error FROM claims WHERE state IN ('running', 'settling', 'settle_failed')")
         assert not left, f"claims never ended: {left}"
-        settled = {
-            c["nonce_key"].rsplit("|", 1)[-1]
-            for c in self.rows("SELECT state, nonce_key FROM claims")
-            if c["state"] == "settled"
+        ended = {
+            c["nonce_key"].rsplit("|", 1)[-1]: c["state"] for c in self.rows("SELECT state, nonce_key FROM claims")
         }
         for token in self.world.tokens:
-            paid = self.world.chain.paid_to_us(token.authorizer, token.nonce)
+            paid = self.world.chain.paid_to_us(token.authorizer, token.nonce, 1 if token.metered else money_world.PRICE)
             assert not paid or len(self.deliveries(token)) == 1, f"{token.text}: charged but not delivered"
-            assert not paid or token.nonce in settled, f"{token.text}: charged, no settled claim records it"
+            recorded = ("settled", "needs_attention") if token.metered else ("settled",)
+            assert not paid or ended.get(token.nonce) in recorded, f"{token.text}: charged, no settled claim records it"
+        self.an_upto_charge_is_the_priced_usage_of_the_delivered_work()
         self.nothing_needs_an_operator_while_the_chain_answers()
         self.settled_means_a_transfer_to_pay_to()
         self.withheld_answers_stay_withheld_until_paid()
         self.one_signature_buys_at_most_one_delivery()
 
 
+class UptoMoneyWorld(MoneyWorld):
+    """The same world with usage-priced (upto) requests besides: random usages, two ceilings, every
+    settle outcome. (A machine of its own: the fixed-price machine's search stays as it was, and
+    tests/test_simulation_finds_reverted_fixes.py keeps finding what it finds.)"""
+
+    @rule(
+        agent=st.sampled_from(list(CEILINGS)),
+        pick=st.integers(0, 7),
+        then=st.sampled_from(FINISHES),
+        units=USAGES,
+    )
+    def pay_metered(self, agent: str, pick: int, then: str, units: int) -> None:
+        """A usage-priced request, run to its end at once: the agent fails, or completes having used
+        `units` and its settle is answered as `then` says (where the charge meets every settle outcome)."""
+        replica = self.replica(pick)
+        if replica is None:
+            return
+        token = self.world.new_token(agent)
+        self.start(replica, token)
+        self.run(self.quiet())
+        call = next((c for c in money_world.CALLS.values() if c.text == token.text), None)
+        if call is not None:
+            self.finish_call(call, then, units)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def world_on(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[type[MoneyWorld]]:
+) -> Iterator[tuple[str, Path]]:
     if request.param == "postgresql":
         schema = request.getfixturevalue("postgres_schema")
         database = schema.store_url()
     else:
         database = "sqlite"
     monkeypatch.setenv("A2A_GATE_SEALING_KEY", "Vf0zQw4Jm9q8u4C7bJ9oZr2H1s0xk3L5n6p7r8t9v0w=")
-    machine = type("MoneyWorldOn", (MoneyWorld,), {"database": database, "workdir": tmp_path})
-    yield machine
+    yield database, tmp_path
 
 
-def test_money_invariants_hold_across_replicas_clocks_and_chain_facts(world_on: type[MoneyWorld]) -> None:
+@pytest.mark.parametrize("world", [MoneyWorld, UptoMoneyWorld], ids=["fixed price", "usage price"])
+def test_money_invariants_hold_across_replicas_clocks_and_chain_facts(
+    world_on: tuple[str, Path], world: type[MoneyWorld]
+) -> None:
+    database, workdir = world_on
     run_state_machine_as_test(
-        world_on,
+        type("MoneyWorldOn", (world,), {"database": database, "workdir": workdir}),
         settings=settings(
             max_examples=int(os.environ.get("A2A_GATE_SIMULATION_EXAMPLES", "25")),
             stateful_step_count=40,

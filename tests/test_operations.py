@@ -135,5 +135,5 @@ def test_payments_command_lists_the_log(paid):
         text=True,
         check=True,
     ).stdout
-    assert out.splitlines()[0] == "time (UTC)\taction\tagent\tpayer\tamount\ttransaction\terror\ttask"
+    assert out.splitlines()[0] == "time (UTC)\taction\tagent\tpayer\tamount\tauthorized\ttransaction\terror\ttask"
     assert "\tsettle\tpaid\t0x" in out and "\t1000\t0x" in out

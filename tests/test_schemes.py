@@ -79,7 +79,7 @@ def test_a_price_names_its_scheme_and_transfer_method():
 @pytest.mark.parametrize(
     ("price", "path"),
     [
-        ({"scheme": "upto"}, "agents.paid.price.scheme"),
+        ({"scheme": "auction"}, "agents.paid.price.scheme"),
         ({"asset_transfer_method": "carrier-pigeon"}, "agents.paid.price.asset_transfer_method"),
     ],
 )

@@ -236,3 +236,16 @@ def test_a_paid_executor_canceled_by_its_payer_charges_nothing(priced: PaidSetup
     assert canceled["status"]["state"] == "canceled", canceled
     assert marker.read_text() == f"cancel asked for {started['id']}"
     assert priced.ledger()["settlements"] == []
+
+
+def test_an_executor_reports_its_usage_in_its_events_metadata() -> None:
+    """`metadata.usage` of each event, summed: what a usage price charges."""
+    from server.agents import AgentRequest, NoProgress
+    from server.config import AgentConfig
+    from server.sdk_backend import SdkBackend
+
+    backend = SdkBackend(AgentConfig(name="m", backend="a2a-sdk", executor="tests.support.sdk_agents:MeteredExecutor"))
+    message = {"kind": "message", "role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": "hi"}]}
+    request = AgentRequest(message=message, history=[message], task_id="t1", context_id="c1")
+    reply = asyncio.run(backend.run(request, NoProgress()))
+    assert reply.state == "completed" and reply.usage == {"output_tokens": 7}

@@ -618,3 +618,46 @@ def test_parse_answer_never_raises_for_task_like_shapes(doc: dict[str, Any], key
     check(parse_answer(200, ok(task)))
     check(parse_answer(200, ok({"task": {"id": "t", "status": {**doc, "state": "completed"}, key: doc.get(key)}})))
     check(parse_answer(200, ok({"role": "ROLE_AGENT", "parts": [doc, {"text": "x"}]})))
+
+
+@pytest.mark.parametrize(
+    ("answer", "usage"),
+    [
+        ({**V03_TASK, "metadata": {"usage": {"output_tokens": 12, "calls": 1.0}}}, {"output_tokens": 12, "calls": 1}),
+        (
+            {
+                **V10_TASK,
+                "status": {
+                    **V10_TASK["status"],
+                    "message": {**V10_TASK["status"]["message"], "metadata": {"usage": {"pages": 3}}},
+                },
+            },
+            {"pages": 3},
+        ),
+        (
+            {
+                "kind": "message",
+                "role": "agent",
+                "messageId": "m",
+                "parts": [{"kind": "text", "text": "hi"}],
+                "metadata": {"usage": {"chars": 2}},
+            },
+            {"chars": 2},
+        ),
+        (
+            {**V03_TASK, "metadata": {"usage": {"bad": -1, "nan": "x", "ok": 4}}},
+            {"ok": 4},
+        ),  # what is not a count is dropped
+        ({**V03_TASK, "metadata": {"usage": [1, 2]}}, {}),
+        (V03_TASK, {}),
+    ],
+)
+def test_an_upstream_reports_its_usage_in_its_metadata(answer, usage):
+    """`metadata.usage` of the upstream's Task, its final status message or its Message answer."""
+    from server.config import AgentConfig
+    from server.upstream import UpstreamBackend
+
+    parsed = parse_answer(200, ok(answer))
+    assert isinstance(parsed, Result) and parsed.usage == usage
+    reply = UpstreamBackend(AgentConfig(name="u", url="http://127.0.0.1:9/")).reply(parsed)
+    assert reply.state == "completed" and reply.usage == usage

@@ -1,9 +1,9 @@
 """The payment schemes the gate takes, one module each, found by the names a price gives.
 
 An agent's price names its scheme and transfer method (`scheme = "exact"`,
-`asset_transfer_method = "eip3009"`); its 402 offers that scheme, and every payload for it
-is read by that scheme's module alone. A new scheme is a module behind `base.Scheme`
-and one entry here.
+`asset_transfer_method = "eip3009"`; `scheme = "upto"` is always Permit2); its 402 offers
+that scheme, and every payload for it is read by that scheme's module alone. A new scheme
+is a module behind `base.Scheme` and one entry here.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from gate.price import Price
-from gate.schemes import exact_eip3009, exact_permit2
+from gate.schemes import exact_eip3009, exact_permit2, upto_permit2
 from gate.schemes.base import Rejection, Scheme
 
 __all__ = ["SCHEMES", "Rejection", "Scheme", "for_price", "for_requirements", "named"]
 
 SCHEMES: dict[tuple[str, str], Scheme] = {
-    (s.scheme, s.transfer_method): s for s in (exact_eip3009.SCHEME, exact_permit2.SCHEME)
+    (s.scheme, s.transfer_method): s for s in (exact_eip3009.SCHEME, exact_permit2.SCHEME, upto_permit2.SCHEME)
 }
 DEFAULT_TRANSFER_METHOD = "eip3009"
 

@@ -61,52 +61,73 @@ class ExactPermit2:
         return {"assetTransferMethod": "permit2"}
 
     def check(self, inner: dict[str, Any], price: Price) -> None:
-        if "permit2Authorization" not in inner or "authorization" in inner:
-            raise Rejection("unsupported_payload")  # EIP-3009, or two authorizations in one payload
-        auth = inner["permit2Authorization"]
-        if set(inner) != PAYLOAD_KEYS or not isinstance(auth, dict) or set(auth) != AUTHORIZATION_KEYS:
-            raise Rejection("invalid_payload")
-        permitted, witness = auth["permitted"], auth["witness"]
-        if not isinstance(permitted, dict) or set(permitted) != PERMITTED_KEYS:
-            raise Rejection("invalid_payload")
-        if not isinstance(witness, dict) or set(witness) != WITNESS_KEYS:
-            raise Rejection("invalid_payload")
-        fields = [auth["from"], auth["spender"], auth["nonce"], auth["deadline"], inner["signature"]]
-        fields += [permitted["token"], permitted["amount"], witness["to"], witness["validAfter"]]
-        if not all(isinstance(v, str) for v in fields):
-            raise Rejection("invalid_payload")
-        addresses = (auth["from"], auth["spender"], permitted["token"], witness["to"])
-        if not all(ADDRESS.fullmatch(a) for a in addresses) or not SIGNATURE.fullmatch(inner["signature"]):
-            raise Rejection("invalid_payload")
-        numbers = (auth["nonce"], auth["deadline"], permitted["amount"], witness["validAfter"])
-        if not all(UINT.fullmatch(n) for n in numbers):
-            raise Rejection("invalid_payload")
-        if auth["spender"].lower() != PROXY:
-            raise Rejection("invalid_permit2_spender")
-        if permitted["token"].lower() != price.asset.lower():
-            raise Rejection("asset_mismatch")
-        if witness["to"].lower() != price.pay_to.lower():
-            raise Rejection("recipient_mismatch")
-        if permitted["amount"] != price.amount:
-            raise Rejection("amount_mismatch")
+        check_permit2(inner, price, PROXY, WITNESS_KEYS)
 
     def window(self, inner: dict[str, Any]) -> tuple[int, int]:
-        auth = _authorization(inner)
-        witness = auth.get("witness")
-        try:
-            return int(witness["validAfter"]), int(auth["deadline"])  # type: ignore[index]
-        except (KeyError, TypeError, ValueError):
-            raise Rejection("invalid_payload") from None
+        return permit2_window(inner)
 
     def nonce_key(self, inner: dict[str, Any], network: str, asset: str) -> str:
-        """Network, Permit2, owner and nonce: Permit2's nonces are the owner's, across every token."""
-        auth = _authorization(inner)
-        return "|".join((network, "permit2", str(auth.get("from", "")).lower(), str(auth.get("nonce", ""))))
+        return permit2_nonce_key(inner, network)
 
     def authorization(
         self, payload: dict[str, Any], requirements: dict[str, Any], network: str
     ) -> Authorization | None:
         return None  # see the module's docstring: the chain is not asked for Permit2
+
+
+def check_permit2(inner: dict[str, Any], price: Price, spender: str, witness_keys: frozenset[str]) -> dict[str, Any]:
+    """Every key of a Permit2 `PermitWitnessTransferFrom` payload for `spender`, its witness exactly
+    `witness_keys` (each a string); the authorization, or `Rejection`. Shared by exact and upto."""
+    if "permit2Authorization" not in inner or "authorization" in inner:
+        raise Rejection("unsupported_payload")  # EIP-3009, or two authorizations in one payload
+    auth = inner["permit2Authorization"]
+    if set(inner) != PAYLOAD_KEYS or not isinstance(auth, dict) or set(auth) != AUTHORIZATION_KEYS:
+        raise Rejection("invalid_payload")
+    permitted, witness = auth["permitted"], auth["witness"]
+    if not isinstance(permitted, dict) or set(permitted) != PERMITTED_KEYS:
+        raise Rejection("invalid_payload")
+    if not isinstance(witness, dict) or set(witness) != witness_keys:
+        raise Rejection("invalid_payload")
+    fields = [auth["from"], auth["spender"], auth["nonce"], auth["deadline"], inner["signature"]]
+    fields += [permitted["token"], permitted["amount"], *witness.values()]
+    if not all(isinstance(v, str) for v in fields):
+        raise Rejection("invalid_payload")
+    addresses = (
+        auth["from"],
+        auth["spender"],
+        permitted["token"],
+        *(witness[k] for k in witness_keys - {"validAfter"}),
+    )
+    if not all(ADDRESS.fullmatch(a) for a in addresses) or not SIGNATURE.fullmatch(inner["signature"]):
+        raise Rejection("invalid_payload")
+    numbers = (auth["nonce"], auth["deadline"], permitted["amount"], witness["validAfter"])
+    if not all(UINT.fullmatch(n) for n in numbers):
+        raise Rejection("invalid_payload")
+    if auth["spender"].lower() != spender:
+        raise Rejection("invalid_permit2_spender")
+    if permitted["token"].lower() != price.asset.lower():
+        raise Rejection("asset_mismatch")
+    if witness["to"].lower() != price.pay_to.lower():
+        raise Rejection("recipient_mismatch")
+    if permitted["amount"] != price.amount:
+        raise Rejection("amount_mismatch")
+    return auth
+
+
+def permit2_window(inner: dict[str, Any]) -> tuple[int, int]:
+    """(witness.validAfter, deadline) of a Permit2 payload; `Rejection("invalid_payload")` when unreadable."""
+    auth = _authorization(inner)
+    witness = auth.get("witness")
+    try:
+        return int(witness["validAfter"]), int(auth["deadline"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        raise Rejection("invalid_payload") from None
+
+
+def permit2_nonce_key(inner: dict[str, Any], network: str) -> str:
+    """Network, Permit2, owner and nonce: Permit2's nonces are the owner's, across every token and spender."""
+    auth = _authorization(inner)
+    return "|".join((network, "permit2", str(auth.get("from", "")).lower(), str(auth.get("nonce", ""))))
 
 
 SCHEME = ExactPermit2()

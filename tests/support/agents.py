@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from server.agents import AgentReply, AgentRequest, AgentStatus
+from server.agents import AgentReply, AgentRequest, AgentStatus, Usage
 
 
 async def slow(request: AgentRequest) -> str:
@@ -73,3 +73,43 @@ async def streams_then_asks(request: AgentRequest) -> AsyncIterator[str | AgentS
         return
     yield "forecast for "
     yield AgentReply(parts=[{"kind": "text", "text": f"{request.text}: sunny"}])
+
+
+async def metered_chunks(request: AgentRequest) -> AsyncIterator[str | Usage]:
+    """Five chunks, each reported as used (`chunks`, `characters`) as it is sent."""
+    for i in range(5):
+        chunk = f"chunk {i} of {request.text}; "
+        yield chunk
+        yield Usage({"chunks": 1, "characters": len(chunk)})
+
+
+async def metered_cut(request: AgentRequest) -> AsyncIterator[str | Usage]:
+    """Would send five chunks; its stream is cut after two (it raises): those two were delivered."""
+    for i in range(5):
+        if i == 2:
+            raise ConnectionError("the model's stream was cut")
+        chunk = f"chunk {i}; "
+        yield chunk
+        yield Usage({"chunks": 1, "characters": len(chunk)})
+
+
+async def metered_until_told(request: AgentRequest) -> AsyncIterator[str | Usage]:
+    """Two chunks, each reported; then waits for the file its message names before three more."""
+    for i in range(5):
+        if i == 2:
+            signal = Path(request.text)
+            while not signal.exists():
+                await asyncio.sleep(0.02)
+        chunk = f"chunk {i}; "
+        yield chunk
+        yield Usage({"chunks": 1, "characters": len(chunk)})
+
+
+async def metered_asks(request: AgentRequest) -> AsyncIterator[str | Usage | AgentStatus]:
+    """Streams a chunk and reports it, then pauses to ask; on the next turn streams and reports one more."""
+    first = len([m for m in request.history if m.get("role") == "user"]) < 2
+    chunk = "looking up " if first else f"forecast for {request.text}: sunny"
+    yield chunk
+    yield Usage({"characters": len(chunk)})
+    if first:
+        yield AgentStatus("input-required", "Which city?")

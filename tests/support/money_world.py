@@ -14,6 +14,10 @@ PostgreSQL schema). What the simulation controls is everything around them:
   settle, in the mode the simulation chose) and its JSON-RPC ground-truth questions
   (`authorizationState`, logs, receipts) through httpx mock transports.
 
+Usage-priced agents (x402 `upto`, Permit2) run beside the fixed-price ones: their tokens
+authorize a ceiling (each agent has its own), the agent reports a usage the simulation draws
+(`units`), the gate settles the priced usage, and the chain records the amount moved.
+
 The invariants are checked against this world: deliveries come from what clients were
 answered and what the database stores, charges from the chain.
 """
@@ -41,6 +45,11 @@ NETWORK = "eip155:84532"
 ASSET = "0x036cbd53842c5426634e7929541ec2318f3dcf7e"
 PAY_TO = "0x209693bc6afc0c5328ba36faf03c514ef312287c"
 PRICE = 1000
+# usage-priced agents: their ceilings, and the price per reported unit
+CEILINGS = {"metered-small": 500, "metered-large": 50_000}
+UNIT_PRICE = 7
+FACILITATOR_ADDRESS = "0xfb0b6d1f8b44caeac383d5ac8c0b374bb08e2619"
+UPTO_PROXY = "0x4020a4f3b7b90cca423b9fabcc0ce57c6c240002"
 WINDOW = 900  # seconds a token is valid for (in the database's time)
 LEASE = 30.0
 PASS_INTERVAL = 20.0
@@ -59,6 +68,7 @@ class Call:
     text: str
     done: asyncio.Event = field(default_factory=asyncio.Event)
     fail: bool = False
+    units: int = 0  # the usage it reports when it completes
 
 
 CALLS: dict[str, Call] = {}  # task id -> the call in progress
@@ -77,7 +87,12 @@ async def held(request: AgentRequest) -> AgentReply:
         CALLS.pop(request.task_id, None)
     if call.fail:
         return AgentReply.failed("the agent failed")
-    return AgentReply(parts=[{"kind": "text", "text": answer_for(request.text)}])
+    return AgentReply(parts=[{"kind": "text", "text": answer_for(request.text)}], usage={"units": call.units})
+
+
+def priced(agent: str, units: int) -> int:
+    """What a usage-priced agent charges for `units`: the unit price, capped at its ceiling."""
+    return min(UNIT_PRICE * units, CEILINGS[agent])
 
 
 # -- the chain and the facilitator ------------------------------------------------
@@ -127,9 +142,14 @@ class Chain:
         self.receipts[spend.tx] = {"transactionHash": spend.tx, "status": "0x1", "logs": logs}
         return spend
 
-    def paid_to_us(self, authorizer: str, nonce: str) -> bool:
+    def paid_to_us(self, authorizer: str, nonce: str, least: int = PRICE) -> bool:
         spend = self.spends.get((authorizer.lower(), nonce.lower()))
-        return spend is not None and spend.kind == "transfer" and spend.to == PAY_TO and spend.value >= PRICE
+        return spend is not None and spend.kind == "transfer" and spend.to == PAY_TO and spend.value >= least
+
+    def moved(self, authorizer: str, nonce: str) -> int:
+        """What the nonce's spend paid to payTo (0: nothing, or not to us)."""
+        spend = self.spends.get((authorizer.lower(), nonce.lower()))
+        return spend.value if spend is not None and spend.kind == "transfer" and spend.to == PAY_TO else 0
 
     # JSON-RPC, as gate/chain.py asks it
     def rpc(self, request: httpx.Request) -> httpx.Response:
@@ -159,9 +179,12 @@ class Facilitator:
         self.chain = chain
         self.mode = "ok"
         self.settles = 0
+        self.asked: list[tuple[str, int, int]] = []  # upto settles: (nonce, amount asked, ceiling authorized)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
+        if "permit2Authorization" in body["paymentPayload"]["payload"]:
+            return self.handle_upto(request, body)
         auth = body["paymentPayload"]["payload"]["authorization"]
         authorizer, nonce = auth["from"], auth["nonce"]
         spent = (authorizer.lower(), nonce.lower()) in self.chain.spends
@@ -188,6 +211,39 @@ class Facilitator:
             200, json={"success": True, "transaction": spend.tx, "network": NETWORK, "payer": authorizer}
         )
 
+    def handle_upto(self, request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
+        """x402's upto over Permit2: verify the ceiling; settle `requirements.amount`, at most the ceiling."""
+        auth = body["paymentPayload"]["payload"]["permit2Authorization"]
+        owner, nonce, ceiling = auth["from"], auth["nonce"], int(auth["permitted"]["amount"])
+        spent = (owner.lower(), nonce.lower()) in self.chain.spends
+        expired = int(auth["deadline"]) <= self.chain.world.now
+        if request.url.path.endswith("/verify"):
+            if spent or expired:
+                reason = "permit2_invalid_nonce" if spent else "permit2_deadline_expired"
+                return httpx.Response(200, json={"isValid": False, "invalidReason": reason, "payer": owner})
+            return httpx.Response(200, json={"isValid": True, "payer": owner})
+        self.settles += 1
+        amount = int(body["paymentRequirements"]["amount"])
+        self.asked.append((nonce, amount, ceiling))
+        if self.mode == "refused":
+            return httpx.Response(200, json={"success": False, "errorReason": "insufficient_funds"})
+        if self.mode == "unknown_lost":
+            return httpx.Response(503, text="down")
+        if spent:
+            return httpx.Response(200, json={"success": False, "errorReason": "permit2_invalid_nonce"})
+        if expired:
+            return httpx.Response(200, json={"success": False, "errorReason": "permit2_deadline_expired"})
+        if amount > ceiling:
+            return httpx.Response(
+                200, json={"success": False, "errorReason": "invalid_upto_evm_payload_settlement_exceeds_amount"}
+            )
+        spend = self.chain.spend(owner, nonce, "transfer", auth["witness"]["to"], amount)
+        assert spend is not None
+        if self.mode == "unknown_landed":
+            return httpx.Response(504, text="timeout")
+        answer = {"success": True, "transaction": spend.tx, "network": NETWORK, "payer": owner, "amount": str(amount)}
+        return httpx.Response(200, json=answer)
+
 
 # -- tokens ------------------------------------------------------------------------
 
@@ -206,7 +262,13 @@ class Token:
     def text(self) -> str:
         return f"request {self.index}"
 
+    @property
+    def metered(self) -> bool:
+        return self.agent in CEILINGS
+
     def header(self, resource: str) -> str:
+        if self.metered:
+            return self.upto_header(resource)
         accepted = {
             "scheme": "exact",
             "network": NETWORK,
@@ -231,6 +293,35 @@ class Token:
                     "nonce": self.nonce,
                 },
             },
+        }
+        return base64.b64encode(json.dumps(payload).encode()).decode()
+
+    def upto_header(self, resource: str) -> str:
+        """An x402 upto payment: a Permit2 authorization of the agent's ceiling (its nonce a uint)."""
+        ceiling = str(CEILINGS[self.agent])
+        extra = {"name": "USDC", "version": "2", "facilitatorAddress": FACILITATOR_ADDRESS}
+        accepted = {
+            "scheme": "upto",
+            "network": NETWORK,
+            "asset": ASSET,
+            "amount": ceiling,
+            "payTo": PAY_TO,
+            "maxTimeoutSeconds": WINDOW,
+            "extra": {**extra, "assetTransferMethod": "permit2"},
+        }
+        authorization = {
+            "from": self.authorizer,
+            "permitted": {"token": ASSET, "amount": ceiling},
+            "spender": UPTO_PROXY,
+            "nonce": self.nonce,
+            "deadline": str(self.valid_before),
+            "witness": {"to": PAY_TO, "facilitator": FACILITATOR_ADDRESS, "validAfter": "0"},
+        }
+        payload = {
+            "x402Version": 2,
+            "resource": {"url": resource},
+            "accepted": accepted,
+            "payload": {"permit2Authorization": authorization, "signature": "0x" + "11" * 65},
         }
         return base64.b64encode(json.dumps(payload).encode()).decode()
 
@@ -266,6 +357,18 @@ backend = "python"
 callable = "tests.support.money_world:held"
 deadline_seconds = 60
 price = {{ network = "{network}", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}" }}
+
+[agents.metered-small]
+backend = "python"
+callable = "tests.support.money_world:held"
+deadline_seconds = 60
+price = {{ scheme = "upto", network = "{network}", asset = "{asset}", ceiling = "{small}", pay_to = "{pay_to}", facilitator_address = "{facilitator}", usage = {{ unit = "units", unit_price = "{unit_price}" }} }}
+
+[agents.metered-large]
+backend = "python"
+callable = "tests.support.money_world:held"
+deadline_seconds = 60
+price = {{ scheme = "upto", network = "{network}", asset = "{asset}", ceiling = "{large}", pay_to = "{pay_to}", facilitator_address = "{facilitator}", usage = {{ unit = "units", unit_price = "{unit_price}" }} }}
 
 [agents.withheld]
 backend = "python"
@@ -322,6 +425,10 @@ class World:
                 asset=ASSET,
                 price=PRICE,
                 pay_to=PAY_TO,
+                small=CEILINGS["metered-small"],
+                large=CEILINGS["metered-large"],
+                facilitator=FACILITATOR_ADDRESS,
+                unit_price=UNIT_PRICE,
             )
         )
         self.settings = load_config(str(config))
@@ -331,19 +438,15 @@ class World:
         self.tokens: list[Token] = []
         self.indexes = itertools.count()
         self.answers: list[tuple[Token, dict[str, Any]]] = []  # every Task a client was answered
+        self.priced: dict[str, int] = {}  # task id -> what its usage priced at, when its agent completed
 
     def clock_property(self) -> property:
         return property(lambda db: repr(float(self.now)))
 
     def new_token(self, agent: str) -> Token:
         index = next(self.indexes)
-        token = Token(
-            index,
-            agent,
-            "0x" + format(index + 1, "040x"),
-            "0x" + secrets.token_hex(32),
-            int(self.now) + WINDOW,
-        )
+        nonce = str(secrets.randbits(128)) if agent in CEILINGS else "0x" + secrets.token_hex(32)  # Permit2: a uint
+        token = Token(index, agent, "0x" + format(index + 1, "040x"), nonce, int(self.now) + WINDOW)
         self.tokens.append(token)
         return token
 

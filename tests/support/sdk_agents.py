@@ -104,3 +104,18 @@ class StatusAnswerExecutor(AgentExecutor):
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         raise NotImplementedError
+
+
+class MeteredExecutor(AgentExecutor):
+    """Answers in two artifact chunks, each reporting what it used in its metadata (`usage`)."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
+        await updater.start_work()
+        for text, tokens in (("metered ", 2), (context.get_user_input(), 5)):
+            usage = {"usage": {"output_tokens": tokens}}
+            await updater.add_artifact([new_text_part(text)], artifact_id="a", append=tokens == 5, metadata=usage)
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise NotImplementedError
