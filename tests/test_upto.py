@@ -409,3 +409,20 @@ def test_the_example_configuration_serves_paid_metered_with_the_dev_facilitator(
         assert "pricing its usage failed (ZeroDivisionError)" in (tmp_path / "gate.log").read_text()
     finally:
         gate.stop()
+
+
+def test_a_v1_dialect_stream_is_charged_chunk_by_chunk_too(upto):
+    payer = Payer()
+    before = upto.balance(payer.address)
+    body = send_body("v1", method="SendStreamingMessage")
+    answer = pay_with_x402(upto.url("paid-metered-chunks"), body, payer.key, {"A2A-Version": "1.0"})
+    assert answer.status_code == 200, answer.text
+    events = stream_events(answer)
+    chunks = [e["artifactUpdate"]["artifact"]["parts"][0]["text"] for e in events if "artifactUpdate" in e]
+    expected = [f"chunk {i} of v1; " for i in range(5)]
+    assert chunks[:5] == expected
+    final = [e["statusUpdate"] for e in events if "statusUpdate" in e][-1]
+    assert final["status"]["state"] == "TASK_STATE_COMPLETED"
+    [receipt] = final["status"]["message"]["metadata"]["x402.payment.receipts"]
+    assert receipt["amount"] == str(chunk_price(expected))
+    assert upto.balance(payer.address) == before - chunk_price(expected)
