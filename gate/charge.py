@@ -14,6 +14,7 @@ write (or a renewal) revokes the live execution it covered.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from gate.claims import ENDED_STATES, Along, ClaimLost, Claims, ClaimState, Hold
@@ -97,7 +98,9 @@ class Charges:
             await record(task, None, used, save)
 
         async def delivered(task: dict[str, Any]) -> Collected:
-            if settled[0].metered:
+            if usage_price is not None:
+                assert sealer is not None
+                settled[0] = await self.recorded_charge(hold, sealer, settled[0])
                 self.count_charge(settled[0])
             try:
                 collection = await self.settler.settle(settled[0], task["id"], hold)
@@ -146,6 +149,15 @@ class Charges:
         )
         live[hold] = hooks
         return hooks
+
+    async def recorded_charge(self, hold: Hold, sealer: Sealer, latest: Payment) -> Payment:
+        """The upto charge the claim records (sealed with the last delivery that committed), which is
+        what is settled: a chunk whose record rolled back was never shown, and is never charged."""
+        claim = await self.claims.find(hold.token_digest)
+        if claim is None or claim.fence != hold.fence or not claim.sealed_payment:
+            return latest  # taken over: the settle's fenced write finds it so, and records nothing
+        recorded = Payment.unsealed(sealer.unseal(claim.sealed_payment, hold.token_digest), claim, ("", "", ""))
+        return replace(recorded, payer=latest.payer)
 
     def count_charge(self, charged: Payment) -> None:
         """An upto delivery's charge, counted by how it came out."""

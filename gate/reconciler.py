@@ -157,24 +157,7 @@ def owed_payment(parts: GateParts, claim: Claim) -> Payment:
     with it falls back to the agent's price now."""
     sealed = parts.sealer.unseal(claim.sealed_payment, claim.token_digest)
     price = parts.config.price(claim.agent)
-    amount, network, asset = (price.amount, price.network, price.asset) if price else ("", "", "")
-    signed = sealed.get("price")
-    if isinstance(signed, dict):
-        amount, network, asset = str(signed["amount"]), str(signed["network"]), str(signed["asset"])
-    charged = sealed.get("charge")  # an upto delivery: its charge, sealed when it was delivered
-    return Payment(
-        claim.token_digest,
-        sealed["version"],
-        sealed["payload"],
-        sealed["requirements"],
-        claim.agent,
-        claim.payer,
-        amount,
-        network,
-        asset,
-        authorized=str(charged["authorized"]) if isinstance(charged, dict) else "",
-        usage=dict(charged["usage"]) if isinstance(charged, dict) else {},
-    )
+    return Payment.unsealed(sealed, claim, (price.amount, price.network, price.asset) if price else ("", "", ""))
 
 
 async def show_outcome(

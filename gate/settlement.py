@@ -92,6 +92,29 @@ class Payment:
             sealable["charge"] = {"authorized": self.authorized, "usage": self.usage}
         return sealable
 
+    @classmethod
+    def unsealed(cls, sealed: dict[str, Any], claim: Claim, price: tuple[str, str, str]) -> Payment:
+        """The payment a claim's sealed record holds (`sealable`'s inverse); `price` (amount, network,
+        asset) for a claim sealed before its price was sealed with it."""
+        amount, network, asset = price
+        signed = sealed.get("price")
+        if isinstance(signed, dict):
+            amount, network, asset = str(signed["amount"]), str(signed["network"]), str(signed["asset"])
+        charged = sealed.get("charge")  # an upto delivery: its charge, sealed when it was delivered
+        return cls(
+            claim.token_digest,
+            sealed["version"],
+            sealed["payload"],
+            sealed["requirements"],
+            claim.agent,
+            claim.payer,
+            amount,
+            network,
+            asset,
+            authorized=str(charged["authorized"]) if isinstance(charged, dict) else "",
+            usage=dict(charged["usage"]) if isinstance(charged, dict) else {},
+        )
+
     def charged(self, charge: Charge) -> Payment:
         """This (upto) payment as its delivery is settled: the requirements ask for the charge, not the ceiling."""
         amount = str(charge.amount)

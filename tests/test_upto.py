@@ -409,3 +409,71 @@ def test_the_example_configuration_serves_paid_metered_with_the_dev_facilitator(
         assert "pricing its usage failed (ZeroDivisionError)" in (tmp_path / "gate.log").read_text()
     finally:
         gate.stop()
+
+
+def test_a_v1_dialect_stream_is_charged_chunk_by_chunk_too(upto):
+    payer = Payer()
+    before = upto.balance(payer.address)
+    body = send_body("v1", method="SendStreamingMessage")
+    answer = pay_with_x402(upto.url("paid-metered-chunks"), body, payer.key, {"A2A-Version": "1.0"})
+    assert answer.status_code == 200, answer.text
+    events = stream_events(answer)
+    chunks = [e["artifactUpdate"]["artifact"]["parts"][0]["text"] for e in events if "artifactUpdate" in e]
+    expected = [f"chunk {i} of v1; " for i in range(5)]
+    assert chunks[:5] == expected
+    final = [e["statusUpdate"] for e in events if "statusUpdate" in e][-1]
+    assert final["status"]["state"] == "TASK_STATE_COMPLETED"
+    [receipt] = final["status"]["message"]["metadata"]["x402.payment.receipts"]
+    assert receipt["amount"] == str(chunk_price(expected))
+    assert upto.balance(payer.address) == before - chunk_price(expected)
+
+
+def test_a_crash_after_two_streamed_chunks_leaves_them_owed_and_they_are_settled_once(upto, tmp_path):
+    """SIGKILL with two chunks delivered: the claim is owed for exactly those (its charge was sealed
+    with each chunk's record), and `a2a-gate reconcile` collects that amount, once."""
+    import json
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import httpx
+
+    from devnet.payer import encode_header
+    from tests.support.upto import sign_upto
+
+    payer = Payer()
+    before = upto.balance(payer.address)
+    headers = {"PAYMENT-SIGNATURE": encode_header(sign_upto(upto.offer("paid-metered-waits"), payer.key))}
+    seen: list[dict] = []
+    two = threading.Event()
+
+    def follow() -> None:
+        body = send_body(str(tmp_path / "never"), method="message/stream")
+        try:
+            with httpx.stream("POST", upto.url("paid-metered-waits"), json=body, headers=headers, timeout=30) as answer:
+                for line in answer.iter_lines():
+                    if line.startswith("data:"):
+                        seen.append(json.loads(line[5:])["result"])
+                        if sum(e.get("kind") == "artifact-update" for e in seen) == 2:
+                            two.set()
+        except httpx.HTTPError:
+            pass  # the server died under the stream
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    assert two.wait(15), seen
+    upto.gate.kill()
+    reader.join(15)
+    assert upto.balance(payer.address) == before and upto.settle_calls() == 0  # nothing settled yet
+    [claim] = upto.rows("SELECT state FROM claims")
+    assert claim["state"] == "settling"  # delivered in part: owed, never released
+    time.sleep(2.5)  # the dead owner's lease runs out
+    command = [sys.executable, "-m", "gate.cli", "reconcile", "--config", str(upto.gate.config)]
+    subprocess.run(command, capture_output=True, text=True, check=True, timeout=60)
+    delivered = ["chunk 0; ", "chunk 1; "]
+    assert upto.balance(payer.address) == before - chunk_price(delivered)
+    [claim] = upto.rows("SELECT state, receipt FROM claims")
+    assert claim["state"] == "settled" and json.loads(claim["receipt"])["amount"] == str(chunk_price(delivered))
+    subprocess.run(command, capture_output=True, text=True, check=True, timeout=60)
+    assert len(upto.transfers()) == 1  # once

@@ -33,6 +33,7 @@ UPTO_CONFIG = f"""
 public_url = "PUBLIC_URL"
 database = "gate.db"
 reconcile_interval_seconds = 3600
+claim_lease_seconds = 2
 
 [limits]
 per_ip_per_minute = 100000
