@@ -356,3 +356,55 @@ def test_dev_ledger_balance_query_refuses_a_bad_address(facilitator):
     answer = facilitator.http.get("/dev/ledger", params={"address": "nope"})
     assert (answer.status_code, answer.json()["error"]) == (400, "invalid_request")
     assert "balances" not in httpx.get(f"{facilitator.url}/dev/ledger").json()
+
+
+# -- a2a-gate-devnet pay, against the x402 package's own upto resource server ---------
+
+
+def test_devnet_pay_pays_an_upto_priced_resource_the_actual_charge(facilitator):
+    """`a2a-gate-devnet pay` (the x402 httpx client with its upto scheme) against the x402 package's
+    own resource server (its Starlette middleware, an upto route that settles 10 per character)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from x402 import x402ResourceServer
+    from x402.http import FacilitatorConfig, HTTPFacilitatorClient
+    from x402.http.middleware.fastapi import PaymentMiddlewareASGI, set_settlement_overrides
+    from x402.mechanisms.evm.upto import UptoEvmServerScheme
+
+    from tests.support.serve import serve_app
+
+    async def metered(request: Request) -> JSONResponse:
+        text = (await request.json())["params"]["message"]["parts"][0]["text"]
+        response = JSONResponse({"jsonrpc": "2.0", "id": 1, "result": {"echo": text}})
+        set_settlement_overrides(response, {"amount": str(10 * len(text))})  # the actual charge
+        return response
+
+    server = x402ResourceServer(HTTPFacilitatorClient(FacilitatorConfig(url=facilitator.url)))
+    server.register(DEV_NETWORK, UptoEvmServerScheme())
+    price = {"amount": str(CEILING), "asset": USDC_BASE_SEPOLIA}
+    accepts = {"scheme": "upto", "payTo": PAY_TO, "price": price, "network": DEV_NETWORK}
+    app = Starlette(routes=[Route("/metered", metered, methods=["POST"])])
+    app.add_middleware(PaymentMiddlewareASGI, routes={"POST /metered": {"accepts": accepts}}, server=server)
+    with serve_app(app) as url:
+        outcomes = [run_pay(f"{url}/metered", text) for text in ("short", "a somewhat longer answer")]
+    for outcome, text in zip(outcomes, ("short", "a somewhat longer answer"), strict=True):
+        assert outcome["http_status"] == 200 and outcome["answer"]["result"] == {"echo": text}
+        receipt = outcome["payment_response"]
+        assert receipt["success"] is True and receipt["amount"] == str(10 * len(text))
+        [payer_balance] = balances(facilitator.url, outcome["payer"])
+        assert payer_balance == DEFAULT_INITIAL_BALANCE - 10 * len(text) > DEFAULT_INITIAL_BALANCE - CEILING
+    rows = facilitator.ledger()["permit2_settlements"]
+    assert [(r["amount"], r["permitted_amount"]) for r in rows] == [("50", "5000"), ("240", "5000")]
+
+
+def run_pay(url: str, text: str) -> dict[str, Any]:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "devnet", "pay", url, text], capture_output=True, text=True, timeout=60, check=True
+    )
+    return json.loads(done.stdout)
