@@ -2,17 +2,21 @@
 
 It speaks the standard facilitator HTTP API (``POST /verify``, ``POST /settle``,
 ``GET /supported``) and decides every payment with the x402 package's own
-exact-EVM schemes (v2 and v1). Only the blockchain is fake: the schemes talk to
-``LedgerEvmSigner`` (``devnet.chain``), which answers the contract calls they
-make (``balanceOf``, ``authorizationState``, ``transferWithAuthorization`` and
-so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC node.
+EVM schemes: ``exact`` (v2 and v1; EIP-3009, and Permit2 in v2) and ``upto`` (v2,
+Permit2). Only the blockchain is fake: the schemes talk to ``LedgerEvmSigner``
+(``devnet.chain``), which answers the contract calls they make (``balanceOf``,
+``authorizationState``, ``transferWithAuthorization``, the x402 Permit2 proxies'
+``settle`` and so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC
+node; Permit2 and the proxies are ``devnet.permit2`` (``permit2=False`` leaves
+them off the chain, and Permit2 payments are refused as unsupported).
 
 ``trust_signatures=True`` is a development-only mode for benchmarks: signature
 recovery is skipped, everything else (amounts, recipient, time window, nonces,
 balances) is still checked. Never point real money at it.
 
 Tests can make the facilitator misbehave through ``POST /dev/faults``
-(``devnet.faults``) and count charges through ``GET /dev/ledger``. The simulated chain
+(``devnet.faults``; they apply to every scheme alike) and count charges and read
+balances through ``GET /dev/ledger``. The simulated chain
 answers Ethereum JSON-RPC at ``POST /rpc`` and takes the transactions anyone may send
 to the token without the facilitator: ``POST /dev/chain/cancelAuthorization`` (a payer
 gives up an authorization it signed) and ``POST /dev/chain/transferWithAuthorization``
