@@ -38,7 +38,15 @@ from tests.support import dev_facilitator_helpers as helpers
 from tests.support.chain_moves import rpc
 from tests.support.dev_facilitator_helpers import OTHER_ADDRESS, PAY_TO, PRICE, TX_HASH, USDC_BASE_SEPOLIA, request_body
 from tests.support.dev_facilitator_helpers import payment_required as exact_payment_required
-from tests.support.permit2_payments import balances, charge, resign_permit2, sign_upto, upto_kind, upto_offer
+from tests.support.permit2_payments import (
+    balances,
+    charge,
+    payment_required,
+    resign_permit2,
+    sign_upto,
+    upto_kind,
+    upto_offer,
+)
 
 start, facilitator = helpers.start, helpers.facilitator
 key, payer = helpers.key, helpers.payer
@@ -121,6 +129,16 @@ def test_a_second_settle_of_the_same_nonce_is_refused_and_moves_nothing(facilita
     assert balances(facilitator.url, payer, PAY_TO) == after_first
     assert facilitator.verify(signed, upto)["isValid"] is False  # the package simulates the settle
     assert len(facilitator.ledger()["permit2_settlements"]) == 1
+
+
+def test_the_devnet_payer_signs_upto_too_above_the_clients_default_cap(facilitator, key, payer):
+    """`devnet.payer.sign_payment` (the x402 client with its spend controls off) signs any upto offer."""
+    ceiling = 25_000_000  # 25 USDC: the x402 client's default spend controls stop at 1
+    offer = upto_offer(upto_kind(facilitator.url), ceiling)
+    signed = sign_payment(payment_required(offer), key)
+    assert signed["payload"]["permit2Authorization"]["permitted"]["amount"] == str(ceiling)
+    assert facilitator.settle(signed, charge(offer, 24_999_999))["amount"] == "24999999"
+    assert balances(facilitator.url, payer)[0] == DEFAULT_INITIAL_BALANCE - 24_999_999
 
 
 def test_concurrent_settles_of_one_authorization_move_money_once(facilitator, upto, key, payer):
@@ -408,3 +426,24 @@ def run_pay(url: str, text: str) -> dict[str, Any]:
         [sys.executable, "-m", "devnet", "pay", url, text], capture_output=True, text=True, timeout=60, check=True
     )
     return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(("flags", "schemes"), [([], {"exact", "upto"}), (["--no-permit2"], {"exact"})])
+def test_the_facilitator_serve_starts_serves_upto_unless_told_not_to(tmp_path, flags, schemes):
+    """What `a2a-gate serve --dev-facilitator PORT` runs (`python -m devnet facilitator`) serves upto."""
+    import subprocess
+    import sys
+
+    from gate.processes import wait_for
+    from tests.support.gate_process import free_port
+
+    port = free_port()
+    command = [sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", str(tmp_path / "l.db")]
+    process = subprocess.Popen([*command, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/healthz", process)
+        kinds = httpx.get(f"http://127.0.0.1:{port}/supported").json()["kinds"]
+        assert {k["scheme"] for k in kinds if k["x402Version"] == 2} == schemes
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
