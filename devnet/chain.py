@@ -21,8 +21,10 @@ from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.messages import encode_typed_data
+from eth_account.typed_transactions import TypedTransaction
 from eth_keys import keys
 from eth_utils import keccak, to_checksum_address
+from hexbytes import HexBytes
 from x402.mechanisms.evm.constants import (
     AUTHORIZATION_STATE_ABI,
     BALANCE_OF_ABI,
@@ -483,7 +485,38 @@ class ChainRpc:
             return self._logs(params[0] if params else None)
         if method == "eth_getTransactionReceipt":
             return self._receipt(params[0] if params else None)
+        if method == "eth_sendRawTransaction":
+            return self._send_raw(params[0] if params else None)
         raise JsonRpcError(-32601, "method not found")
+
+    def _send_raw(self, raw_hex: Any) -> str:
+        """A typed (EIP-1559 or EIP-2930) transaction signed by its sender (a payer invalidating its
+        Permit2 nonces, anyone calling x402's exact Permit2 proxy): run as from the recovered sender;
+        its hash is the chain's own for what it did.
+
+        Account nonces, gas and value mean nothing here. A transaction that would revert is refused
+        with its revert reason (as a node's gas estimate refuses it); nothing is mined for it.
+        """
+        try:
+            raw = HexBytes(bytes.fromhex(str(raw_hex).removeprefix("0x")))
+            sender = Account.recover_transaction(raw)
+            fields = TypedTransaction.from_bytes(raw).as_dict()
+            chain_id, to, data = fields.get("chainId"), fields.get("to"), bytes(fields.get("data", b""))
+            name, input_types, _ = self.signer.functions[data[:4]]
+            args = tuple(abi_decode(input_types, data[4:]))
+            target = to_checksum_address(to)
+        except Exception:  # noqa: BLE001 -- anything undecodable is one invalid-params answer
+            message = "eth_sendRawTransaction needs a signed typed transaction calling a known function"
+            raise JsonRpcError(-32602, message) from None
+        if chain_id != self.signer.chain_id:
+            raise JsonRpcError(-32000, "invalid chain id")
+        try:
+            contract = self.signer.contracts.get(target)
+            if contract is not None:
+                return contract.transact(target, name, args, sender)
+            return self.signer.write_contract(target, [], name, *args)  # a token's, sender-blind
+        except LedgerRevert as exc:
+            raise JsonRpcError(3, str(exc)) from None
 
     def _call(self, tx: Any) -> str:
         if not isinstance(tx, dict) or not isinstance(tx.get("to"), str) or not isinstance(tx.get("data"), str):

@@ -32,8 +32,22 @@ from x402.schemas import PaymentPayload, PaymentRequirements
 
 from devnet.chain import DEV_NETWORK, FACILITATOR_ADDRESS, TRANSFER_TOPIC, ChainRpc, JsonRpcError, LedgerEvmSigner
 from devnet.ledger import DEFAULT_INITIAL_BALANCE, DevLedger, LedgerRevert
-from devnet.payer import new_private_key, sign_payment
-from devnet.permit2 import EXACT_PROXY, MAX_UINT256, PERMIT2, SETTLED_TOPIC, UPTO_PROXY, Permit2Contracts
+from devnet.payer import (
+    invalidate_permit2_nonce,
+    new_private_key,
+    settle_exact_permit2,
+    sign_payment,
+    sign_transaction,
+)
+from devnet.permit2 import (
+    EXACT_PROXY,
+    MAX_UINT256,
+    NONCE_INVALIDATION_TOPIC,
+    PERMIT2,
+    SETTLED_TOPIC,
+    UPTO_PROXY,
+    Permit2Contracts,
+)
 from tests.support import dev_facilitator_helpers as helpers
 from tests.support.chain_moves import rpc
 from tests.support.dev_facilitator_helpers import OTHER_ADDRESS, PAY_TO, PRICE, TX_HASH, USDC_BASE_SEPOLIA, request_body
@@ -225,6 +239,62 @@ def test_upto_is_not_served_without_permit2(start, key):
     offer = upto_offer(kind, CEILING)
     signed = sign_upto(offer, key)
     assert bare.verify(signed, offer)["invalidReason"] == "unsupported_scheme"
+
+
+# -- what a payer, or anyone, can send the chain itself -------------------------------
+
+
+def send_raw(url: str, raw: str) -> dict[str, Any]:
+    return httpx.post(
+        f"{url}/rpc", json={"jsonrpc": "2.0", "id": 1, "method": "eth_sendRawTransaction", "params": [raw]}
+    ).json()
+
+
+def test_a_payer_who_invalidates_its_permit2_nonce_is_never_charged(facilitator, upto, key, payer):
+    signed = sign_upto(upto, key)
+    nonce = int(signed["payload"]["permit2Authorization"]["nonce"])
+    tx = send_raw(facilitator.url, invalidate_permit2_nonce(key, nonce))["result"]
+    assert eth_call(facilitator.url, PERMIT2, "nonceBitmap(address,uint256)", payer, nonce >> 8) == 1 << (nonce & 255)
+    [event] = rpc(facilitator.url, "eth_getTransactionReceipt", tx)["logs"]
+    assert event["topics"] == [NONCE_INVALIDATION_TOPIC, topic(payer)] and event["address"] == PERMIT2.lower()
+    assert rpc(facilitator.url, "eth_getLogs", {"topics": [NONCE_INVALIDATION_TOPIC, topic(payer)]}) == [event]
+    refused = facilitator.settle(signed, charge(upto, 10))
+    assert (refused["success"], refused["errorReason"]) == (False, NONCE_USED)
+    assert balances(facilitator.url, payer)[0] == DEFAULT_INITIAL_BALANCE
+
+
+def test_anyone_may_settle_an_exact_permit2_signature_but_only_to_its_pay_to(facilitator, key, payer):
+    requirements = {**PRICE, "extra": PERMIT2_EXTRA}
+    signed = sign_payment(exact_payment_required(extra=PERMIT2_EXTRA), key)
+    stranger = new_private_key()
+    tx = send_raw(facilitator.url, settle_exact_permit2(stranger, signed))["result"]
+    assert balances(facilitator.url, payer, PAY_TO) == [DEFAULT_INITIAL_BALANCE - 1000, DEFAULT_INITIAL_BALANCE + 1000]
+    assert rpc(facilitator.url, "eth_getTransactionReceipt", tx)["logs"][0]["topics"][2] == topic(PAY_TO)
+    late = facilitator.settle(signed, requirements)  # the facilitator comes second
+    assert (late["success"], late["errorReason"]) == (False, NONCE_USED)
+    assert balances(facilitator.url, payer)[0] == DEFAULT_INITIAL_BALANCE - 1000
+
+
+def test_no_one_but_the_witness_facilitator_may_settle_upto(facilitator, upto, key, payer):
+    signed = sign_upto(upto, key)
+    args = settle_args(signed, 10)
+    types = ["((address,uint256),uint256,uint256)", "uint256", "address", "(address,address,uint256)", "bytes"]
+    data = keccak(text=f"settle({','.join(types)})")[:4] + abi_encode(types, list(args))
+    answer = send_raw(facilitator.url, sign_transaction(new_private_key(), UPTO_PROXY, data))
+    assert answer["error"]["code"] == 3 and "UnauthorizedFacilitator" in answer["error"]["message"]
+    assert balances(facilitator.url, payer)[0] == DEFAULT_INITIAL_BALANCE
+    assert facilitator.settle(signed, charge(upto, 10))["success"] is True  # the authorization is intact
+
+
+def test_a_raw_transaction_the_chain_cannot_read_is_an_invalid_params_error(facilitator, key):
+    assert send_raw(facilitator.url, "0xdeadbeef")["error"]["code"] == -32602
+    assert send_raw(facilitator.url, sign_transaction(key, PERMIT2, b"\x01\x02\x03\x04"))["error"]["code"] == -32602
+    invalidate = keccak(text="invalidateUnorderedNonces(uint256,uint256)")[:4] + abi_encode(["uint256"] * 2, [0, 1])
+    tx = {"type": 2, "chainId": 1, "nonce": 0, "to": PERMIT2, "value": 0, "data": invalidate}
+    other_chain = Account.sign_transaction({**tx, "gas": 1, "maxFeePerGas": 1, "maxPriorityFeePerGas": 1}, key)
+    answer = send_raw(facilitator.url, "0x" + bytes(other_chain.raw_transaction).hex())
+    assert answer["error"] == {"code": -32000, "message": "invalid chain id"}
+    assert eth_call(facilitator.url, PERMIT2, "nonceBitmap(address,uint256)", Account.from_key(key).address, 0) == 0
 
 
 # -- exact by Permit2 ---------------------------------------------------------------
