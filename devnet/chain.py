@@ -259,10 +259,9 @@ class LedgerEvmSigner:
     def wait_for_transaction_receipt(self, tx_hash: str) -> TransactionReceipt:
         row = self.ledger.settlement(tx_hash)
         if row is None:
-            for contract in set(self.contracts.values()):
-                found = contract.receipt(tx_hash)
-                if found is not None:
-                    return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=found[1])
+            found = self.contract_receipt(tx_hash)
+            if found is not None:
+                return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=found[1])
             raise RuntimeError(f"transaction {tx_hash} not found in the dev ledger")
         return TransactionReceipt(
             status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=transfer_logs(row, row["tx_hash"])
@@ -327,6 +326,14 @@ class LedgerEvmSigner:
             raise LedgerRevert(f"{transfer.asset} has no contract code in the dev ledger")
         self._authorize(token, transfer, signature)
         return self.ledger.transfer_with_authorization(transfer)
+
+    def contract_receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """``(to, logs)`` of a transaction one of the simulated contracts made, or None."""
+        for contract in set(self.contracts.values()):
+            found = contract.receipt(tx_hash)
+            if found is not None:
+                return found
+        return None
 
     # -- the simulated contracts ---------------------------------------------
 
@@ -560,7 +567,7 @@ class ChainRpc:
         tx_hash = tx_hash.lower()
         ledger = self.signer.ledger
         transfer = ledger.settlement(tx_hash)
-        found = None if transfer is not None else self._contract_receipt(tx_hash)
+        found = None if transfer is not None else self.signer.contract_receipt(tx_hash)
         if transfer is not None:
             asset = transfer["asset"]
             logs = transfer_logs(transfer, tx_hash)
@@ -613,13 +620,6 @@ class ChainRpc:
             and len(topics) <= len(log["topics"])
             and all(matches(t, v) for t, v in zip(topics, log["topics"], strict=False))
         ]
-
-    def _contract_receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
-        for contract in set(self.signer.contracts.values()):
-            found = contract.receipt(tx_hash)
-            if found is not None:
-                return found
-        return None
 
 
 _HASH = re.compile(r"0x[0-9a-fA-F]{64}")
