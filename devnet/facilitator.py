@@ -320,12 +320,12 @@ def _unsupported_reason(payload: PaymentPayload | PaymentPayloadV1, permit2: boo
     The network is checked here because x402's registry widens
     ``eip155:84532`` to ``eip155:*``, and the simulated chain is Base Sepolia only.
     ``upto`` is Permit2 only and x402 v2 only; without Permit2 (``permit2=False``) the chain
-    has no Permit2 contract, and a Permit2 payment is refused as unsupported.
+    has no Permit2 contract, and a Permit2 payment is refused as unsupported, as it is in x402 v1.
     """
     scheme = payload.get_scheme()
     if scheme != SCHEME_EXACT and not (scheme == SCHEME_UPTO and permit2 and payload.x402_version == 2):
         return "unsupported_scheme"
-    if is_permit2_payload(payload.payload) and not permit2:
+    if is_permit2_payload(payload.payload) and not (permit2 and payload.x402_version == 2):
         return UNSUPPORTED_PERMIT2
     network = DEV_NETWORK if payload.x402_version == 2 else DEV_NETWORK_V1
     return None if payload.get_network() == network else "invalid_network"

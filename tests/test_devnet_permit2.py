@@ -50,7 +50,15 @@ from devnet.permit2 import (
 )
 from tests.support import dev_facilitator_helpers as helpers
 from tests.support.chain_moves import rpc
-from tests.support.dev_facilitator_helpers import OTHER_ADDRESS, PAY_TO, PRICE, TX_HASH, USDC_BASE_SEPOLIA, request_body
+from tests.support.dev_facilitator_helpers import (
+    OTHER_ADDRESS,
+    PAY_TO,
+    PRICE,
+    PRICE_V1,
+    TX_HASH,
+    USDC_BASE_SEPOLIA,
+    request_body,
+)
 from tests.support.dev_facilitator_helpers import payment_required as exact_payment_required
 from tests.support.permit2_payments import (
     balances,
@@ -324,6 +332,14 @@ def test_a_permit2_nonce_is_spent_once_across_both_proxies(facilitator, upto, ke
     assert facilitator.settle(exact, {**PRICE, "extra": PERMIT2_EXTRA})["success"] is True
     assert facilitator.settle(same_nonce, charge(upto, 10))["errorReason"] == NONCE_USED
     assert balances(facilitator.url, payer)[0] == DEFAULT_INITIAL_BALANCE - 1000
+
+
+def test_x402_v1_has_no_permit2(facilitator, key):
+    signed = sign_payment(exact_payment_required(extra=PERMIT2_EXTRA), key)
+    v1 = {"x402Version": 1, "scheme": "exact", "network": "base-sepolia", "payload": signed["payload"]}
+    body = {"x402Version": 1, "paymentPayload": v1, "paymentRequirements": {**PRICE_V1, "extra": PERMIT2_EXTRA}}
+    assert facilitator.http.post("/verify", json=body).json()["invalidReason"] == "unsupported_asset_transfer_method"
+    assert facilitator.http.post("/settle", json=body).json()["errorReason"] == "unsupported_asset_transfer_method"
 
 
 # -- the contracts on their own ----------------------------------------------------
