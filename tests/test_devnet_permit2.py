@@ -10,6 +10,7 @@ calls the chain through the package's facilitator scheme directly, without HTTP.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,6 +32,7 @@ from x402.mechanisms.evm.upto import UptoEvmFacilitatorScheme
 from x402.schemas import PaymentPayload, PaymentRequirements
 
 from devnet.chain import DEV_NETWORK, FACILITATOR_ADDRESS, TRANSFER_TOPIC, ChainRpc, JsonRpcError, LedgerEvmSigner
+from devnet.facilitator import create_facilitator_app
 from devnet.ledger import DEFAULT_INITIAL_BALANCE, DevLedger, LedgerRevert
 from devnet.payer import (
     invalidate_permit2_nonce,
@@ -533,3 +535,48 @@ def test_the_facilitator_serve_starts_serves_upto_unless_told_not_to(tmp_path, f
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+FIELDS = [
+    ("from",),
+    ("spender",),
+    ("nonce",),
+    ("deadline",),
+    ("permitted", "token"),
+    ("permitted", "amount"),
+    ("witness", "to"),
+    ("witness", "facilitator"),
+    ("witness", "validAfter"),
+]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=80) | st.sampled_from(["0x", "0x" + "ab" * 20, "1e3"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[helpers.Facilitator]:
+    """One facilitator for every example of a property (hypothesis reruns the test, not its fixtures)."""
+    from tests.support.serve import serve_app
+
+    app = create_facilitator_app(str(tmp_path_factory.mktemp("fuzz") / "ledger.db"))
+    with serve_app(app, wait_on_exit=False) as url:
+        facilitator = helpers.Facilitator(url, app)
+        yield facilitator
+        facilitator.http.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(path=st.sampled_from(FIELDS), value=json_values, settle=st.booleans())
+def test_property_no_permit2_field_value_is_a_500(served, offer, path, value, settle):
+    """Whatever a field of an upto authorization holds, verify and settle answer a verdict or a 400."""
+    signed = sign_upto(offer, new_private_key())
+    target = signed["payload"]["permit2Authorization"]
+    for name in path[:-1]:
+        target = target[name]
+    target[path[-1]] = value
+    answer = served.http.post("/settle" if settle else "/verify", json=request_body(signed, charge(offer, 10)))
+    assert answer.status_code in (200, 400), answer.text
+    verdict = answer.json()
+    assert ("success" in verdict or "isValid" in verdict) if answer.status_code == 200 else "error" in verdict
