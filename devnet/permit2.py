@@ -171,7 +171,7 @@ class Permit2Contracts:
         abis = [NONCE_BITMAP_ABI, INVALIDATE_UNORDERED_NONCES_ABI, _PERMIT2_ADDRESS_ABI]
         abis += [abi for abi, _ in _PROXIES.values()]
         self.functions = _selectors(abis)
-        with ledger.transaction() as db:
+        with ledger.contract_transaction() as db:
             db.table("permit2_nonces").create(
                 {"network": str, "owner": str, "word_pos": str, "bit": int, "nonce": str, "tx_hash": str},
                 pk=("network", "owner", "nonce"),
@@ -235,21 +235,21 @@ class Permit2Contracts:
         row = self.settlement(tx_hash)
         if row is not None:
             return row["proxy"], settlement_logs(row)
-        with self.ledger.transaction() as db:
+        with self.ledger.contract_transaction() as db:
             rows = list(db["permit2_invalidations"].rows_where("tx_hash = ?", [tx_hash.lower()]))
         return (PERMIT2, invalidation_logs(rows[0])) if rows else None
 
     def logs(self) -> list[dict[str, Any]]:
         """Every log of every transaction, settlements first."""
         logs = [log for row in self.settlements() for log in settlement_logs(row)]
-        with self.ledger.transaction() as db:
+        with self.ledger.contract_transaction() as db:
             invalidations = list(db["permit2_invalidations"].rows_where(order_by="rowid"))
         return logs + [log for row in invalidations for log in invalidation_logs(row)]
 
     # -- state ---------------------------------------------------------------
 
     def nonce_bitmap(self, owner: str, word_pos: int) -> int:
-        with self.ledger.transaction() as db:
+        with self.ledger.contract_transaction() as db:
             return self._bitmap(db, to_checksum_address(owner), word_pos)
 
     def nonce_used(self, owner: str, nonce: int) -> bool:
@@ -258,7 +258,7 @@ class Permit2Contracts:
     def _invalidate(self, owner: str, word_pos: int, mask: int) -> str:
         """``invalidateUnorderedNonces``: set the bits of ``mask`` (already set ones stay set)."""
         created_at = datetime.now(UTC).isoformat()
-        with self.ledger.transaction() as db:
+        with self.ledger.contract_transaction() as db:
             count = db.execute("SELECT count(*) FROM permit2_invalidations").fetchone()[0]
             tx_hash = "0x" + keccak(text=f"a2a-gate-dev-permit2-invalidate|{self.network}|{owner}|{count}").hex()
             spent = self._bitmap(db, owner, word_pos)
@@ -290,13 +290,13 @@ class Permit2Contracts:
         return sum(1 << bit for (bit,) in rows)
 
     def settlement(self, tx_hash: str) -> dict[str, Any] | None:
-        with self.ledger.transaction() as db:
+        with self.ledger.contract_transaction() as db:
             rows = list(db["permit2_settlements"].rows_where("tx_hash = ?", [tx_hash.lower()]))
         return rows[0] if rows else None
 
     def settlements(self) -> list[dict[str, Any]]:
         """Every Permit2 settlement, oldest first."""
-        with self.ledger.transaction() as db:
+        with self.ledger.contract_transaction() as db:
             return list(db["permit2_settlements"].rows_where(order_by="rowid"))
 
     # -- the contracts -------------------------------------------------------
@@ -334,39 +334,33 @@ class Permit2Contracts:
         if not self.trust_signatures and _recover_eoa(self._digest(s), s.signature) != s.owner:
             raise LedgerRevert("InvalidSigner()")
         tx_hash = "0x" + keccak(text=f"a2a-gate-dev-permit2|{self.network}|{s.owner}|{s.nonce}").hex()
-        try:
-            with self.ledger.transaction() as db:
-                if self._bitmap(db, s.owner, s.nonce >> 8) >> (s.nonce & 0xFF) & 1:
-                    raise LedgerRevert("InvalidNonce()")
-                self.ledger.move(self.network, s.token, s.owner, s.to, s.amount)  # the token's transferFrom
-                if not apply:
-                    raise _Simulated
-                db.execute(
-                    "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    [self.network, s.owner, str(s.nonce >> 8), s.nonce & 0xFF, str(s.nonce), tx_hash],
-                )
-                db.table("permit2_settlements").insert(
-                    {
-                        "tx_hash": tx_hash,
-                        "network": self.network,
-                        "asset": s.token,
-                        "from_address": s.owner,
-                        "to_address": s.to,
-                        "amount": str(s.amount),
-                        "permitted_amount": str(s.permitted),
-                        "nonce": str(s.nonce),
-                        "deadline": str(s.deadline),
-                        "valid_after": str(s.valid_after),
-                        "proxy": proxy,
-                        "facilitator": s.facilitator,
-                        "with_permit": int(s.permit2612_value is not None),
-                        "created_at": datetime.now(UTC).isoformat(),
-                    }
-                )
-        except _Simulated:
-            return ""
-        return tx_hash
+        with self.ledger.contract_transaction(commit=apply) as db:  # an eth_call rolls back
+            if self._bitmap(db, s.owner, s.nonce >> 8) >> (s.nonce & 0xFF) & 1:
+                raise LedgerRevert("InvalidNonce()")
+            self.ledger.move(self.network, s.token, s.owner, s.to, s.amount)  # the token's transferFrom
+            db.execute(
+                "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash) VALUES (?, ?, ?, ?, ?, ?)",
+                [self.network, s.owner, str(s.nonce >> 8), s.nonce & 0xFF, str(s.nonce), tx_hash],
+            )
+            db.table("permit2_settlements").insert(
+                {
+                    "tx_hash": tx_hash,
+                    "network": self.network,
+                    "asset": s.token,
+                    "from_address": s.owner,
+                    "to_address": s.to,
+                    "amount": str(s.amount),
+                    "permitted_amount": str(s.permitted),
+                    "nonce": str(s.nonce),
+                    "deadline": str(s.deadline),
+                    "valid_after": str(s.valid_after),
+                    "proxy": proxy,
+                    "facilitator": s.facilitator,
+                    "with_permit": int(s.permit2612_value is not None),
+                    "created_at": datetime.now(UTC).isoformat(),
+                }
+            )
+        return tx_hash if apply else ""
 
     def _digest(self, s: _Settle) -> bytes:
         """The EIP-712 digest Permit2 checks: its own domain (no version), the proxy as spender, its witness."""
@@ -432,10 +426,6 @@ class _Settle:
             signature=bytes(signature),
             permit2612_value=permit2612_value,
         )
-
-
-class _Simulated(Exception):
-    """Raised inside an eth_call's transaction so that everything it did rolls back."""
 
 
 def invalidation_logs(row: dict[str, Any]) -> list[dict[str, Any]]:
