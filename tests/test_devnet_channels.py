@@ -22,7 +22,10 @@ from x402.mechanisms.evm.batch_settlement.authorizer_signer import (
 from x402.mechanisms.evm.batch_settlement.client.eip3009 import create_batch_settlement_eip3009_deposit_payload
 from x402.mechanisms.evm.batch_settlement.client.scheme import BatchSettlementEvmScheme
 from x402.mechanisms.evm.batch_settlement.client.voucher import sign_voucher
-from x402.mechanisms.evm.batch_settlement.constants import ERC3009_DEPOSIT_COLLECTOR_ADDRESS
+from x402.mechanisms.evm.batch_settlement.constants import (
+    ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
+    PERMIT2_DEPOSIT_COLLECTOR_ADDRESS,
+)
 from x402.mechanisms.evm.batch_settlement.facilitator.deposit_eip3009 import build_eip3009_deposit_collector_data
 from x402.mechanisms.evm.batch_settlement.facilitator.utils import to_contract_channel_config
 from x402.mechanisms.evm.batch_settlement.types import VoucherClaim
@@ -226,10 +229,17 @@ def test_claims_advance_total_claimed_and_settle_pays_exactly_the_claims(facilit
     assert [log["topics"][0] for log in receipt["logs"]] == [TRANSFER_TOPIC, EVENT_TOPICS["Settled"]]
 
 
-@pytest.mark.parametrize(
-    "case",
-    ["over_voucher", "over_balance", "below_claimed", "forged_voucher", "wrong_authorizer", "other_channel_voucher"],
-)
+BAD_CLAIMS = {
+    "over_voucher": "claim exceeds voucher maxClaimableAmount",
+    "over_balance": "claim exceeds channel balance",
+    "below_claimed": "claim below totalClaimed",
+    "forged_voucher": "invalid voucher signature",
+    "wrong_authorizer": "invalid receiver authorizer signature",
+    "other_channel_voucher": "invalid voucher signature",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CLAIMS))
 def test_a_bad_claim_reverts_and_moves_nothing(facilitator, case):
     client, config, channel_id, deposit = open_channel(facilitator)
     assert post_settle(facilitator, claim_request([client.voucher(channel_id, 2000).claim(config)]))["success"]
@@ -253,6 +263,7 @@ def test_a_bad_claim_reverts_and_moves_nothing(facilitator, case):
     answer = post_settle(facilitator, claim_request([claim], authorizer_key))
 
     assert not answer["success"] and answer["errorReason"] == CLAIM_FAILED
+    assert BAD_CLAIMS[case] in answer["errorMessage"]
     assert channel_state(facilitator, channel_id) == before
     assert settle_channels(facilitator)["amount"] == "2000"
     assert facilitator.balance(PAY_TO) == paid_before + 2000
@@ -542,3 +553,34 @@ class ContractWorld:
         if ok:
             self.refund_nonce += 1
             self.balance -= min(amount, self.balance - self.claimed)
+
+
+def test_the_contract_checks_a_deposit_as_the_token_would(tmp_path):
+    world = ContractWorld(str(tmp_path / "ledger.db"))
+    payload = create_batch_settlement_eip3009_deposit_payload(world.payer, world.offer, world.config, 2000, 1000)
+    data = build_eip3009_deposit_collector_data(payload)
+    config = to_contract_channel_config(world.config)
+    forged = create_batch_settlement_eip3009_deposit_payload(
+        EthAccountSigner(Account.create()), world.offer, world.config, 2000, 1000
+    )
+    forged.deposit.authorization.erc3009_authorization.salt = payload.deposit.authorization.erc3009_authorization.salt
+    refusals = [
+        (
+            ("deposit", config, 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, build_eip3009_deposit_collector_data(forged)),
+            "invalid signature",
+        ),
+        (("deposit", config, 2001, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data), "invalid signature"),
+        (("deposit", config, 2000, PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, data), "Permit2 is not deployed"),
+        (("deposit", config, 2000, PAY_TO, data), "unknown deposit collector"),
+        (("deposit", (*config[:5], 60, config[6]), 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data), "withdraw delay"),
+        (("deposit", config, 0, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data), "zero amount"),
+    ]
+    for (function_name, *args), reason in refusals:
+        with pytest.raises(LedgerRevert, match=reason):
+            world.contract.transact(function_name, tuple(args))
+    world._check()  # nothing moved
+    world.contract.transact("deposit", (config, 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data))
+    with pytest.raises(LedgerRevert, match="used or canceled"):
+        world.contract.transact("deposit", (config, 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data))
+    assert world.contract.channel(world.channel_id).balance == 2000
+    world.ledger.close()
