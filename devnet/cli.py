@@ -50,7 +50,9 @@ def cmd_facilitator(args: argparse.Namespace) -> int:
 def cmd_pay(args: argparse.Namespace) -> int:
     from devnet.client import pay
 
-    result = asyncio.run(pay(args.url, args.text, private_key=args.key))
+    result = asyncio.run(
+        pay(args.url, args.text, private_key=args.key, scheme=args.scheme, rpc_url=args.rpc_url, count=args.count)
+    )
     print(json.dumps(result, indent=2))
     return 0
 
@@ -91,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     pay.add_argument("url", help="the agent's endpoint, e.g. http://127.0.0.1:8000/a2a/paid-echo")
     pay.add_argument("text")
     pay.add_argument("--key", help="payer private key (default: a new throwaway key)")
+    pay.add_argument(
+        "--scheme", choices=("exact", "batch-settlement"), help="pay only with this scheme (default: the first offered)"
+    )
+    pay.add_argument(
+        "--rpc-url",
+        default=os.environ.get("A2A_GATE_DEVNET_RPC_URL"),
+        help="the development chain's JSON-RPC (the facilitator's /rpc), read for an existing channel's state"
+        " (default: $A2A_GATE_DEVNET_RPC_URL)",
+    )
+    pay.add_argument("--count", type=int, default=1, help="send the message this many times on one client")
     pay.set_defaults(func=cmd_pay)
     return parser
 

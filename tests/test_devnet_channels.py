@@ -5,6 +5,9 @@ server-side payload builders, on a real loopback server.
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,11 @@ from eth_account import Account
 from eth_utils import keccak
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from x402.mechanisms.evm.batch_settlement.authorizer_signer import (
     LocalAuthorizerSigner,
     sign_claim_batch,
@@ -36,9 +44,10 @@ from x402.schemas import PaymentRequirements
 from devnet.batch_settlement import EVENT_TOPICS, BatchSettlementContract
 from devnet.chain import LedgerEvmSigner
 from devnet.channels import DEV_RECEIVER_AUTHORIZER_KEY
+from devnet.client import pay
 from devnet.facilitator import DEV_NETWORK
 from devnet.ledger import DevLedger, LedgerRevert
-from devnet.payer import new_private_key
+from devnet.payer import encode_header, new_private_key
 from tests.support import dev_facilitator_helpers
 from tests.support.channels import (
     BATCH_SETTLEMENT_ADDRESS,
@@ -53,6 +62,7 @@ from tests.support.channels import (
     signed_transaction,
 )
 from tests.support.dev_facilitator_helpers import PAY_TO, USDC_BASE_SEPOLIA, request_body
+from tests.support.serve import serve_app
 
 start = dev_facilitator_helpers.start
 facilitator = dev_facilitator_helpers.facilitator
@@ -584,3 +594,76 @@ def test_the_contract_checks_a_deposit_as_the_token_would(tmp_path):
         world.contract.transact("deposit", (config, 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data))
     assert world.contract.channel(world.channel_id).balance == 2000
     world.ledger.close()
+
+
+# -- a2a-gate-devnet pay over a channel ----------------------------------------------------
+
+
+def channel_seller(facilitator: Any, offer: dict[str, Any]) -> Starlette:
+    """The smallest seller that takes channel payments: 402 with the offer; a deposit verified and
+    settled through the facilitator; a voucher verified there for ``charged + price``; every
+    answer's ``PAYMENT-RESPONSE`` carries the charge and the running total (the binding's shape)."""
+    price = int(offer["amount"])
+    charged = {"total": 0}
+    seen: list[dict[str, Any]] = []
+
+    async def a2a(request: Request) -> Response:
+        header = request.headers.get("payment-signature")
+        if header is None:
+            required = {
+                "x402Version": 2,
+                "error": "payment required",
+                "resource": {"url": str(request.url)},
+                "accepts": [offer],
+            }
+            return JSONResponse({}, status_code=402, headers={"PAYMENT-REQUIRED": encode_header(required)})
+        payment = json.loads(base64.b64decode(header))
+        seen.append(payment)
+        inner = payment["payload"]
+        if int(inner["voucher"]["maxClaimableAmount"]) != charged["total"] + price:
+            return JSONResponse({"error": "cumulative mismatch"}, status_code=402)
+        verified = await run_in_threadpool(facilitator.verify, payment, offer)
+        if not verified["isValid"]:
+            return JSONResponse(verified, status_code=402)
+        receipt: dict[str, Any] = {"success": True, "transaction": "", "network": DEV_NETWORK, "amount": ""}
+        if inner["type"] == "deposit":
+            settled = await run_in_threadpool(facilitator.settle, payment, offer)
+            receipt.update(transaction=settled["transaction"], amount=settled["amount"])
+        charged["total"] += price
+        receipt["payer"] = verified["payer"]
+        receipt["extra"] = {
+            "chargedAmount": str(price),
+            "channelState": {
+                "channelId": inner["voucher"]["channelId"],
+                "chargedCumulativeAmount": str(charged["total"]),
+            },
+        }
+        return JSONResponse(
+            {"jsonrpc": "2.0", "id": 1, "result": {"kind": "task"}},
+            headers={"PAYMENT-RESPONSE": encode_header(receipt)},
+        )
+
+    app = Starlette(routes=[Route("/a2a", a2a, methods=["POST"])])
+    app.state.seen = seen
+    return app
+
+
+def test_devnet_pay_pays_a_channel_priced_agent_with_one_deposit_then_vouchers(facilitator):
+    offer = channel_offer(RECEIVER_AUTHORIZER)
+    seller = channel_seller(facilitator, offer)
+    with serve_app(seller) as seller_url:
+        outcome = asyncio.run(
+            pay(seller_url + "/a2a", "hello", scheme="batch-settlement", rpc_url=facilitator.url + "/rpc", count=3)
+        )
+    kinds = [p["payload"]["type"] for p in seller.state.seen]
+    assert kinds == ["deposit", "voucher", "voucher"]
+    assert [int(p["payload"]["voucher"]["maxClaimableAmount"]) for p in seller.state.seen] == [1000, 2000, 3000]
+    assert [r["extra"]["channelState"]["chargedCumulativeAmount"] for r in outcome["payment_responses"]] == [
+        "1000",
+        "2000",
+        "3000",
+    ]
+    channel_id = seller.state.seen[0]["payload"]["voucher"]["channelId"]
+    deposit = int(seller.state.seen[0]["payload"]["deposit"]["amount"])
+    assert channel_state(facilitator, channel_id)["balance"] == str(deposit)
+    assert outcome["http_status"] == 200
