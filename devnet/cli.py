@@ -43,6 +43,7 @@ def cmd_facilitator(args: argparse.Namespace) -> int:
         auth_token=args.auth_token,
         receiver_authorizer_key=args.receiver_authorizer_key,
         log_level=args.log_level,
+        permit2=args.permit2,
     )
     return 0
 
@@ -86,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the key batch-settlement claims and refunds are signed with when a channel names the facilitator"
         " (default: $A2A_GATE_DEVNET_RECEIVER_AUTHORIZER_KEY, else the public development key)",
     )
+    facilitator.add_argument(
+        "--no-permit2",
+        dest="permit2",
+        action="store_false",
+        help="no Permit2 on the chain: refuse exact-by-Permit2 and upto (served by default)",
+    )
     facilitator.add_argument("--log-level", default="info")
     facilitator.set_defaults(func=cmd_facilitator)
 
@@ -94,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     pay.add_argument("text")
     pay.add_argument("--key", help="payer private key (default: a new throwaway key)")
     pay.add_argument(
-        "--scheme", choices=("exact", "batch-settlement"), help="pay only with this scheme (default: the first offered)"
+        "--scheme",
+        choices=("exact", "upto", "batch-settlement"),
+        help="pay only with this scheme (default: the first offered)",
     )
     pay.add_argument(
         "--rpc-url",

@@ -1,12 +1,11 @@
 """`a2a-gate-devnet pay`: send one message to a priced agent and pay for it, like a real buyer.
 
-The paying is done by the x402 package's own httpx client (402 -> sign -> retry),
-with a throwaway key unless one is given, so the paid flow can be shown end to end
-on a fresh machine against the development facilitator.
-
-Both of the gate's schemes are offered to the client: ``exact`` (one signed transfer per
-request) and ``batch-settlement`` (a channel: one deposit, then a voucher per request), the
-x402 package's own client schemes. ``scheme`` limits it to one. With ``rpc_url`` (the
+The paying is done by the x402 package's own httpx client (402 -> sign -> retry) with its
+client schemes: ``exact`` (one signed transfer per request), ``upto`` (an offer is signed for its
+ceiling, and the agent settles what the work cost) and ``batch-settlement`` (a channel: one
+deposit, then a voucher per request), with a throwaway key unless one is given, so the paid flow
+can be shown end to end on a fresh machine against the development facilitator. ``scheme``
+limits the client to one of them. With ``rpc_url`` (the
 development facilitator's ``/rpc``) the channel client reads the channel's state from the
 chain (``channels(bytes32)``, through ``EthAccountSignerWithRPC``) instead of depositing anew
 each time the command runs; ``count`` sends that many messages on one client, so the
@@ -25,14 +24,15 @@ from x402 import x402Client
 from x402.http.clients.httpx import x402HttpxClient
 from x402.mechanisms.evm.batch_settlement import SCHEME_BATCH_SETTLEMENT
 from x402.mechanisms.evm.batch_settlement.client.scheme import BatchSettlementEvmScheme
-from x402.mechanisms.evm.constants import SCHEME_EXACT
+from x402.mechanisms.evm.constants import SCHEME_EXACT, SCHEME_UPTO
 from x402.mechanisms.evm.exact import register_exact_evm_client
 from x402.mechanisms.evm.signers import EthAccountSigner, EthAccountSignerWithRPC
+from x402.mechanisms.evm.upto import UptoEvmClientScheme
 
 from devnet.payer import new_private_key
 
 #: The schemes ``pay`` can pay with.
-SCHEMES = (SCHEME_EXACT, SCHEME_BATCH_SETTLEMENT)
+SCHEMES = (SCHEME_EXACT, SCHEME_UPTO, SCHEME_BATCH_SETTLEMENT)
 
 
 async def pay(
@@ -51,6 +51,8 @@ async def pay(
     client = x402Client()
     if scheme in (None, SCHEME_EXACT):
         register_exact_evm_client(client, account)
+    if scheme in (None, SCHEME_UPTO):
+        client.register("eip155:*", UptoEvmClientScheme(account))
     if scheme in (None, SCHEME_BATCH_SETTLEMENT):
         signer = EthAccountSignerWithRPC(account, rpc_url) if rpc_url else EthAccountSigner(account)
         client.register("eip155:*", BatchSettlementEvmScheme(signer))

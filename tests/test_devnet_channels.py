@@ -439,7 +439,7 @@ def test_the_contract_answers_raw_eth_calls(facilitator):
     answer = rpc(facilitator.http, "eth_call", {"to": BATCH_SETTLEMENT_ADDRESS, "data": data}, "latest")
     assert int(answer["result"], 16) == 0
     bad = rpc(facilitator.http, "eth_call", {"to": BATCH_SETTLEMENT_ADDRESS, "data": "0xdeadbeef"}, "latest")
-    assert "unknown function" in bad["error"]["message"]
+    assert bad["error"]["code"] == -32602
     assert client.channels_view(channel_id) == [deposit, 0]
     assert config.token == USDC_BASE_SEPOLIA
 
@@ -475,9 +475,8 @@ class ContractWorld:
 
     def __init__(self, path: str) -> None:
         self.ledger = DevLedger(path)
-        self.signer = LedgerEvmSigner(self.ledger)
-        self.contract = BatchSettlementContract(self.signer)
-        self.signer.contracts[self.contract.address] = self.contract
+        self.contract = BatchSettlementContract(self.ledger)
+        self.signer = LedgerEvmSigner(self.ledger, contracts=[self.contract])
         self.payer = EthAccountSigner(Account.from_key(PROPERTY_PAYER_KEY))
         self.offer = PaymentRequirements.model_validate(channel_offer(RECEIVER_AUTHORIZER))
         self.config = BatchSettlementEvmScheme(self.payer).build_channel_config(self.offer)
@@ -497,7 +496,7 @@ class ContractWorld:
 
     def _send(self, function_name: str, *args: Any) -> bool:
         try:
-            self.contract.transact(function_name, args)
+            self.contract.transact(BATCH_SETTLEMENT_ADDRESS, function_name, args)
         except LedgerRevert:
             return False
         return True
@@ -587,11 +586,15 @@ def test_the_contract_checks_a_deposit_as_the_token_would(tmp_path):
     ]
     for (function_name, *args), reason in refusals:
         with pytest.raises(LedgerRevert, match=reason):
-            world.contract.transact(function_name, tuple(args))
+            world.contract.transact(BATCH_SETTLEMENT_ADDRESS, function_name, tuple(args))
     world._check()  # nothing moved
-    world.contract.transact("deposit", (config, 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data))
+    world.contract.transact(
+        BATCH_SETTLEMENT_ADDRESS, "deposit", (config, 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data)
+    )
     with pytest.raises(LedgerRevert, match="used or canceled"):
-        world.contract.transact("deposit", (config, 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data))
+        world.contract.transact(
+            BATCH_SETTLEMENT_ADDRESS, "deposit", (config, 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data)
+        )
     assert world.contract.channel(world.channel_id).balance == 2000
     world.ledger.close()
 
