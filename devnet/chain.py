@@ -420,7 +420,7 @@ class LedgerEvmSigner:
             try:
                 args = tuple(abi_decode(input_types, bytes(call_data[4:])))
                 value = self._call(target, name, args)
-                encoded = abi_encode(output_types, [value]) if output_types else b""
+                encoded = _encode_outputs(output_types, value)
                 results.append((True, encoded))
             except LedgerRevert as exc:
                 results.append((False, _encode_revert(exc.reason)))
@@ -537,7 +537,7 @@ class ChainRpc:
             raise JsonRpcError(3, str(exc)) from None
         except (KeyError, ValueError, TypeError) as exc:
             raise JsonRpcError(-32602, f"cannot call: {type(exc).__name__}") from None
-        return "0x" + (abi_encode(output_types, [value]) if output_types else b"").hex()
+        return "0x" + _encode_outputs(output_types, value).hex()
 
     def _logs(self, query: Any) -> list[dict[str, Any]]:
         if not isinstance(query, dict) or not isinstance(query.get("topics"), list):
@@ -650,6 +650,13 @@ def _log(address: str, topics: list[str], data: str, tx_hash: str, index: int) -
 
 def _address_topic(address: str) -> str:
     return "0x" + "00" * 12 + address.lower().removeprefix("0x")
+
+
+def _encode_outputs(output_types: list[str], value: Any) -> bytes:
+    """A function's return data: one value, or the tuple of a function that returns several."""
+    if not output_types:
+        return b""
+    return abi_encode(output_types, list(value) if len(output_types) > 1 else [value])
 
 
 def _encode_revert(reason: str) -> bytes:

@@ -41,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from x402 import x402FacilitatorSync
+from x402.mechanisms.evm.batch_settlement import SCHEME_BATCH_SETTLEMENT
 from x402.mechanisms.evm.constants import SCHEME_EXACT, SCHEME_UPTO
 from x402.mechanisms.evm.exact import ExactEvmFacilitatorScheme
 from x402.mechanisms.evm.exact.v1 import ExactEvmSchemeV1Facilitator
@@ -56,6 +57,7 @@ from x402.schemas import (
 )
 from x402.schemas.helpers import detect_version, parse_payment_payload, parse_payment_requirements
 
+from .batch_settlement import BatchSettlementContract
 from .chain import (
     DEV_CHAIN_ID,
     DEV_NETWORK,
@@ -67,6 +69,8 @@ from .chain import (
     TokenInfo,
     default_tokens,
 )
+from .channel_requests import channel_payer, check_channel_payload
+from .channels import ChannelFacilitator, channel_routes
 from .faults import DEV_FAULT_REASON, FaultInjector
 from .ledger import DEFAULT_INITIAL_BALANCE, DevLedger, LedgerRevert, Transfer
 from .permit2 import Permit2Contracts
@@ -190,6 +194,12 @@ def _check_shape(
     _require_address(requirements.asset, "paymentRequirements.asset")
 
     inner = payload.payload
+    if payload.get_scheme() == SCHEME_BATCH_SETTLEMENT:
+        try:
+            check_channel_payload(inner)
+        except ValueError as exc:
+            raise BadRequest(f"paymentPayload.payload: {exc}") from None
+        return
     if is_permit2_payload(inner):
         _check_permit2_shape(inner)
         return
@@ -291,6 +301,8 @@ async def _hints(request: Request) -> tuple[str | None, str]:
     payer = _dig(data, "paymentPayload", "payload", "authorization", "from")
     if payer is None:
         payer = _dig(data, "paymentPayload", "payload", "permit2Authorization", "from")
+    if payer is None:
+        payer = channel_payer(_dig(data, "paymentPayload", "payload"))
     network = _dig(data, "paymentRequirements", "network")
     return (
         payer if isinstance(payer, str) else None,
@@ -307,6 +319,8 @@ def _dig(data: Any, *keys: str) -> Any:
 
 
 def _payer_of(payload: PaymentPayload | PaymentPayloadV1) -> str | None:
+    if channel_payer(payload.payload) is not None:
+        return channel_payer(payload.payload)
     authorization = payload.payload.get("authorization")
     if isinstance(authorization, dict):
         return authorization.get("from")
@@ -323,6 +337,8 @@ def _unsupported_reason(payload: PaymentPayload | PaymentPayloadV1, permit2: boo
     has no Permit2 contract, and a Permit2 payment is refused as unsupported, as it is in x402 v1.
     """
     scheme = payload.get_scheme()
+    if scheme == SCHEME_BATCH_SETTLEMENT and payload.x402_version == 2:
+        return None if payload.get_network() == DEV_NETWORK else "invalid_network"
     if scheme != SCHEME_EXACT and not (scheme == SCHEME_UPTO and permit2 and payload.x402_version == 2):
         return "unsupported_scheme"
     if is_permit2_payload(payload.payload) and not (permit2 and payload.x402_version == 2):
@@ -370,7 +386,8 @@ async def _answer(request: Request, kind: str) -> Response:
     except Exception as exc:
         logger.error("%s failed unexpectedly: %s", kind, type(exc).__name__, exc_info=True)
         return _error(500, "internal_error")
-    if isinstance(result, SettleResponse) and result.success and result.amount is None:
+    exact = payload.get_scheme() == SCHEME_EXACT
+    if exact and isinstance(result, SettleResponse) and result.success and result.amount is None:
         # The exact scheme always moves exactly the required amount; say so.
         result = result.model_copy(update={"amount": requirements.get_amount()})
     if isinstance(result, VerifyResponse):
@@ -528,6 +545,7 @@ def create_facilitator_app(
     initial_balance: int = DEFAULT_INITIAL_BALANCE,
     auth_token: str | None = None,
     permit2: bool = True,
+    receiver_authorizer_key: str | None = None,
 ) -> Starlette:
     """Build the facilitator app over the SQLite ledger at ``db_path``.
 
@@ -535,15 +553,22 @@ def create_facilitator_app(
     the module docstring. ``app.state.ledger`` exposes the ledger to tests.
     ``permit2`` (the default) puts Permit2 and x402's Permit2 proxies on the chain
     (``devnet.permit2``) and serves ``exact`` by Permit2 and ``upto`` (x402 v2).
+    ``receiver_authorizer_key`` is the key the ``batch-settlement`` scheme signs claims and
+    refunds with for channels that name it (``devnet.channels``).
     """
     ledger = DevLedger(db_path, initial_balance=initial_balance)
     contracts = Permit2Contracts(ledger, trust_signatures=trust_signatures) if permit2 else None
-    signer = LedgerEvmSigner(ledger, trust_signatures=trust_signatures, contracts=[contracts] if contracts else [])
+    channel_contract = BatchSettlementContract(ledger, trust_signatures=trust_signatures)
+    signer = LedgerEvmSigner(
+        ledger, trust_signatures=trust_signatures, contracts=[*([contracts] if contracts else []), channel_contract]
+    )
     facilitator = x402FacilitatorSync()
     facilitator.register([DEV_NETWORK], ExactEvmFacilitatorScheme(signer))
     facilitator.register_v1([DEV_NETWORK_V1], ExactEvmSchemeV1Facilitator(signer))
     if contracts is not None:
         facilitator.register([DEV_NETWORK], UptoEvmFacilitatorScheme(signer))
+    channels = ChannelFacilitator(signer, channel_contract, receiver_authorizer_key)
+    facilitator.register([DEV_NETWORK], channels.scheme)
 
     routes = [
         Route("/verify", verify, methods=["POST"]),
@@ -555,6 +580,7 @@ def create_facilitator_app(
         Route("/dev/chain/cancelAuthorization", dev_cancel_authorization, methods=["POST"]),
         Route("/dev/chain/transferWithAuthorization", dev_transfer_with_authorization, methods=["POST"]),
         Route("/rpc", chain_rpc, methods=["POST"]),
+        *channel_routes(),
     ]
     middleware = [Middleware(BearerAuthMiddleware, token=auth_token)] if auth_token else []
     app = Starlette(routes=routes, middleware=middleware, max_body_size=MAX_BODY_SIZE)
@@ -566,6 +592,7 @@ def create_facilitator_app(
     app.state.faults = FaultInjector()
     app.state.calls = {"verify": 0, "settle": 0}
     app.state.trust_signatures = trust_signatures
+    app.state.channels = channels
     return app
 
 
@@ -577,6 +604,7 @@ def run(
     *,
     initial_balance: int = DEFAULT_INITIAL_BALANCE,
     auth_token: str | None = None,
+    receiver_authorizer_key: str | None = None,
     log_level: str = "info",
     permit2: bool = True,
 ) -> None:
@@ -591,5 +619,6 @@ def run(
         initial_balance=initial_balance,
         auth_token=auth_token,
         permit2=permit2,
+        receiver_authorizer_key=receiver_authorizer_key,
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -516,7 +516,10 @@ def run_pay(url: str, text: str) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize(("flags", "schemes"), [([], {"exact", "upto"}), (["--no-permit2"], {"exact"})])
+@pytest.mark.parametrize(
+    ("flags", "schemes"),
+    [([], {"exact", "upto", "batch-settlement"}), (["--no-permit2"], {"exact", "batch-settlement"})],
+)
 def test_the_facilitator_serve_starts_serves_upto_unless_told_not_to(tmp_path, flags, schemes):
     """What `a2a-gate serve --dev-facilitator PORT` runs (`python -m devnet facilitator`) serves upto."""
     import subprocess
