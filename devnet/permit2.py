@@ -70,6 +70,7 @@ __all__ = [
     "SETTLED_WITH_PERMIT_TOPIC",
     "UPTO_PROXY",
     "Permit2Contracts",
+    "PermitWitnessTransfer",
 ]
 
 PERMIT2: str = to_checksum_address(PERMIT2_ADDRESS)
@@ -324,23 +325,27 @@ class Permit2Contracts:
             raise LedgerRevert("InvalidDestination()")
         if now < s.valid_after:
             raise LedgerRevert("PaymentTooEarly()")
-        # Permit2.permitWitnessTransferFrom, called by the proxy
-        if now > s.deadline:
-            raise LedgerRevert(f"SignatureExpired({s.deadline})")
-        if s.amount > s.permitted:
-            raise LedgerRevert(f"InvalidAmount({s.permitted})")
-        if s.token not in self.tokens:
-            raise LedgerRevert(f"{s.token} has no contract code in the dev ledger")
-        if not self.trust_signatures and _recover_eoa(self._digest(s), s.signature) != s.owner:
-            raise LedgerRevert("InvalidSigner()")
         tx_hash = "0x" + keccak(text=f"a2a-gate-dev-permit2|{self.network}|{s.owner}|{s.nonce}").hex()
+        witness: dict[str, Any] = {"to": s.to, "validAfter": s.valid_after}
+        if proxy == UPTO_PROXY:
+            witness["facilitator"] = s.facilitator
         with self.ledger.contract_transaction(commit=apply) as db:  # an eth_call rolls back
-            if self._bitmap(db, s.owner, s.nonce >> 8) >> (s.nonce & 0xFF) & 1:
-                raise LedgerRevert("InvalidNonce()")
-            self.ledger.move(self.network, s.token, s.owner, s.to, s.amount)  # the token's transferFrom
-            db.execute(
-                "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash) VALUES (?, ?, ?, ?, ?, ?)",
-                [self.network, s.owner, str(s.nonce >> 8), s.nonce & 0xFF, str(s.nonce), tx_hash],
+            self.permit_witness_transfer_from(
+                db,
+                PermitWitnessTransfer(
+                    owner=s.owner,
+                    token=s.token,
+                    permitted=s.permitted,
+                    nonce=s.nonce,
+                    deadline=s.deadline,
+                    spender=proxy,
+                    to=s.to,
+                    amount=s.amount,
+                    witness_types=_PROXIES[proxy][1],
+                    witness=witness,
+                    signature=s.signature,
+                ),
+                tx_hash,
             )
             db.table("permit2_settlements").insert(
                 {
@@ -362,26 +367,63 @@ class Permit2Contracts:
             )
         return tx_hash if apply else ""
 
-    def _digest(self, s: _Settle) -> bytes:
-        """The EIP-712 digest Permit2 checks: its own domain (no version), the proxy as spender, its witness."""
-        witness: dict[str, Any] = {"to": s.to, "validAfter": s.valid_after}
-        if s.proxy == UPTO_PROXY:
-            witness["facilitator"] = s.facilitator
+    def permit_witness_transfer_from(self, db: Database, p: PermitWitnessTransfer, tx_hash: str) -> None:
+        """Permit2's ``permitWitnessTransferFrom`` as a contract calls it, inside the caller's
+        ``contract_transaction`` (``db``): the deadline, the amount within the permit, the owner's
+        signature over the permit with the caller as spender, the nonce spent once, the token's
+        ``transferFrom`` to ``p.to``. x402's proxies call it, and so may any other contract the dev
+        chain plays, so that one owner's nonces are spent from one bitmap whoever the spender.
+        """
+        if int(time.time()) > p.deadline:
+            raise LedgerRevert(f"SignatureExpired({p.deadline})")
+        if p.amount > p.permitted:
+            raise LedgerRevert(f"InvalidAmount({p.permitted})")
+        if p.token not in self.tokens:
+            raise LedgerRevert(f"{p.token} has no contract code in the dev ledger")
+        if not self.trust_signatures and _recover_eoa(self._digest(p), p.signature) != p.owner:
+            raise LedgerRevert("InvalidSigner()")
+        if self._bitmap(db, p.owner, p.nonce >> 8) >> (p.nonce & 0xFF) & 1:
+            raise LedgerRevert("InvalidNonce()")
+        self.ledger.move(self.network, p.token, p.owner, p.to, p.amount)  # the token's transferFrom
+        db.execute(
+            "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash) VALUES (?, ?, ?, ?, ?, ?)",
+            [self.network, p.owner, str(p.nonce >> 8), p.nonce & 0xFF, str(p.nonce), tx_hash],
+        )
+
+    def _digest(self, p: PermitWitnessTransfer) -> bytes:
+        """The EIP-712 digest Permit2 checks: its own domain (no version), the caller as spender, its witness."""
         signable = encode_typed_data(
             full_message={
-                "types": {"EIP712Domain": _DOMAIN_FIELDS, **_PROXIES[s.proxy][1]},
+                "types": {"EIP712Domain": _DOMAIN_FIELDS, **p.witness_types},
                 "primaryType": "PermitWitnessTransferFrom",
                 "domain": {"name": "Permit2", "chainId": self.chain_id, "verifyingContract": PERMIT2},
                 "message": {
-                    "permitted": {"token": s.token, "amount": s.permitted},
-                    "spender": s.proxy,
-                    "nonce": s.nonce,
-                    "deadline": s.deadline,
-                    "witness": witness,
+                    "permitted": {"token": p.token, "amount": p.permitted},
+                    "spender": p.spender,
+                    "nonce": p.nonce,
+                    "deadline": p.deadline,
+                    "witness": p.witness,
                 },
             }
         )
         return keccak(b"\x19" + signable.version + signable.header + signable.body)
+
+
+@dataclass(frozen=True)
+class PermitWitnessTransfer:
+    """One ``permitWitnessTransferFrom``: the signed permit, the caller (spender) and where the tokens go."""
+
+    owner: str
+    token: str
+    permitted: int
+    nonce: int
+    deadline: int
+    spender: str
+    to: str
+    amount: int
+    witness_types: dict[str, list[dict[str, str]]]
+    witness: dict[str, Any]
+    signature: bytes
 
 
 @dataclass(frozen=True)
