@@ -188,6 +188,38 @@ def test_a_deposit_with_a_forged_authorization_moves_nothing(facilitator):
     assert client.channels_view(client.channel(payment)[1]) == [0, 0]
 
 
+def test_a_permit2_deposit_opens_a_channel_once(facilitator):
+    offer = channel_offer(RECEIVER_AUTHORIZER, assetTransferMethod="permit2")
+    client = ChannelClient(facilitator.url, new_private_key())
+    payment = client.payment(offer)
+    assert "permit2Authorization" in payment["payload"]["deposit"]["authorization"]
+    _, channel_id = client.channel(payment)
+    deposit = int(payment["payload"]["deposit"]["amount"])
+    before = facilitator.balance(client.address)
+
+    assert facilitator.verify(payment, offer)["isValid"]
+    settled = facilitator.settle(payment, offer)
+
+    assert settled["success"], settled
+    assert client.channels_view(channel_id) == [deposit, 0]
+    assert facilitator.balance(client.address) == before - deposit
+    again = facilitator.settle(payment, offer)  # the Permit2 nonce is spent
+    assert not again["success"]
+    assert client.channels_view(channel_id) == [deposit, 0]
+    assert facilitator.balance(client.address) == before - deposit
+
+
+def test_without_permit2_a_permit2_deposit_moves_nothing(start):
+    plain = start(permit2=False)
+    offer = channel_offer(RECEIVER_AUTHORIZER, assetTransferMethod="permit2")
+    client = ChannelClient(plain.url, new_private_key())
+    payment = client.payment(offer)
+    before = plain.balance(client.address)
+    assert not plain.verify(payment, offer)["isValid"]
+    assert not plain.settle(payment, offer)["success"]
+    assert plain.balance(client.address) == before
+
+
 def test_vouchers_verify_against_the_channel(facilitator):
     offer = channel_offer(RECEIVER_AUTHORIZER)
     client, config, channel_id, deposit = open_channel(facilitator, offer)
