@@ -28,6 +28,7 @@ from x402.mechanisms.evm.batch_settlement.authorizer_signer import (
     sign_refund,
 )
 from x402.mechanisms.evm.batch_settlement.client.eip3009 import create_batch_settlement_eip3009_deposit_payload
+from x402.mechanisms.evm.batch_settlement.client.permit2 import create_batch_settlement_permit2_deposit_payload
 from x402.mechanisms.evm.batch_settlement.client.scheme import BatchSettlementEvmScheme
 from x402.mechanisms.evm.batch_settlement.client.voucher import sign_voucher
 from x402.mechanisms.evm.batch_settlement.constants import (
@@ -35,6 +36,7 @@ from x402.mechanisms.evm.batch_settlement.constants import (
     PERMIT2_DEPOSIT_COLLECTOR_ADDRESS,
 )
 from x402.mechanisms.evm.batch_settlement.facilitator.deposit_eip3009 import build_eip3009_deposit_collector_data
+from x402.mechanisms.evm.batch_settlement.facilitator.deposit_permit2 import build_permit2_deposit_collector_data
 from x402.mechanisms.evm.batch_settlement.facilitator.utils import to_contract_channel_config
 from x402.mechanisms.evm.batch_settlement.types import VoucherClaim
 from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id
@@ -48,6 +50,7 @@ from devnet.client import pay
 from devnet.facilitator import DEV_NETWORK
 from devnet.ledger import DevLedger, LedgerRevert
 from devnet.payer import encode_header, new_private_key
+from devnet.permit2 import Permit2Contracts
 from tests.support import dev_facilitator_helpers
 from tests.support.channels import (
     BATCH_SETTLEMENT_ADDRESS,
@@ -507,8 +510,9 @@ class ContractWorld:
 
     def __init__(self, path: str) -> None:
         self.ledger = DevLedger(path)
-        self.contract = BatchSettlementContract(self.ledger)
-        self.signer = LedgerEvmSigner(self.ledger, contracts=[self.contract])
+        self.permit2 = Permit2Contracts(self.ledger)
+        self.contract = BatchSettlementContract(self.ledger, permit2=self.permit2)
+        self.signer = LedgerEvmSigner(self.ledger, contracts=[self.permit2, self.contract])
         self.payer = EthAccountSigner(Account.from_key(PROPERTY_PAYER_KEY))
         self.offer = PaymentRequirements.model_validate(channel_offer(RECEIVER_AUTHORIZER))
         self.config = BatchSettlementEvmScheme(self.payer).build_channel_config(self.offer)
@@ -611,7 +615,10 @@ def test_the_contract_checks_a_deposit_as_the_token_would(tmp_path):
             "invalid signature",
         ),
         (("deposit", config, 2001, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data), "invalid signature"),
-        (("deposit", config, 2000, PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, data), "Permit2 is not deployed"),
+        (
+            ("deposit", config, 2000, PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, data),
+            "Permit2DepositCollector: bad collector data",
+        ),
         (("deposit", config, 2000, PAY_TO, data), "unknown deposit collector"),
         (("deposit", (*config[:5], 60, config[6]), 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data), "withdraw delay"),
         (("deposit", config, 0, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data), "zero amount"),
@@ -702,3 +709,28 @@ def test_devnet_pay_pays_a_channel_priced_agent_with_one_deposit_then_vouchers(f
     deposit = int(seller.state.seen[0]["payload"]["deposit"]["amount"])
     assert channel_state(facilitator, channel_id)["balance"] == str(deposit)
     assert outcome["http_status"] == 200
+
+
+def test_the_contract_checks_a_permit2_deposit_as_permit2_would(tmp_path):
+    world = ContractWorld(str(tmp_path / "ledger.db"))
+    config = to_contract_channel_config(world.config)
+    payload = create_batch_settlement_permit2_deposit_payload(world.payer, world.offer, world.config, 2000, 1000)
+    data = build_permit2_deposit_collector_data(payload)
+    forged = create_batch_settlement_permit2_deposit_payload(
+        EthAccountSigner(Account.create()), world.offer, world.config, 2000, 1000
+    )
+    permit2 = PERMIT2_DEPOSIT_COLLECTOR_ADDRESS
+    with pytest.raises(LedgerRevert, match="InvalidSigner"):
+        world.contract.transact(
+            BATCH_SETTLEMENT_ADDRESS, "deposit", (config, 2000, permit2, build_permit2_deposit_collector_data(forged))
+        )
+    with pytest.raises(LedgerRevert, match="InvalidSigner"):  # the signature binds the amount
+        world.contract.transact(BATCH_SETTLEMENT_ADDRESS, "deposit", (config, 1999, permit2, data))
+    world._check()
+    world.contract.transact(BATCH_SETTLEMENT_ADDRESS, "deposit", (config, 2000, permit2, data))
+    with pytest.raises(LedgerRevert, match="InvalidNonce"):
+        world.contract.transact(BATCH_SETTLEMENT_ADDRESS, "deposit", (config, 2000, permit2, data))
+    nonce = int(payload.deposit.authorization.permit2_authorization.nonce)
+    assert world.permit2.nonce_used(world.payer.address, nonce)
+    assert world.contract.channel(world.channel_id).balance == 2000
+    world.ledger.close()
