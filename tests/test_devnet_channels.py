@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -22,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from x402.http import FacilitatorConfig, HTTPFacilitatorClientSync
 from x402.mechanisms.evm.batch_settlement.authorizer_signer import (
     LocalAuthorizerSigner,
     sign_claim_batch,
@@ -38,6 +40,12 @@ from x402.mechanisms.evm.batch_settlement.constants import (
 from x402.mechanisms.evm.batch_settlement.facilitator.deposit_eip3009 import build_eip3009_deposit_collector_data
 from x402.mechanisms.evm.batch_settlement.facilitator.deposit_permit2 import build_permit2_deposit_collector_data
 from x402.mechanisms.evm.batch_settlement.facilitator.utils import to_contract_channel_config
+from x402.mechanisms.evm.batch_settlement.server.channel_manager_common import ChannelManagerConfigSync
+from x402.mechanisms.evm.batch_settlement.server.channel_manager_sync import BatchSettlementChannelManagerSync
+from x402.mechanisms.evm.batch_settlement.server.scheme import BatchSettlementEvmScheme as ServerBatchSettlementScheme
+from x402.mechanisms.evm.batch_settlement.server.scheme import BatchSettlementEvmSchemeServerConfig
+from x402.mechanisms.evm.batch_settlement.server.storage import Channel as ServerChannel
+from x402.mechanisms.evm.batch_settlement.server.storage import InMemoryChannelStorage
 from x402.mechanisms.evm.batch_settlement.types import VoucherClaim
 from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id
 from x402.mechanisms.evm.signers import EthAccountSigner
@@ -734,3 +742,56 @@ def test_the_contract_checks_a_permit2_deposit_as_permit2_would(tmp_path):
     assert world.permit2.nonce_used(world.payer.address, nonce)
     assert world.contract.channel(world.channel_id).balance == 2000
     world.ledger.close()
+
+
+# -- the package's own server-side channel manager, over HTTP ----------------------------------
+
+
+@pytest.mark.parametrize("own_authorizer", [False, True])
+def test_the_packages_channel_manager_claims_settles_and_refunds_through_the_facilitator(start, own_authorizer):
+    """``BatchSettlementChannelManagerSync`` with the package's HTTP facilitator client: the claim,
+    settle and refund payloads the package's server side sends work over the simulated contract,
+    whether the facilitator signs as receiver authorizer or the server signs with its own key."""
+    facilitator = start()
+    server_key = new_private_key() if own_authorizer else None
+    authorizer = Account.from_key(server_key).address if server_key else RECEIVER_AUTHORIZER
+    offer = channel_offer(authorizer)
+    storage = InMemoryChannelStorage()
+    signer = LocalAuthorizerSigner(server_key) if server_key else None
+    scheme = ServerBatchSettlementScheme(
+        PAY_TO, BatchSettlementEvmSchemeServerConfig(storage=storage, receiver_authorizer_signer=signer)
+    )
+    http_facilitator = HTTPFacilitatorClientSync(FacilitatorConfig(url=facilitator.url))
+    manager = BatchSettlementChannelManagerSync(
+        ChannelManagerConfigSync(
+            scheme=scheme, facilitator=http_facilitator, receiver=PAY_TO, token=USDC_BASE_SEPOLIA, network=DEV_NETWORK
+        )
+    )
+    client, config, channel_id, deposit = open_channel(facilitator, offer)
+    voucher = client.voucher(channel_id, 3000)
+    storage.update_channel(
+        channel_id,
+        lambda _: ServerChannel(
+            channel_id=channel_id,
+            channel_config=config,
+            charged_cumulative_amount="3000",
+            signed_max_claimable="3000",
+            signature=voucher.signature,
+            balance=str(deposit),
+        ),
+    )
+    paid_before, payer_before = facilitator.balance(PAY_TO), facilitator.balance(client.address)
+
+    done = manager.claim_and_settle()
+
+    assert [c.vouchers for c in done["claims"]] == [1] and done["settle"] is not None
+    assert client.channels_view(channel_id) == [deposit, 3000]
+    assert facilitator.balance(PAY_TO) == paid_before + 3000
+    storage.update_channel(channel_id, lambda current: dataclasses.replace(current, total_claimed="3000"))
+
+    refunds = manager.refund([channel_id])
+
+    assert len(refunds) == 1 and refunds[0].transaction
+    assert facilitator.balance(client.address) == payer_before + deposit - 3000
+    assert client.channels_view(channel_id) == [3000, 3000]
+    assert storage.get(channel_id) is None  # the manager forgets a refunded channel
