@@ -795,3 +795,18 @@ def test_the_packages_channel_manager_claims_settles_and_refunds_through_the_fac
     assert facilitator.balance(client.address) == payer_before + deposit - 3000
     assert client.channels_view(channel_id) == [3000, 3000]
     assert storage.get(channel_id) is None  # the manager forgets a refunded channel
+
+
+def test_the_trusting_benchmark_mode_runs_channels_without_recovering_signatures(start):
+    """``--trust-signatures`` (benchmarks only): a channel opens, claims and settles; a claim still
+    may not exceed its voucher or the balance (amounts are checked, signatures are not)."""
+    trusting = start(trust_signatures=True)
+    client, config, channel_id, deposit = open_channel(trusting)
+    paid_before = trusting.balance(PAY_TO)
+    unsigned = VoucherClaim(config, "2000", "0x" + "00" * 65, "2000")
+    assert post_settle(trusting, claim_request([unsigned], new_private_key()))["success"]
+    over = VoucherClaim(config, "2000", "0x" + "00" * 65, "2001")
+    assert not post_settle(trusting, claim_request([over]))["success"]
+    assert settle_channels(trusting)["amount"] == "2000"
+    assert trusting.balance(PAY_TO) == paid_before + 2000
+    assert client.channels_view(channel_id) == [deposit, 2000]
