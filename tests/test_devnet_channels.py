@@ -37,6 +37,7 @@ from x402.mechanisms.evm.batch_settlement.constants import (
     ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
     PERMIT2_DEPOSIT_COLLECTOR_ADDRESS,
 )
+from x402.mechanisms.evm.batch_settlement.encoding import build_erc3009_deposit_nonce
 from x402.mechanisms.evm.batch_settlement.facilitator.deposit_eip3009 import build_eip3009_deposit_collector_data
 from x402.mechanisms.evm.batch_settlement.facilitator.deposit_permit2 import build_permit2_deposit_collector_data
 from x402.mechanisms.evm.batch_settlement.facilitator.utils import to_contract_channel_config
@@ -52,7 +53,7 @@ from x402.mechanisms.evm.signers import EthAccountSigner
 from x402.schemas import PaymentRequirements
 
 from devnet.batch_settlement import EVENT_TOPICS, BatchSettlementContract
-from devnet.chain import LedgerEvmSigner
+from devnet.chain import AUTHORIZATION_USED_TOPIC, LedgerEvmSigner
 from devnet.channels import DEV_RECEIVER_AUTHORIZER_KEY
 from devnet.client import pay
 from devnet.facilitator import DEV_NETWORK
@@ -172,6 +173,21 @@ def test_a_deposit_opens_a_channel_the_client_reads_through_rpc(facilitator):
     )
     assert [log["transactionHash"] for log in logs["result"]] == [settled["transaction"]]
     assert config.payer == client.address
+    # The deposit spent an EIP-3009 nonce of the token, as receiveWithAuthorization does: the chain says so.
+    authorization = payment["payload"]["deposit"]["authorization"]["erc3009Authorization"]
+    nonce = build_erc3009_deposit_nonce(channel_id, authorization["salt"])
+    used = rpc(
+        facilitator.http,
+        "eth_getLogs",
+        {"address": USDC_BASE_SEPOLIA, "topics": [AUTHORIZATION_USED_TOPIC, _topic(client.address), nonce]},
+    )
+    assert [log["transactionHash"] for log in used["result"]] == [settled["transaction"]]
+    state = "0x" + keccak(text="authorizationState(address,bytes32)")[:4].hex() + _topic(client.address)[2:] + nonce[2:]
+    assert int(rpc(facilitator.http, "eth_call", {"to": USDC_BASE_SEPOLIA, "data": state}, "latest")["result"], 16) == 1
+
+
+def _topic(address: str) -> str:
+    return "0x" + "00" * 12 + address.lower()[2:]
 
 
 def test_a_deposit_is_settled_once(facilitator):
