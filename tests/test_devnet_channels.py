@@ -826,3 +826,38 @@ def test_the_trusting_benchmark_mode_runs_channels_without_recovering_signatures
     assert settle_channels(trusting)["amount"] == "2000"
     assert trusting.balance(PAY_TO) == paid_before + 2000
     assert client.channels_view(channel_id) == [deposit, 2000]
+
+
+def test_the_receiver_side_may_claim_and_refund_by_its_own_transactions(facilitator):
+    """``claim`` and ``refund`` without signatures: only the receiver or its authorizer may send them."""
+    client, config, channel_id, deposit = open_channel(facilitator)
+    voucher = client.voucher(channel_id, 2500)
+    row = ((contract_config(config), voucher.cumulative), bytes.fromhex(voucher.signature[2:]), 2500)
+    stranger = rpc(facilitator.http, "eth_sendRawTransaction", signed_transaction(new_private_key(), "claim", [row]))
+    assert "not authorized" in stranger["error"]["message"]
+    assert client.channels_view(channel_id) == [deposit, 0]
+
+    claimed = rpc(
+        facilitator.http, "eth_sendRawTransaction", signed_transaction(DEV_RECEIVER_AUTHORIZER_KEY, "claim", [row])
+    )
+    assert "result" in claimed, claimed
+    assert client.channels_view(channel_id) == [deposit, 2500]
+    receipt = rpc(facilitator.http, "eth_getTransactionReceipt", claimed["result"])["result"]
+    assert EVENT_TOPICS["Claimed"] in [log["topics"][0] for log in receipt["logs"]]
+
+    balance_before = facilitator.balance(client.address)
+    stranger = rpc(
+        facilitator.http,
+        "eth_sendRawTransaction",
+        signed_transaction(client.key, "refund", contract_config(config), 100),
+    )
+    assert "not authorized" in stranger["error"]["message"]  # the payer is not the receiver side
+    refunded = rpc(
+        facilitator.http,
+        "eth_sendRawTransaction",
+        signed_transaction(DEV_RECEIVER_AUTHORIZER_KEY, "refund", contract_config(config), deposit),
+    )
+    assert "result" in refunded, refunded
+    assert facilitator.balance(client.address) == balance_before + deposit - 2500
+    assert channel_state(facilitator, channel_id)["refundNonce"] == "1"
+    assert settle_channels(facilitator)["amount"] == "2500"
