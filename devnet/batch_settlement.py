@@ -39,6 +39,7 @@ from eth_account.messages import encode_typed_data
 from eth_utils import keccak, to_checksum_address
 from x402.mechanisms.evm.batch_settlement.abi import BATCH_SETTLEMENT_ABI
 from x402.mechanisms.evm.batch_settlement.constants import (
+    BATCH_PERMIT2_WITNESS_TYPES,
     BATCH_SETTLEMENT_ADDRESS,
     CLAIM_BATCH_TYPES,
     ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
@@ -51,6 +52,7 @@ from x402.mechanisms.evm.batch_settlement.constants import (
 )
 from x402.mechanisms.evm.batch_settlement.types import ChannelConfig
 from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id, get_batch_settlement_eip712_domain
+from x402.mechanisms.evm.constants import PERMIT2_ADDRESS
 
 from .chain import (
     AUTHORIZATION_USED_TOPIC,
@@ -70,6 +72,8 @@ from .ledger import REVERT_EXPIRED, REVERT_NOT_YET_VALID, DevLedger, LedgerRever
 
 if TYPE_CHECKING:
     import sqlite_utils
+
+    from .permit2 import Permit2Contracts
 
 __all__ = [
     "BATCH_SETTLEMENT_ADDRESS",
@@ -240,6 +244,8 @@ class BatchSettlementContract:
     ``clock`` is the contract's block time (tests move it forward past a withdraw delay);
     EIP-3009 windows are the token's business and keep the ledger's real time. With
     ``trust_signatures`` (the facilitator's benchmark mode) no signature is recovered.
+    ``permit2`` is the chain's Permit2 (``devnet.permit2``), whose nonces the Permit2 deposit
+    collector spends; without it that collector reverts.
     """
 
     address: str = to_checksum_address(BATCH_SETTLEMENT_ADDRESS)
@@ -254,6 +260,7 @@ class BatchSettlementContract:
         trust_signatures: bool = False,
         relayer: str = FACILITATOR_ADDRESS,
         clock: Callable[[], float] = time.time,
+        permit2: Permit2Contracts | None = None,
     ) -> None:
         self.addresses: frozenset[str] = frozenset({self.address})
         self.functions: FunctionTable = {sel: (fn.name, fn.inputs, fn.outputs) for sel, fn in _BY_SELECTOR.items()}
@@ -263,6 +270,7 @@ class BatchSettlementContract:
         self.tokens = {to_checksum_address(a): info for a, info in (tokens or default_tokens(network)).items()}
         self.trust_signatures = trust_signatures
         self.relayer = to_checksum_address(relayer)
+        self.permit2 = permit2
         self.clock = clock
         self.time_offset = 0
         self._create_tables()
@@ -561,7 +569,7 @@ class BatchSettlementContract:
         if collector == ERC3009_DEPOSIT_COLLECTOR_ADDRESS:
             self._collect_erc3009(ex, config, channel_id, amount, bytes(data))
         elif collector == PERMIT2_DEPOSIT_COLLECTOR_ADDRESS:
-            raise LedgerRevert(REVERT_PERMIT2_UNAVAILABLE)
+            self._collect_permit2(ex, config, channel_id, amount, bytes(data))
         else:
             raise LedgerRevert(REVERT_UNKNOWN_COLLECTOR)
         record = self._load(ex.db, channel_id) or ChannelRecord(channel_id, config)
@@ -614,6 +622,48 @@ class BatchSettlementContract:
             raise LedgerRevert(REVERT_INVALID_SIGNATURE)
         self._transfer(ex, token, payer, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, amount, nonce=nonce)
         self._transfer(ex, token, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, self.address, amount)
+
+    def _collect_permit2(
+        self,
+        ex: _Execution,
+        config: tuple[str, str, str, str, str, int, bytes],
+        channel_id: str,
+        amount: int,
+        data: bytes,
+    ) -> None:
+        """``Permit2DepositCollector.collect``: Permit2's ``permitWitnessTransferFrom`` with the
+        collector as spender and ``DepositWitness(channelId)`` as witness, straight into this contract.
+
+        An EIP-2612 permit segment changes nothing: on the dev chain every address has already
+        granted Permit2 an unlimited allowance (``devnet.permit2``).
+        """
+        if self.permit2 is None:
+            raise LedgerRevert(REVERT_PERMIT2_UNAVAILABLE)
+        try:
+            nonce, deadline, signature, _permit = abi_decode(["uint256", "uint256", "bytes", "bytes"], data)
+        except Exception:  # noqa: BLE001 -- collector data that does not decode reverts
+            raise LedgerRevert("Permit2DepositCollector: bad collector data") from None
+        payer, token = config[0], config[4]
+        if int(time.time()) > deadline:
+            raise LedgerRevert(f"SignatureExpired({deadline})")
+        message = {
+            "permitted": {"token": token, "amount": amount},
+            "spender": PERMIT2_DEPOSIT_COLLECTOR_ADDRESS,
+            "nonce": nonce,
+            "deadline": deadline,
+            "witness": {"channelId": bytes.fromhex(channel_id[2:])},
+        }
+        domain = {"name": "Permit2", "chainId": self.chain_id, "verifyingContract": PERMIT2_ADDRESS}
+        digest = self._digest(domain, BATCH_PERMIT2_WITNESS_TYPES, message)
+        if not self._signed_by(digest, signature, payer):
+            raise LedgerRevert("InvalidSigner()")
+        if self.permit2._bitmap(ex.db, payer, nonce >> 8) >> (nonce & 0xFF) & 1:
+            raise LedgerRevert("InvalidNonce()")
+        ex.db.execute(  # Permit2's nonce bitmap (devnet.permit2's table): spent across all its spenders
+            "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash) VALUES (?, ?, ?, ?, ?, ?)",
+            [self.network, payer, str(nonce >> 8), nonce & 0xFF, str(nonce), ex.tx_hash],
+        )
+        self._transfer(ex, token, payer, self.address, amount)
 
     def _transfer(
         self, ex: _Execution, token: str, source: str, target: str, amount: int, *, nonce: bytes | None = None

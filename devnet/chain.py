@@ -556,8 +556,8 @@ class ChainRpc:
                 tx_hash = ledger.cancellation_tx(network, asset, authorizer, nonce)
         except (ValueError, TypeError):
             raise JsonRpcError(-32602, "bad address or topic") from None
-        if tx_hash is None:
-            return []
+        if tx_hash is None:  # not a token transfer's: maybe a contract's (a channel deposit's receiveWithAuthorization)
+            return self._scan_logs(query.get("address"), topics)
         receipt = self._receipt(tx_hash)
         return [log for log in receipt["logs"] if log["topics"][0] == topics[0]] if receipt else []
 

@@ -558,7 +558,7 @@ def create_facilitator_app(
     """
     ledger = DevLedger(db_path, initial_balance=initial_balance)
     contracts = Permit2Contracts(ledger, trust_signatures=trust_signatures) if permit2 else None
-    channel_contract = BatchSettlementContract(ledger, trust_signatures=trust_signatures)
+    channel_contract = BatchSettlementContract(ledger, trust_signatures=trust_signatures, permit2=contracts)
     signer = LedgerEvmSigner(
         ledger, trust_signatures=trust_signatures, contracts=[*([contracts] if contracts else []), channel_contract]
     )

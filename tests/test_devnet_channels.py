@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -22,32 +23,43 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from x402.http import FacilitatorConfig, HTTPFacilitatorClientSync
 from x402.mechanisms.evm.batch_settlement.authorizer_signer import (
     LocalAuthorizerSigner,
     sign_claim_batch,
     sign_refund,
 )
 from x402.mechanisms.evm.batch_settlement.client.eip3009 import create_batch_settlement_eip3009_deposit_payload
+from x402.mechanisms.evm.batch_settlement.client.permit2 import create_batch_settlement_permit2_deposit_payload
 from x402.mechanisms.evm.batch_settlement.client.scheme import BatchSettlementEvmScheme
 from x402.mechanisms.evm.batch_settlement.client.voucher import sign_voucher
 from x402.mechanisms.evm.batch_settlement.constants import (
     ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
     PERMIT2_DEPOSIT_COLLECTOR_ADDRESS,
 )
+from x402.mechanisms.evm.batch_settlement.encoding import build_erc3009_deposit_nonce
 from x402.mechanisms.evm.batch_settlement.facilitator.deposit_eip3009 import build_eip3009_deposit_collector_data
+from x402.mechanisms.evm.batch_settlement.facilitator.deposit_permit2 import build_permit2_deposit_collector_data
 from x402.mechanisms.evm.batch_settlement.facilitator.utils import to_contract_channel_config
+from x402.mechanisms.evm.batch_settlement.server.channel_manager_common import ChannelManagerConfigSync
+from x402.mechanisms.evm.batch_settlement.server.channel_manager_sync import BatchSettlementChannelManagerSync
+from x402.mechanisms.evm.batch_settlement.server.scheme import BatchSettlementEvmScheme as ServerBatchSettlementScheme
+from x402.mechanisms.evm.batch_settlement.server.scheme import BatchSettlementEvmSchemeServerConfig
+from x402.mechanisms.evm.batch_settlement.server.storage import Channel as ServerChannel
+from x402.mechanisms.evm.batch_settlement.server.storage import InMemoryChannelStorage
 from x402.mechanisms.evm.batch_settlement.types import VoucherClaim
 from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id
 from x402.mechanisms.evm.signers import EthAccountSigner
 from x402.schemas import PaymentRequirements
 
 from devnet.batch_settlement import EVENT_TOPICS, BatchSettlementContract
-from devnet.chain import LedgerEvmSigner
+from devnet.chain import AUTHORIZATION_USED_TOPIC, LedgerEvmSigner
 from devnet.channels import DEV_RECEIVER_AUTHORIZER_KEY
 from devnet.client import pay
 from devnet.facilitator import DEV_NETWORK
 from devnet.ledger import DevLedger, LedgerRevert
 from devnet.payer import encode_header, new_private_key
+from devnet.permit2 import Permit2Contracts
 from tests.support import dev_facilitator_helpers
 from tests.support.channels import (
     BATCH_SETTLEMENT_ADDRESS,
@@ -161,6 +173,21 @@ def test_a_deposit_opens_a_channel_the_client_reads_through_rpc(facilitator):
     )
     assert [log["transactionHash"] for log in logs["result"]] == [settled["transaction"]]
     assert config.payer == client.address
+    # The deposit spent an EIP-3009 nonce of the token, as receiveWithAuthorization does: the chain says so.
+    authorization = payment["payload"]["deposit"]["authorization"]["erc3009Authorization"]
+    nonce = build_erc3009_deposit_nonce(channel_id, authorization["salt"])
+    used = rpc(
+        facilitator.http,
+        "eth_getLogs",
+        {"address": USDC_BASE_SEPOLIA, "topics": [AUTHORIZATION_USED_TOPIC, _topic(client.address), nonce]},
+    )
+    assert [log["transactionHash"] for log in used["result"]] == [settled["transaction"]]
+    state = "0x" + keccak(text="authorizationState(address,bytes32)")[:4].hex() + _topic(client.address)[2:] + nonce[2:]
+    assert int(rpc(facilitator.http, "eth_call", {"to": USDC_BASE_SEPOLIA, "data": state}, "latest")["result"], 16) == 1
+
+
+def _topic(address: str) -> str:
+    return "0x" + "00" * 12 + address.lower()[2:]
 
 
 def test_a_deposit_is_settled_once(facilitator):
@@ -186,6 +213,38 @@ def test_a_deposit_with_a_forged_authorization_moves_nothing(facilitator):
     assert not facilitator.settle(payment, offer)["success"]
     assert facilitator.balance(client.address) == before
     assert client.channels_view(client.channel(payment)[1]) == [0, 0]
+
+
+def test_a_permit2_deposit_opens_a_channel_once(facilitator):
+    offer = channel_offer(RECEIVER_AUTHORIZER, assetTransferMethod="permit2")
+    client = ChannelClient(facilitator.url, new_private_key())
+    payment = client.payment(offer)
+    assert "permit2Authorization" in payment["payload"]["deposit"]["authorization"]
+    _, channel_id = client.channel(payment)
+    deposit = int(payment["payload"]["deposit"]["amount"])
+    before = facilitator.balance(client.address)
+
+    assert facilitator.verify(payment, offer)["isValid"]
+    settled = facilitator.settle(payment, offer)
+
+    assert settled["success"], settled
+    assert client.channels_view(channel_id) == [deposit, 0]
+    assert facilitator.balance(client.address) == before - deposit
+    again = facilitator.settle(payment, offer)  # the Permit2 nonce is spent
+    assert not again["success"]
+    assert client.channels_view(channel_id) == [deposit, 0]
+    assert facilitator.balance(client.address) == before - deposit
+
+
+def test_without_permit2_a_permit2_deposit_moves_nothing(start):
+    plain = start(permit2=False)
+    offer = channel_offer(RECEIVER_AUTHORIZER, assetTransferMethod="permit2")
+    client = ChannelClient(plain.url, new_private_key())
+    payment = client.payment(offer)
+    before = plain.balance(client.address)
+    assert not plain.verify(payment, offer)["isValid"]
+    assert not plain.settle(payment, offer)["success"]
+    assert plain.balance(client.address) == before
 
 
 def test_vouchers_verify_against_the_channel(facilitator):
@@ -475,8 +534,9 @@ class ContractWorld:
 
     def __init__(self, path: str) -> None:
         self.ledger = DevLedger(path)
-        self.contract = BatchSettlementContract(self.ledger)
-        self.signer = LedgerEvmSigner(self.ledger, contracts=[self.contract])
+        self.permit2 = Permit2Contracts(self.ledger)
+        self.contract = BatchSettlementContract(self.ledger, permit2=self.permit2)
+        self.signer = LedgerEvmSigner(self.ledger, contracts=[self.permit2, self.contract])
         self.payer = EthAccountSigner(Account.from_key(PROPERTY_PAYER_KEY))
         self.offer = PaymentRequirements.model_validate(channel_offer(RECEIVER_AUTHORIZER))
         self.config = BatchSettlementEvmScheme(self.payer).build_channel_config(self.offer)
@@ -579,7 +639,10 @@ def test_the_contract_checks_a_deposit_as_the_token_would(tmp_path):
             "invalid signature",
         ),
         (("deposit", config, 2001, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data), "invalid signature"),
-        (("deposit", config, 2000, PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, data), "Permit2 is not deployed"),
+        (
+            ("deposit", config, 2000, PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, data),
+            "Permit2DepositCollector: bad collector data",
+        ),
         (("deposit", config, 2000, PAY_TO, data), "unknown deposit collector"),
         (("deposit", (*config[:5], 60, config[6]), 2000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data), "withdraw delay"),
         (("deposit", config, 0, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data), "zero amount"),
@@ -670,3 +733,131 @@ def test_devnet_pay_pays_a_channel_priced_agent_with_one_deposit_then_vouchers(f
     deposit = int(seller.state.seen[0]["payload"]["deposit"]["amount"])
     assert channel_state(facilitator, channel_id)["balance"] == str(deposit)
     assert outcome["http_status"] == 200
+
+
+def test_the_contract_checks_a_permit2_deposit_as_permit2_would(tmp_path):
+    world = ContractWorld(str(tmp_path / "ledger.db"))
+    config = to_contract_channel_config(world.config)
+    payload = create_batch_settlement_permit2_deposit_payload(world.payer, world.offer, world.config, 2000, 1000)
+    data = build_permit2_deposit_collector_data(payload)
+    forged = create_batch_settlement_permit2_deposit_payload(
+        EthAccountSigner(Account.create()), world.offer, world.config, 2000, 1000
+    )
+    permit2 = PERMIT2_DEPOSIT_COLLECTOR_ADDRESS
+    with pytest.raises(LedgerRevert, match="InvalidSigner"):
+        world.contract.transact(
+            BATCH_SETTLEMENT_ADDRESS, "deposit", (config, 2000, permit2, build_permit2_deposit_collector_data(forged))
+        )
+    with pytest.raises(LedgerRevert, match="InvalidSigner"):  # the signature binds the amount
+        world.contract.transact(BATCH_SETTLEMENT_ADDRESS, "deposit", (config, 1999, permit2, data))
+    world._check()
+    world.contract.transact(BATCH_SETTLEMENT_ADDRESS, "deposit", (config, 2000, permit2, data))
+    with pytest.raises(LedgerRevert, match="InvalidNonce"):
+        world.contract.transact(BATCH_SETTLEMENT_ADDRESS, "deposit", (config, 2000, permit2, data))
+    nonce = int(payload.deposit.authorization.permit2_authorization.nonce)
+    assert world.permit2.nonce_used(world.payer.address, nonce)
+    assert world.contract.channel(world.channel_id).balance == 2000
+    world.ledger.close()
+
+
+# -- the package's own server-side channel manager, over HTTP ----------------------------------
+
+
+@pytest.mark.parametrize("own_authorizer", [False, True])
+def test_the_packages_channel_manager_claims_settles_and_refunds_through_the_facilitator(start, own_authorizer):
+    """``BatchSettlementChannelManagerSync`` with the package's HTTP facilitator client: the claim,
+    settle and refund payloads the package's server side sends work over the simulated contract,
+    whether the facilitator signs as receiver authorizer or the server signs with its own key."""
+    facilitator = start()
+    server_key = new_private_key() if own_authorizer else None
+    authorizer = Account.from_key(server_key).address if server_key else RECEIVER_AUTHORIZER
+    offer = channel_offer(authorizer)
+    storage = InMemoryChannelStorage()
+    signer = LocalAuthorizerSigner(server_key) if server_key else None
+    scheme = ServerBatchSettlementScheme(
+        PAY_TO, BatchSettlementEvmSchemeServerConfig(storage=storage, receiver_authorizer_signer=signer)
+    )
+    http_facilitator = HTTPFacilitatorClientSync(FacilitatorConfig(url=facilitator.url))
+    manager = BatchSettlementChannelManagerSync(
+        ChannelManagerConfigSync(
+            scheme=scheme, facilitator=http_facilitator, receiver=PAY_TO, token=USDC_BASE_SEPOLIA, network=DEV_NETWORK
+        )
+    )
+    client, config, channel_id, deposit = open_channel(facilitator, offer)
+    voucher = client.voucher(channel_id, 3000)
+    storage.update_channel(
+        channel_id,
+        lambda _: ServerChannel(
+            channel_id=channel_id,
+            channel_config=config,
+            charged_cumulative_amount="3000",
+            signed_max_claimable="3000",
+            signature=voucher.signature,
+            balance=str(deposit),
+        ),
+    )
+    paid_before, payer_before = facilitator.balance(PAY_TO), facilitator.balance(client.address)
+
+    done = manager.claim_and_settle()
+
+    assert [c.vouchers for c in done["claims"]] == [1] and done["settle"] is not None
+    assert client.channels_view(channel_id) == [deposit, 3000]
+    assert facilitator.balance(PAY_TO) == paid_before + 3000
+    storage.update_channel(channel_id, lambda current: dataclasses.replace(current, total_claimed="3000"))
+
+    refunds = manager.refund([channel_id])
+
+    assert len(refunds) == 1 and refunds[0].transaction
+    assert facilitator.balance(client.address) == payer_before + deposit - 3000
+    assert client.channels_view(channel_id) == [3000, 3000]
+    assert storage.get(channel_id) is None  # the manager forgets a refunded channel
+
+
+def test_the_trusting_benchmark_mode_runs_channels_without_recovering_signatures(start):
+    """``--trust-signatures`` (benchmarks only): a channel opens, claims and settles; a claim still
+    may not exceed its voucher or the balance (amounts are checked, signatures are not)."""
+    trusting = start(trust_signatures=True)
+    client, config, channel_id, deposit = open_channel(trusting)
+    paid_before = trusting.balance(PAY_TO)
+    unsigned = VoucherClaim(config, "2000", "0x" + "00" * 65, "2000")
+    assert post_settle(trusting, claim_request([unsigned], new_private_key()))["success"]
+    over = VoucherClaim(config, "2000", "0x" + "00" * 65, "2001")
+    assert not post_settle(trusting, claim_request([over]))["success"]
+    assert settle_channels(trusting)["amount"] == "2000"
+    assert trusting.balance(PAY_TO) == paid_before + 2000
+    assert client.channels_view(channel_id) == [deposit, 2000]
+
+
+def test_the_receiver_side_may_claim_and_refund_by_its_own_transactions(facilitator):
+    """``claim`` and ``refund`` without signatures: only the receiver or its authorizer may send them."""
+    client, config, channel_id, deposit = open_channel(facilitator)
+    voucher = client.voucher(channel_id, 2500)
+    row = ((contract_config(config), voucher.cumulative), bytes.fromhex(voucher.signature[2:]), 2500)
+    stranger = rpc(facilitator.http, "eth_sendRawTransaction", signed_transaction(new_private_key(), "claim", [row]))
+    assert "not authorized" in stranger["error"]["message"]
+    assert client.channels_view(channel_id) == [deposit, 0]
+
+    claimed = rpc(
+        facilitator.http, "eth_sendRawTransaction", signed_transaction(DEV_RECEIVER_AUTHORIZER_KEY, "claim", [row])
+    )
+    assert "result" in claimed, claimed
+    assert client.channels_view(channel_id) == [deposit, 2500]
+    receipt = rpc(facilitator.http, "eth_getTransactionReceipt", claimed["result"])["result"]
+    assert EVENT_TOPICS["Claimed"] in [log["topics"][0] for log in receipt["logs"]]
+
+    balance_before = facilitator.balance(client.address)
+    stranger = rpc(
+        facilitator.http,
+        "eth_sendRawTransaction",
+        signed_transaction(client.key, "refund", contract_config(config), 100),
+    )
+    assert "not authorized" in stranger["error"]["message"]  # the payer is not the receiver side
+    refunded = rpc(
+        facilitator.http,
+        "eth_sendRawTransaction",
+        signed_transaction(DEV_RECEIVER_AUTHORIZER_KEY, "refund", contract_config(config), deposit),
+    )
+    assert "result" in refunded, refunded
+    assert facilitator.balance(client.address) == balance_before + deposit - 2500
+    assert channel_state(facilitator, channel_id)["refundNonce"] == "1"
+    assert settle_channels(facilitator)["amount"] == "2500"
