@@ -52,7 +52,6 @@ from x402.mechanisms.evm.batch_settlement.constants import (
 )
 from x402.mechanisms.evm.batch_settlement.types import ChannelConfig
 from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id, get_batch_settlement_eip712_domain
-from x402.mechanisms.evm.constants import PERMIT2_ADDRESS
 
 from .chain import (
     AUTHORIZATION_USED_TOPIC,
@@ -69,11 +68,10 @@ from .chain import (
     default_tokens,
 )
 from .ledger import REVERT_EXPIRED, REVERT_NOT_YET_VALID, DevLedger, LedgerRevert
+from .permit2 import Permit2Contracts, PermitWitnessTransfer
 
 if TYPE_CHECKING:
     import sqlite_utils
-
-    from .permit2 import Permit2Contracts
 
 __all__ = [
     "BATCH_SETTLEMENT_ADDRESS",
@@ -634,6 +632,10 @@ class BatchSettlementContract:
         """``Permit2DepositCollector.collect``: Permit2's ``permitWitnessTransferFrom`` with the
         collector as spender and ``DepositWitness(channelId)`` as witness, straight into this contract.
 
+        It is the chain's own Permit2 (``Permit2Contracts.permit_witness_transfer_from``) that checks
+        the deadline, the payer's signature and the nonce, so a deposit spends a nonce of the same
+        bitmap as x402's exact and upto proxies and the payer's ``invalidateUnorderedNonces``.
+
         An EIP-2612 permit segment changes nothing: on the dev chain every address has already
         granted Permit2 an unlimited allowance (``devnet.permit2``).
         """
@@ -644,26 +646,23 @@ class BatchSettlementContract:
         except Exception:  # noqa: BLE001 -- collector data that does not decode reverts
             raise LedgerRevert("Permit2DepositCollector: bad collector data") from None
         payer, token = config[0], config[4]
-        if int(time.time()) > deadline:
-            raise LedgerRevert(f"SignatureExpired({deadline})")
-        message = {
-            "permitted": {"token": token, "amount": amount},
-            "spender": PERMIT2_DEPOSIT_COLLECTOR_ADDRESS,
-            "nonce": nonce,
-            "deadline": deadline,
-            "witness": {"channelId": bytes.fromhex(channel_id[2:])},
-        }
-        domain = {"name": "Permit2", "chainId": self.chain_id, "verifyingContract": PERMIT2_ADDRESS}
-        digest = self._digest(domain, BATCH_PERMIT2_WITNESS_TYPES, message)
-        if not self._signed_by(digest, signature, payer):
-            raise LedgerRevert("InvalidSigner()")
-        if self.permit2._bitmap(ex.db, payer, nonce >> 8) >> (nonce & 0xFF) & 1:
-            raise LedgerRevert("InvalidNonce()")
-        ex.db.execute(  # Permit2's nonce bitmap (devnet.permit2's table): spent across all its spenders
-            "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash) VALUES (?, ?, ?, ?, ?, ?)",
-            [self.network, payer, str(nonce >> 8), nonce & 0xFF, str(nonce), ex.tx_hash],
+        permit = PermitWitnessTransfer(
+            owner=payer,
+            token=token,
+            permitted=amount,
+            nonce=int(nonce),
+            deadline=int(deadline),
+            spender=to_checksum_address(PERMIT2_DEPOSIT_COLLECTOR_ADDRESS),
+            to=self.address,
+            amount=amount,
+            witness_types=BATCH_PERMIT2_WITNESS_TYPES,
+            witness={"channelId": bytes.fromhex(channel_id[2:])},
+            signature=bytes(signature),
         )
-        self._transfer(ex, token, payer, self.address, amount)
+        self.permit2.permit_witness_transfer_from(ex.db, permit, ex.tx_hash)  # moves payer -> this contract
+        ex.emit(
+            token, [TRANSFER_TOPIC, _address_topic(payer), _address_topic(self.address)], amount.to_bytes(32, "big")
+        )
 
     def _transfer(
         self, ex: _Execution, token: str, source: str, target: str, amount: int, *, nonce: bytes | None = None
