@@ -112,7 +112,8 @@ FunctionTable = dict[bytes, tuple[str, list[str], list[str]]]
 
 
 class SimulatedContracts(Protocol):
-    """Contracts the dev chain plays beside its tokens (``devnet.permit2``: Permit2 and x402's proxies).
+    """Contracts the dev chain plays beside its tokens (``devnet.permit2``: Permit2 and x402's proxies;
+    ``devnet.batch_settlement``: the payment-channel contract).
 
     ``LedgerEvmSigner`` sends them the calls and transactions addressed to one of ``addresses``,
     asks them for the token allowances they hold, and for the receipts of what they did.
@@ -498,8 +499,9 @@ class ChainRpc:
 
     def _send_raw(self, raw_hex: Any) -> str:
         """A typed (EIP-1559 or EIP-2930) transaction signed by its sender (a payer invalidating its
-        Permit2 nonces, anyone calling x402's exact Permit2 proxy): run as from the recovered sender;
-        its hash is the chain's own for what it did.
+        Permit2 nonces, anyone calling x402's exact Permit2 proxy, a channel's payer withdrawing): run
+        as from the recovered sender by the simulated contract at its ``to`` (else the token); its hash
+        is the chain's own for what it did.
 
         Account nonces, gas and value mean nothing here. A transaction that would revert is refused
         with its revert reason (as a node's gas estimate refuses it); nothing is mined for it.
