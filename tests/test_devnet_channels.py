@@ -505,28 +505,57 @@ def test_the_contract_answers_raw_eth_calls(facilitator):
 
 # -- the contract alone: money is conserved over any voucher sequence -----------------------
 
-PROPERTY_PAYER_KEY = "0x" + keccak(text="a2a-gate channel property payer").hex()
+PROPERTY_PAYER_KEYS = ["0x" + keccak(text=f"a2a-gate channel property payer {i}").hex() for i in range(2)]
+_channel = st.integers(0, 1)
+_claim = st.tuples(st.integers(0, 50), st.integers(0, 1500), st.sampled_from([0, 0, 1, 700]))
 _ops = st.one_of(
-    st.tuples(st.just("deposit"), st.integers(1, 3000)),
-    st.tuples(st.just("voucher"), st.integers(0, 4000)),
-    *[st.tuples(st.just("claim"), st.integers(0, 50), st.integers(0, 1500), st.sampled_from([0, 0, 1, 700]))] * 3,
+    st.tuples(st.just("deposit"), _channel, st.integers(1, 3000)),
+    st.tuples(st.just("voucher"), _channel, st.integers(0, 4000)),
+    *[st.tuples(st.just("claim"), _channel, _claim)] * 3,
+    st.tuples(st.just("claim_both"), _claim, _claim),
     st.tuples(st.just("settle")),
-    st.tuples(st.just("refund"), st.integers(1, 5000)),
+    st.tuples(st.just("refund"), _channel, st.integers(1, 5000)),
 )
 
 
-@settings(max_examples=40, deadline=None)
-@given(deposit=st.integers(1, 3000), first_voucher=st.integers(1, 3000), ops=st.lists(_ops, max_size=12))
-def test_payto_receives_exactly_the_highest_claim_and_money_is_conserved(deposit, first_voucher, ops):
+@settings(max_examples=60, deadline=None)
+@given(
+    deposits=st.tuples(st.integers(1, 3000), st.integers(1, 3000)),
+    first_vouchers=st.tuples(st.integers(1, 3000), st.integers(1, 3000)),
+    ops=st.lists(_ops, min_size=2, max_size=12),
+)
+def test_payto_receives_exactly_the_highest_claims_and_money_is_conserved(deposits, first_vouchers, ops):
+    """Two payers' channels to one receiver, random deposits, vouchers, claims (alone or batched),
+    settles and refunds: each channel's state is what the model says, a batch with one bad row
+    changes nothing, and payTo ends with exactly the sum of the highest claims."""
     with tempfile.TemporaryDirectory() as tmp:
         world = ContractWorld(str(Path(tmp) / "ledger.db"))
         try:
-            world.run([("deposit", deposit), ("voucher", first_voucher), *ops])
+            opening = [
+                (op, i, v) for i in (0, 1) for op, v in (("deposit", deposits[i]), ("voucher", first_vouchers[i]))
+            ]
+            world.run([*opening, *ops])
+            claimed = sum(1 for c in world.channels if c.claimed)
             event(
-                f"claimed {'some' if world.best_claim else 'nothing'}, refunded {'some' if world.refund_nonce else 'nothing'}"
+                f"{claimed} channel(s) claimed, refunded {'some' if any(c.refund_nonce for c in world.channels) else 'nothing'}"
             )
         finally:
             world.ledger.close()
+
+
+@dataclasses.dataclass
+class ChannelModel:
+    """What one channel must hold, kept beside the contract."""
+
+    payer: EthAccountSigner
+    config: Any
+    channel_id: str
+    vouchers: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    deposited: int = 0
+    balance: int = 0
+    claimed: int = 0
+    refund_nonce: int = 0
+    opened: bool = False  # a channel, once funded, exists even when drained
 
 
 class ContractWorld:
@@ -537,22 +566,27 @@ class ContractWorld:
         self.permit2 = Permit2Contracts(self.ledger)
         self.contract = BatchSettlementContract(self.ledger, permit2=self.permit2)
         self.signer = LedgerEvmSigner(self.ledger, contracts=[self.permit2, self.contract])
-        self.payer = EthAccountSigner(Account.from_key(PROPERTY_PAYER_KEY))
         self.offer = PaymentRequirements.model_validate(channel_offer(RECEIVER_AUTHORIZER))
-        self.config = BatchSettlementEvmScheme(self.payer).build_channel_config(self.offer)
-        self.channel_id = compute_channel_id(self.config, DEV_NETWORK)
         self.authorizer = LocalAuthorizerSigner(DEV_RECEIVER_AUTHORIZER_KEY)
-        self.vouchers: list[tuple[int, str]] = []
-        self.deposited = self.balance = self.claimed = self.settled = self.refund_nonce = 0
-        self.best_claim = 0
-        self.opened = False  # a channel, once funded, exists even when drained
+        self.channels = []
+        for key in PROPERTY_PAYER_KEYS:
+            payer = EthAccountSigner(Account.from_key(key))
+            config = BatchSettlementEvmScheme(payer).build_channel_config(self.offer)
+            self.channels.append(ChannelModel(payer, config, compute_channel_id(config, DEV_NETWORK)))
+        self.payer, self.config, self.channel_id = self.payer_config_id(0)
+        self.settled = 0
         self.total = self._holdings()
+
+    def payer_config_id(self, index: int) -> tuple[EthAccountSigner, Any, str]:
+        c = self.channels[index]
+        return c.payer, c.config, c.channel_id
 
     def _token(self, address: str) -> int:
         return self.ledger.balance_of(DEV_NETWORK, USDC_BASE_SEPOLIA, address)
 
     def _holdings(self) -> int:
-        return sum(self._token(a) for a in (self.payer.address, PAY_TO, BATCH_SETTLEMENT_ADDRESS))
+        holders = [c.payer.address for c in self.channels] + [PAY_TO, BATCH_SETTLEMENT_ADDRESS]
+        return sum(self._token(a) for a in holders)
 
     def _send(self, function_name: str, *args: Any) -> bool:
         try:
@@ -568,60 +602,86 @@ class ContractWorld:
             self._check()
         self._settle()
         self._check()
-        assert self._token(PAY_TO) - paid_before == self.claimed == self.best_claim
-        assert self.claimed <= self.deposited
+        assert self._token(PAY_TO) - paid_before == sum(c.claimed for c in self.channels)
+        assert all(c.claimed <= c.deposited for c in self.channels)
 
     def _check(self) -> None:
-        record = self.contract.channel(self.channel_id)
-        state = (0, 0, 0) if record is None else (record.balance, record.total_claimed, record.refund_nonce)
-        assert state == (self.balance, self.claimed, self.refund_nonce)
-        assert self.contract.receiver_totals(PAY_TO, USDC_BASE_SEPOLIA) == (self.claimed, self.settled)
-        assert self._token(BATCH_SETTLEMENT_ADDRESS) == self.balance - self.settled
+        for c in self.channels:
+            record = self.contract.channel(c.channel_id)
+            state = (0, 0, 0) if record is None else (record.balance, record.total_claimed, record.refund_nonce)
+            assert state == (c.balance, c.claimed, c.refund_nonce)
+        claimed = sum(c.claimed for c in self.channels)
+        assert self.contract.receiver_totals(PAY_TO, USDC_BASE_SEPOLIA) == (claimed, self.settled)
+        assert self._token(BATCH_SETTLEMENT_ADDRESS) == sum(c.balance for c in self.channels) - self.settled
         assert self._holdings() == self.total
 
-    def _deposit(self, amount: int) -> None:
-        payload = create_batch_settlement_eip3009_deposit_payload(
-            self.payer, self.offer, self.config, amount, max(amount, 1)
-        )
+    def _deposit(self, index: int, amount: int) -> None:
+        c = self.channels[index]
+        payload = create_batch_settlement_eip3009_deposit_payload(c.payer, self.offer, c.config, amount, max(amount, 1))
         data = build_eip3009_deposit_collector_data(payload)
         collector = ERC3009_DEPOSIT_COLLECTOR_ADDRESS
-        assert self._send("deposit", to_contract_channel_config(self.config), amount, collector, data)
-        self.deposited += amount
-        self.balance += amount
-        self.opened = True
+        assert self._send("deposit", to_contract_channel_config(c.config), amount, collector, data)
+        c.deposited += amount
+        c.balance += amount
+        c.opened = True
 
-    def _voucher(self, increment: int) -> None:
-        cumulative = (self.vouchers[-1][0] if self.vouchers else 0) + increment
-        signed = sign_voucher(self.payer, self.channel_id, cumulative, DEV_NETWORK)
-        self.vouchers.append((cumulative, signed.signature))
+    def _voucher(self, index: int, increment: int) -> None:
+        c = self.channels[index]
+        cumulative = (c.vouchers[-1][0] if c.vouchers else 0) + increment
+        c.vouchers.append((cumulative, sign_voucher(c.payer, c.channel_id, cumulative, DEV_NETWORK).signature))
 
-    def _claim(self, index: int, under: int, over: int) -> None:
-        if not self.vouchers:
-            return
-        cumulative, signature = self.vouchers[index % len(self.vouchers)]
+    def _row(self, index: int, pick: tuple[int, int, int]) -> tuple[VoucherClaim, bool] | None:
+        """One claim row from a signed voucher, and whether the contract must accept it."""
+        c = self.channels[index]
+        if not c.vouchers:
+            return None
+        voucher_index, under, over = pick
+        cumulative, signature = c.vouchers[voucher_index % len(c.vouchers)]
         total = max(0, cumulative - under) + over
-        claim = VoucherClaim(self.config, str(cumulative), signature, str(total))
-        authorized = sign_claim_batch(self.authorizer, [claim], DEV_NETWORK)
-        args = [((to_contract_channel_config(self.config), cumulative), bytes.fromhex(signature[2:]), total)]
+        valid = c.opened and c.claimed <= total <= min(cumulative, c.balance)
+        return VoucherClaim(c.config, str(cumulative), signature, str(total)), valid
+
+    def _submit(self, rows: list[tuple[VoucherClaim, bool]]) -> None:
+        claims = [claim for claim, _ in rows]
+        authorized = sign_claim_batch(self.authorizer, claims, DEV_NETWORK)
+        args = [
+            (
+                (to_contract_channel_config(cl.channel), int(cl.max_claimable_amount)),
+                bytes.fromhex(cl.signature[2:]),
+                int(cl.total_claimed),
+            )
+            for cl in claims
+        ]
         ok = self._send("claimWithSignature", args, bytes.fromhex(authorized[2:]))
-        expected = self.opened and self.claimed <= total <= min(cumulative, self.balance)
-        assert ok == expected, (total, cumulative, self.balance, self.claimed)
+        assert ok == all(valid for _, valid in rows), [(c.total_claimed, v) for c, v in rows]
         if ok:
-            self.claimed = total
-            self.best_claim = max(self.best_claim, total)
+            for claim, _ in rows:
+                model = next(c for c in self.channels if c.config == claim.channel)
+                model.claimed = int(claim.total_claimed)
+
+    def _claim(self, index: int, pick: tuple[int, int, int]) -> None:
+        row = self._row(index, pick)
+        if row is not None:
+            self._submit([row])
+
+    def _claim_both(self, first: tuple[int, int, int], second: tuple[int, int, int]) -> None:
+        rows = [self._row(0, first), self._row(1, second)]
+        if rows[0] is not None and rows[1] is not None:
+            self._submit([rows[0], rows[1]])
 
     def _settle(self) -> None:
         assert self._send("settle", PAY_TO, USDC_BASE_SEPOLIA)
-        self.settled = self.claimed
+        self.settled = sum(c.claimed for c in self.channels)
 
-    def _refund(self, amount: int) -> None:
-        signature = sign_refund(self.authorizer, self.channel_id, amount, self.refund_nonce, DEV_NETWORK)
-        args = (to_contract_channel_config(self.config), amount, self.refund_nonce, bytes.fromhex(signature[2:]))
+    def _refund(self, index: int, amount: int) -> None:
+        c = self.channels[index]
+        signature = sign_refund(self.authorizer, c.channel_id, amount, c.refund_nonce, DEV_NETWORK)
+        args = (to_contract_channel_config(c.config), amount, c.refund_nonce, bytes.fromhex(signature[2:]))
         ok = self._send("refundWithSignature", *args)
-        assert ok == self.opened
+        assert ok == c.opened
         if ok:
-            self.refund_nonce += 1
-            self.balance -= min(amount, self.balance - self.claimed)
+            c.refund_nonce += 1
+            c.balance -= min(amount, c.balance - c.claimed)
 
 
 def test_the_contract_checks_a_deposit_as_the_token_would(tmp_path):
