@@ -67,7 +67,10 @@ class ChannelFacilitator:
         self, signer: LedgerEvmSigner, contract: BatchSettlementContract, receiver_authorizer_key: str | None = None
     ) -> None:
         self.contract = contract
-        self.authorizer = LocalAuthorizerSigner(receiver_authorizer_key or DEV_RECEIVER_AUTHORIZER_KEY)
+        try:
+            self.authorizer = LocalAuthorizerSigner(receiver_authorizer_key or DEV_RECEIVER_AUTHORIZER_KEY)
+        except Exception:  # noqa: BLE001 -- whatever the key was, say so without it
+            raise ValueError("the receiver-authorizer key is not a 32-byte secp256k1 private key") from None
         self.scheme = DevBatchSettlementFacilitator(signer, self.contract, authorizer_signer=self.authorizer)
 
     def snapshot(self) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from devnet.batch_settlement import EVENT_TOPICS, BatchSettlementContract
 from devnet.chain import AUTHORIZATION_USED_TOPIC, LedgerEvmSigner
 from devnet.channels import DEV_RECEIVER_AUTHORIZER_KEY
 from devnet.client import pay
-from devnet.facilitator import DEV_NETWORK
+from devnet.facilitator import DEV_NETWORK, create_facilitator_app
 from devnet.ledger import DevLedger, LedgerRevert
 from devnet.payer import encode_header, new_private_key
 from devnet.permit2 import Permit2Contracts
@@ -138,6 +138,13 @@ def test_the_receiver_authorizer_key_is_configurable(start):
     kinds = custom.http.get("/supported").json()["kinds"]
     advertised = next(k for k in kinds if k["scheme"] == "batch-settlement")["extra"]["receiverAuthorizer"]
     assert advertised == Account.from_key(key).address
+
+
+def test_a_bad_receiver_authorizer_key_is_refused_without_repeating_it(tmp_path):
+    secret = "0x" + "ab" * 31
+    with pytest.raises(ValueError, match="receiver-authorizer key") as refused:
+        create_facilitator_app(str(tmp_path / "ledger.db"), receiver_authorizer_key=secret)
+    assert secret[2:] not in str(refused.value) and refused.value.__cause__ is None
 
 
 # -- deposit -------------------------------------------------------------------------------
