@@ -21,8 +21,10 @@ from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.messages import encode_typed_data
+from eth_account.typed_transactions import TypedTransaction
 from eth_keys import keys
 from eth_utils import keccak, to_checksum_address
+from hexbytes import HexBytes
 from x402.mechanisms.evm.constants import (
     AUTHORIZATION_STATE_ABI,
     BALANCE_OF_ABI,
@@ -110,7 +112,8 @@ FunctionTable = dict[bytes, tuple[str, list[str], list[str]]]
 
 
 class SimulatedContracts(Protocol):
-    """Contracts the dev chain plays beside its tokens (``devnet.permit2``: Permit2 and x402's proxies).
+    """Contracts the dev chain plays beside its tokens (``devnet.permit2``: Permit2 and x402's proxies;
+    ``devnet.batch_settlement``: the payment-channel contract).
 
     ``LedgerEvmSigner`` sends them the calls and transactions addressed to one of ``addresses``,
     asks them for the token allowances they hold, and for the receipts of what they did.
@@ -257,10 +260,9 @@ class LedgerEvmSigner:
     def wait_for_transaction_receipt(self, tx_hash: str) -> TransactionReceipt:
         row = self.ledger.settlement(tx_hash)
         if row is None:
-            for contract in set(self.contracts.values()):
-                found = contract.receipt(tx_hash)
-                if found is not None:
-                    return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=found[1])
+            found = self.contract_receipt(tx_hash)
+            if found is not None:
+                return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=found[1])
             raise RuntimeError(f"transaction {tx_hash} not found in the dev ledger")
         return TransactionReceipt(
             status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=transfer_logs(row, row["tx_hash"])
@@ -325,6 +327,14 @@ class LedgerEvmSigner:
             raise LedgerRevert(f"{transfer.asset} has no contract code in the dev ledger")
         self._authorize(token, transfer, signature)
         return self.ledger.transfer_with_authorization(transfer)
+
+    def contract_receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """``(to, logs)`` of a transaction one of the simulated contracts made, or None."""
+        for contract in set(self.contracts.values()):
+            found = contract.receipt(tx_hash)
+            if found is not None:
+                return found
+        return None
 
     # -- the simulated contracts ---------------------------------------------
 
@@ -411,7 +421,7 @@ class LedgerEvmSigner:
             try:
                 args = tuple(abi_decode(input_types, bytes(call_data[4:])))
                 value = self._call(target, name, args)
-                encoded = abi_encode(output_types, [value]) if output_types else b""
+                encoded = _encode_outputs(output_types, value)
                 results.append((True, encoded))
             except LedgerRevert as exc:
                 results.append((False, _encode_revert(exc.reason)))
@@ -483,7 +493,39 @@ class ChainRpc:
             return self._logs(params[0] if params else None)
         if method == "eth_getTransactionReceipt":
             return self._receipt(params[0] if params else None)
+        if method == "eth_sendRawTransaction":
+            return self._send_raw(params[0] if params else None)
         raise JsonRpcError(-32601, "method not found")
+
+    def _send_raw(self, raw_hex: Any) -> str:
+        """A typed (EIP-1559 or EIP-2930) transaction signed by its sender (a payer invalidating its
+        Permit2 nonces, anyone calling x402's exact Permit2 proxy, a channel's payer withdrawing): run
+        as from the recovered sender by the simulated contract at its ``to`` (else the token); its hash
+        is the chain's own for what it did.
+
+        Account nonces, gas and value mean nothing here. A transaction that would revert is refused
+        with its revert reason (as a node's gas estimate refuses it); nothing is mined for it.
+        """
+        try:
+            raw = HexBytes(bytes.fromhex(str(raw_hex).removeprefix("0x")))
+            sender = Account.recover_transaction(raw)
+            fields = TypedTransaction.from_bytes(raw).as_dict()
+            chain_id, to, data = fields.get("chainId"), fields.get("to"), bytes(fields.get("data", b""))
+            name, input_types, _ = self.signer.functions[data[:4]]
+            args = tuple(abi_decode(input_types, data[4:]))
+            target = to_checksum_address(to)
+        except Exception:  # noqa: BLE001 -- anything undecodable is one invalid-params answer
+            message = "eth_sendRawTransaction needs a signed typed transaction calling a known function"
+            raise JsonRpcError(-32602, message) from None
+        if chain_id != self.signer.chain_id:
+            raise JsonRpcError(-32000, "invalid chain id")
+        try:
+            contract = self.signer.contracts.get(target)
+            if contract is not None:
+                return contract.transact(target, name, args, sender)
+            return self.signer.write_contract(target, [], name, *args)  # a token's, sender-blind
+        except LedgerRevert as exc:
+            raise JsonRpcError(3, str(exc)) from None
 
     def _call(self, tx: Any) -> str:
         if not isinstance(tx, dict) or not isinstance(tx.get("to"), str) or not isinstance(tx.get("data"), str):
@@ -497,7 +539,7 @@ class ChainRpc:
             raise JsonRpcError(3, str(exc)) from None
         except (KeyError, ValueError, TypeError) as exc:
             raise JsonRpcError(-32602, f"cannot call: {type(exc).__name__}") from None
-        return "0x" + (abi_encode(output_types, [value]) if output_types else b"").hex()
+        return "0x" + _encode_outputs(output_types, value).hex()
 
     def _logs(self, query: Any) -> list[dict[str, Any]]:
         if not isinstance(query, dict) or not isinstance(query.get("topics"), list):
@@ -516,8 +558,8 @@ class ChainRpc:
                 tx_hash = ledger.cancellation_tx(network, asset, authorizer, nonce)
         except (ValueError, TypeError):
             raise JsonRpcError(-32602, "bad address or topic") from None
-        if tx_hash is None:
-            return []
+        if tx_hash is None:  # not a token transfer's: maybe a contract's (a channel deposit's receiveWithAuthorization)
+            return self._scan_logs(query.get("address"), topics)
         receipt = self._receipt(tx_hash)
         return [log for log in receipt["logs"] if log["topics"][0] == topics[0]] if receipt else []
 
@@ -527,7 +569,7 @@ class ChainRpc:
         tx_hash = tx_hash.lower()
         ledger = self.signer.ledger
         transfer = ledger.settlement(tx_hash)
-        found = None if transfer is not None else self._contract_receipt(tx_hash)
+        found = None if transfer is not None else self.signer.contract_receipt(tx_hash)
         if transfer is not None:
             asset = transfer["asset"]
             logs = transfer_logs(transfer, tx_hash)
@@ -581,13 +623,6 @@ class ChainRpc:
             and all(matches(t, v) for t, v in zip(topics, log["topics"], strict=False))
         ]
 
-    def _contract_receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
-        for contract in set(self.signer.contracts.values()):
-            found = contract.receipt(tx_hash)
-            if found is not None:
-                return found
-        return None
-
 
 _HASH = re.compile(r"0x[0-9a-fA-F]{64}")
 
@@ -617,6 +652,13 @@ def _log(address: str, topics: list[str], data: str, tx_hash: str, index: int) -
 
 def _address_topic(address: str) -> str:
     return "0x" + "00" * 12 + address.lower().removeprefix("0x")
+
+
+def _encode_outputs(output_types: list[str], value: Any) -> bytes:
+    """A function's return data: one value, or the tuple of a function that returns several."""
+    if not output_types:
+        return b""
+    return abi_encode(output_types, list(value) if len(output_types) > 1 else [value])
 
 
 def _encode_revert(reason: str) -> bytes:

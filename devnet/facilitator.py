@@ -2,17 +2,21 @@
 
 It speaks the standard facilitator HTTP API (``POST /verify``, ``POST /settle``,
 ``GET /supported``) and decides every payment with the x402 package's own
-exact-EVM schemes (v2 and v1). Only the blockchain is fake: the schemes talk to
-``LedgerEvmSigner`` (``devnet.chain``), which answers the contract calls they
-make (``balanceOf``, ``authorizationState``, ``transferWithAuthorization`` and
-so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC node.
+EVM schemes: ``exact`` (v2 and v1; EIP-3009, and Permit2 in v2) and ``upto`` (v2,
+Permit2). Only the blockchain is fake: the schemes talk to ``LedgerEvmSigner``
+(``devnet.chain``), which answers the contract calls they make (``balanceOf``,
+``authorizationState``, ``transferWithAuthorization``, the x402 Permit2 proxies'
+``settle`` and so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC
+node; Permit2 and the proxies are ``devnet.permit2`` (``permit2=False`` leaves
+them off the chain, and Permit2 payments are refused as unsupported).
 
 ``trust_signatures=True`` is a development-only mode for benchmarks: signature
 recovery is skipped, everything else (amounts, recipient, time window, nonces,
 balances) is still checked. Never point real money at it.
 
 Tests can make the facilitator misbehave through ``POST /dev/faults``
-(``devnet.faults``) and count charges through ``GET /dev/ledger``. The simulated chain
+(``devnet.faults``; they apply to every scheme alike) and count charges and read
+balances through ``GET /dev/ledger``. The simulated chain
 answers Ethereum JSON-RPC at ``POST /rpc`` and takes the transactions anyone may send
 to the token without the facilitator: ``POST /dev/chain/cancelAuthorization`` (a payer
 gives up an authorization it signed) and ``POST /dev/chain/transferWithAuthorization``
@@ -37,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from x402 import x402FacilitatorSync
+from x402.mechanisms.evm.batch_settlement import SCHEME_BATCH_SETTLEMENT
 from x402.mechanisms.evm.constants import SCHEME_EXACT, SCHEME_UPTO
 from x402.mechanisms.evm.exact import ExactEvmFacilitatorScheme
 from x402.mechanisms.evm.exact.v1 import ExactEvmSchemeV1Facilitator
@@ -52,6 +57,7 @@ from x402.schemas import (
 )
 from x402.schemas.helpers import detect_version, parse_payment_payload, parse_payment_requirements
 
+from .batch_settlement import BatchSettlementContract
 from .chain import (
     DEV_CHAIN_ID,
     DEV_NETWORK,
@@ -63,6 +69,8 @@ from .chain import (
     TokenInfo,
     default_tokens,
 )
+from .channel_requests import channel_payer, check_channel_payload
+from .channels import ChannelFacilitator, channel_routes
 from .faults import DEV_FAULT_REASON, FaultInjector
 from .ledger import DEFAULT_INITIAL_BALANCE, DevLedger, LedgerRevert, Transfer
 from .permit2 import Permit2Contracts
@@ -186,6 +194,12 @@ def _check_shape(
     _require_address(requirements.asset, "paymentRequirements.asset")
 
     inner = payload.payload
+    if payload.get_scheme() == SCHEME_BATCH_SETTLEMENT:
+        try:
+            check_channel_payload(inner)
+        except ValueError as exc:
+            raise BadRequest(f"paymentPayload.payload: {exc}") from None
+        return
     if is_permit2_payload(inner):
         _check_permit2_shape(inner)
         return
@@ -287,6 +301,8 @@ async def _hints(request: Request) -> tuple[str | None, str]:
     payer = _dig(data, "paymentPayload", "payload", "authorization", "from")
     if payer is None:
         payer = _dig(data, "paymentPayload", "payload", "permit2Authorization", "from")
+    if payer is None:
+        payer = channel_payer(_dig(data, "paymentPayload", "payload"))
     network = _dig(data, "paymentRequirements", "network")
     return (
         payer if isinstance(payer, str) else None,
@@ -303,6 +319,8 @@ def _dig(data: Any, *keys: str) -> Any:
 
 
 def _payer_of(payload: PaymentPayload | PaymentPayloadV1) -> str | None:
+    if channel_payer(payload.payload) is not None:
+        return channel_payer(payload.payload)
     authorization = payload.payload.get("authorization")
     if isinstance(authorization, dict):
         return authorization.get("from")
@@ -316,12 +334,14 @@ def _unsupported_reason(payload: PaymentPayload | PaymentPayloadV1, permit2: boo
     The network is checked here because x402's registry widens
     ``eip155:84532`` to ``eip155:*``, and the simulated chain is Base Sepolia only.
     ``upto`` is Permit2 only and x402 v2 only; without Permit2 (``permit2=False``) the chain
-    has no Permit2 contract, and a Permit2 payment is refused as unsupported.
+    has no Permit2 contract, and a Permit2 payment is refused as unsupported, as it is in x402 v1.
     """
     scheme = payload.get_scheme()
+    if scheme == SCHEME_BATCH_SETTLEMENT and payload.x402_version == 2:
+        return None if payload.get_network() == DEV_NETWORK else "invalid_network"
     if scheme != SCHEME_EXACT and not (scheme == SCHEME_UPTO and permit2 and payload.x402_version == 2):
         return "unsupported_scheme"
-    if is_permit2_payload(payload.payload) and not permit2:
+    if is_permit2_payload(payload.payload) and not (permit2 and payload.x402_version == 2):
         return UNSUPPORTED_PERMIT2
     network = DEV_NETWORK if payload.x402_version == 2 else DEV_NETWORK_V1
     return None if payload.get_network() == network else "invalid_network"
@@ -366,7 +386,8 @@ async def _answer(request: Request, kind: str) -> Response:
     except Exception as exc:
         logger.error("%s failed unexpectedly: %s", kind, type(exc).__name__, exc_info=True)
         return _error(500, "internal_error")
-    if isinstance(result, SettleResponse) and result.success and result.amount is None:
+    exact = payload.get_scheme() == SCHEME_EXACT
+    if exact and isinstance(result, SettleResponse) and result.success and result.amount is None:
         # The exact scheme always moves exactly the required amount; say so.
         result = result.model_copy(update={"amount": requirements.get_amount()})
     if isinstance(result, VerifyResponse):
@@ -524,6 +545,7 @@ def create_facilitator_app(
     initial_balance: int = DEFAULT_INITIAL_BALANCE,
     auth_token: str | None = None,
     permit2: bool = True,
+    receiver_authorizer_key: str | None = None,
 ) -> Starlette:
     """Build the facilitator app over the SQLite ledger at ``db_path``.
 
@@ -531,15 +553,22 @@ def create_facilitator_app(
     the module docstring. ``app.state.ledger`` exposes the ledger to tests.
     ``permit2`` (the default) puts Permit2 and x402's Permit2 proxies on the chain
     (``devnet.permit2``) and serves ``exact`` by Permit2 and ``upto`` (x402 v2).
+    ``receiver_authorizer_key`` is the key the ``batch-settlement`` scheme signs claims and
+    refunds with for channels that name it (``devnet.channels``).
     """
     ledger = DevLedger(db_path, initial_balance=initial_balance)
     contracts = Permit2Contracts(ledger, trust_signatures=trust_signatures) if permit2 else None
-    signer = LedgerEvmSigner(ledger, trust_signatures=trust_signatures, contracts=[contracts] if contracts else [])
+    channel_contract = BatchSettlementContract(ledger, trust_signatures=trust_signatures, permit2=contracts)
+    signer = LedgerEvmSigner(
+        ledger, trust_signatures=trust_signatures, contracts=[*([contracts] if contracts else []), channel_contract]
+    )
     facilitator = x402FacilitatorSync()
     facilitator.register([DEV_NETWORK], ExactEvmFacilitatorScheme(signer))
     facilitator.register_v1([DEV_NETWORK_V1], ExactEvmSchemeV1Facilitator(signer))
     if contracts is not None:
         facilitator.register([DEV_NETWORK], UptoEvmFacilitatorScheme(signer))
+    channels = ChannelFacilitator(signer, channel_contract, receiver_authorizer_key)
+    facilitator.register([DEV_NETWORK], channels.scheme)
 
     routes = [
         Route("/verify", verify, methods=["POST"]),
@@ -551,6 +580,7 @@ def create_facilitator_app(
         Route("/dev/chain/cancelAuthorization", dev_cancel_authorization, methods=["POST"]),
         Route("/dev/chain/transferWithAuthorization", dev_transfer_with_authorization, methods=["POST"]),
         Route("/rpc", chain_rpc, methods=["POST"]),
+        *channel_routes(),
     ]
     middleware = [Middleware(BearerAuthMiddleware, token=auth_token)] if auth_token else []
     app = Starlette(routes=routes, middleware=middleware, max_body_size=MAX_BODY_SIZE)
@@ -562,6 +592,7 @@ def create_facilitator_app(
     app.state.faults = FaultInjector()
     app.state.calls = {"verify": 0, "settle": 0}
     app.state.trust_signatures = trust_signatures
+    app.state.channels = channels
     return app
 
 
@@ -573,6 +604,7 @@ def run(
     *,
     initial_balance: int = DEFAULT_INITIAL_BALANCE,
     auth_token: str | None = None,
+    receiver_authorizer_key: str | None = None,
     log_level: str = "info",
     permit2: bool = True,
 ) -> None:
@@ -587,5 +619,6 @@ def run(
         initial_balance=initial_balance,
         auth_token=auth_token,
         permit2=permit2,
+        receiver_authorizer_key=receiver_authorizer_key,
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level)

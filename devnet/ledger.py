@@ -333,16 +333,28 @@ class DevLedger:
         with self._immediate():
             self._write_balance(network, to_checksum_address(asset), to_checksum_address(address), int(amount))
 
-    # -- for contracts whose state lives beside the token's (devnet.permit2) ---
+    # -- for contracts whose state lives beside the token's (devnet.permit2, devnet.batch_settlement) --
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite_utils.Database]:
-        """One ``BEGIN IMMEDIATE`` transaction: what the block reads, writes and ``move``s commits together."""
-        with self._immediate():
-            yield self.db
+    def contract_transaction(self, *, commit: bool = True) -> Iterator[sqlite_utils.Database]:
+        """One ``BEGIN IMMEDIATE`` transaction for a contract whose state lives beside the token's.
+
+        The block reads and writes the contract's own tables through the yielded database and moves
+        tokens with ``move`` / ``spend_nonce``; all of it commits together, or, with ``commit=False``
+        (an ``eth_call``: checked to the end, changing nothing), is rolled back.
+        """
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.rollback()
+                raise
+            else:
+                self.db.execute("COMMIT" if commit else "ROLLBACK")
 
     def move(self, network: str, asset: str, from_address: str, to_address: str, value: int) -> None:
-        """ERC-20 ``transferFrom``'s balance update, inside ``transaction()``; reverts on a short balance."""
+        """ERC-20 ``transferFrom``'s balance update, inside ``contract_transaction``; reverts on a short balance."""
         asset, source, target = (to_checksum_address(a) for a in (asset, from_address, to_address))
         with self._lock:
             balance = self._balance(network, asset, source)
@@ -350,6 +362,28 @@ class DevLedger:
                 raise LedgerRevert(REVERT_INSUFFICIENT_BALANCE)
             self._write_balance(network, asset, source, balance - value)
             self._write_balance(network, asset, target, self._balance(network, asset, target) + value)
+
+    def spend_nonce(self, network: str, asset: str, authorizer: str, nonce: bytes | str, tx_hash: str) -> None:
+        """Spend an EIP-3009 nonce inside ``contract_transaction`` (``receiveWithAuthorization``)."""
+        asset, authorizer, canonical = (
+            to_checksum_address(asset),
+            to_checksum_address(authorizer),
+            _canonical_nonce(nonce),
+        )
+        if self._nonce_used(network, asset, authorizer, canonical):
+            raise LedgerRevert(REVERT_NONCE_USED)
+        self.db.execute(
+            "INSERT INTO nonces (network, asset, authorizer, nonce, tx_hash, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            [network, asset, authorizer, canonical, tx_hash, datetime.now(UTC).isoformat()],
+        )
+
+    def open_account(self, network: str, asset: str, address: str) -> None:
+        """Give a contract address an explicit zero balance (it is not a funded newcomer)."""
+        with self._lock:
+            self.db.execute(
+                "INSERT OR IGNORE INTO balances (network, asset, address, amount) VALUES (?, ?, ?, '0')",
+                [network, to_checksum_address(asset), to_checksum_address(address)],
+            )
 
     # -- internals (caller holds the lock) ------------------------------------
 
