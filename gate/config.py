@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from gate import schemes
 from gate.price import Price
+from gate.schemes import batch_settlement
 from server import anonymous
 from server.config import AgentConfig, Reader, Settings
 from server.config import default_settings as server_defaults
@@ -37,8 +38,13 @@ PRICE_KEYS = frozenset(
         "max_timeout_seconds",
         "extra",
         "description",
+        "accepts",
+        "receiver_authorizer",
+        "withdraw_delay_seconds",
+        "min_deposit",
     }
 )
+CHANNEL_KEYS = ("receiver_authorizer", "withdraw_delay_seconds", "min_deposit")  # batch-settlement's own
 SIGNING_ALLOWANCE_SECONDS = 30  # inside maxTimeoutSeconds: a client's time to sign a token and send it
 
 # EIP-712 domain of well-known USDC deployments, so a price needs no `extra` table.
@@ -141,6 +147,26 @@ DEMO_PRICE = Price(
 )
 
 
+# The development facilitator holds the receiver-authorizer key of its simulated settlement
+# contract and signs the gate's claims with it (what a hosted facilitator's /supported lists).
+DEV_RECEIVER_AUTHORIZER = "0xFB0b6D1F8B44CAeaC383d5AC8C0b374BB08E2619"
+DEMO_CHANNEL_PRICE = replace(
+    DEMO_PRICE,
+    alternatives=(
+        replace(
+            DEMO_PRICE,
+            scheme="batch-settlement",
+            extra={
+                **DEMO_PRICE.extra,
+                "receiverAuthorizer": DEV_RECEIVER_AUTHORIZER,
+                "withdrawDelay": 900,
+                "minDeposit": "10000",
+            },
+        ),
+    ),
+)
+
+
 class GateSections:
     """The gate's `server.anonymous.PathConfig`: which keys it owns, and how it reads them."""
 
@@ -173,8 +199,19 @@ def default_settings(database: str = "a2a-gate.db") -> Settings:
     """
     settings = server_defaults(database)
     paid = replace(settings.agents["paid-echo"], description="Echoes the text it is sent, for 0.001 test USDC.")
-    config = GateConfig(agents={"paid-echo": AgentPayment("paid-echo", DEMO_PRICE)})
-    return replace(settings, agents={**settings.agents, "paid-echo": paid}, anonymous=config)
+    channel = replace(
+        paid,
+        name="paid-channel",
+        description="Echoes the text it is sent, for 0.001 test USDC: per request, or from a payment channel.",
+    )
+    config = GateConfig(
+        agents={
+            "paid-echo": AgentPayment("paid-echo", DEMO_PRICE),
+            "paid-channel": AgentPayment("paid-channel", DEMO_CHANNEL_PRICE),
+        }
+    )
+    agents = {**settings.agents, "paid-echo": paid, "paid-channel": channel}
+    return replace(settings, agents=agents, anonymous=config)
 
 
 def of(settings: Settings) -> GateConfig:
@@ -361,9 +398,10 @@ class _GateReader:
                         r.problem(f"{path}.allowed_payers[{i}]", "must be a 0x address (40 hex digits)")
                 allowed = tuple(p.lower() for p in payers if isinstance(p, str))
         price_raw = raw.get("price")
-        price = None if price_raw is None else self.price(price_raw, f"{path}.price")
+        price = None if price_raw is None else self.offers(price_raw, f"{path}.price")
         if price is not None:
-            price = self.fit_payment_window(agent, price, price_raw, facilitator)
+            fitted = [self.fit_payment_window(agent, offer, price_raw, facilitator) for offer in price.offers]
+            price = replace(fitted[0], alternatives=tuple(fitted[1:]))
         per_agent = raw.get("per_agent_per_minute")
         policy = r.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
         if policy not in SETTLE_FAILURE_POLICIES:
@@ -401,6 +439,25 @@ class _GateReader:
             )
             return price
         return replace(price, max_timeout_seconds=needed)
+
+    def offers(self, raw: Any, path: str) -> Price | None:
+        """A price, in one scheme or several: `accepts = [{ scheme = "exact" }, { scheme = "batch-settlement" }]`
+        lists offers that share the table's other keys (each may override them); the first is the primary."""
+        accepts = raw.get("accepts") if isinstance(raw, dict) else None
+        if accepts is None:
+            return self.price(raw, path)
+        if not isinstance(accepts, list) or not accepts or not all(isinstance(a, dict) for a in accepts):
+            self.r.problem(f"{path}.accepts", 'must be a list of tables, e.g. [{ scheme = "exact" }]')
+            return None
+        shared = {k: v for k, v in raw.items() if k != "accepts"}
+        offers = [self.price({**shared, **entry}, f"{path}.accepts[{i}]") for i, entry in enumerate(accepts)]
+        if any(offer is None for offer in offers):
+            return None
+        listed = [offer for offer in offers if offer is not None]
+        kinds = [(o.scheme, o.asset_transfer_method) for o in listed]
+        if len(set(kinds)) != len(kinds):
+            self.r.problem(f"{path}.accepts", "lists one scheme (and transfer method) twice")
+        return replace(listed[0], alternatives=tuple(listed[1:]))
 
     def price(self, raw: Any, path: str) -> Price | None:
         r = self.r
@@ -444,6 +501,14 @@ class _GateReader:
             r.problem(f"{path}.amount", f"must be a positive whole number of atomic units, got {amount!r}")
             amount = "0"
         extra = self.asset_extra(raw, network, asset, f"{path}.extra")
+        if isinstance(raw.get("accepts"), list):
+            r.problem(f"{path}.accepts", "an offer cannot list offers of its own")
+        if scheme == batch_settlement.SCHEME_NAME:
+            extra = {**extra, **self.channel_extra(raw, int(amount), path)}
+        else:
+            for key in CHANNEL_KEYS:
+                if key in raw:
+                    r.problem(f"{path}.{key}", f"only for scheme {batch_settlement.SCHEME_NAME!r}")
         return Price(
             scheme=scheme,
             network=network,
@@ -455,6 +520,34 @@ class _GateReader:
             description=r.get(raw, "description", str, "", f"{path}.description"),
             asset_transfer_method=method,
         )
+
+    def channel_extra(self, raw: dict[str, Any], amount: int, path: str) -> dict[str, Any]:
+        """A channel offer's parameters, as the binding's `extra` names them: who authorizes the
+        gate's claims and refunds, how long a payer waits to withdraw alone, the smallest deposit."""
+        r = self.r
+        authorizer = r.get(raw, "receiver_authorizer", str, "", f"{path}.receiver_authorizer")
+        if not EVM_ADDRESS.match(authorizer) or int(authorizer, 16) == 0:
+            r.problem(
+                f"{path}.receiver_authorizer",
+                "required for batch-settlement: the non-zero address that signs the gate's claims and refunds"
+                " (the facilitator's, when it holds that key), e.g. the `receiverAuthorizer` its /supported lists",
+            )
+        delay = r.get(
+            raw, "withdraw_delay_seconds", int, batch_settlement.MIN_WITHDRAW_DELAY, f"{path}.withdraw_delay_seconds"
+        )
+        if not batch_settlement.MIN_WITHDRAW_DELAY <= delay <= batch_settlement.MAX_WITHDRAW_DELAY:
+            r.problem(
+                f"{path}.withdraw_delay_seconds",
+                f"must be from {batch_settlement.MIN_WITHDRAW_DELAY} to {batch_settlement.MAX_WITHDRAW_DELAY}"
+                " (the contract's bounds)",
+            )
+        minimum = raw.get("min_deposit", str(amount * batch_settlement.MIN_DEPOSIT_MULTIPLIER))
+        if isinstance(minimum, int) and not isinstance(minimum, bool):
+            minimum = str(minimum)
+        if not isinstance(minimum, str) or not (minimum.isascii() and minimum.isdigit()) or int(minimum) < amount:
+            r.problem(f"{path}.min_deposit", f"must be a whole number of atomic units, at least the amount ({amount})")
+            minimum = str(amount)
+        return {"receiverAuthorizer": authorizer, "withdrawDelay": delay, "minDeposit": str(int(minimum))}
 
     def asset_extra(self, raw: dict[str, Any], network: str, asset: str, path: str) -> dict[str, Any]:
         """The asset's EIP-712 domain (`name`, `version`): a client cannot sign a payment without it.

@@ -100,6 +100,7 @@ class PaymentGate:
 
     async def open_store(self) -> None:
         await self.claims.create_tables()
+        await self.parts.channels.create_tables()
         await self.parts.log.create_tables()
         await self.claims.db.migrate("sealing", sealing.MIGRATIONS)
 

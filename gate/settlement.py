@@ -24,16 +24,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gate import schemes
 from gate.chain import Chain, ChainUnavailable
+from gate.channels import Channels, Mirror
 from gate.claims import Claim, Claims, ClaimState, Hold
 from gate.config import FacilitatorConfig
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
+from gate.schemes import batch_settlement
 from gate.schemes.base import Scheme
 from server.database import commit_until_stored
 from server.tasks import agent_message, set_status
@@ -173,8 +176,12 @@ class Settler:
         metrics: GateMetrics | None = None,
         chain: Chain | None = None,
         pass_interval: float = 30.0,
+        channels: Channels | None = None,
+        seal: Callable[[dict[str, Any], str], str] | None = None,
     ) -> None:
         self.metrics = metrics
+        self.channels = channels
+        self.seal = seal
         self.facilitator = facilitator
         self.claims = claims
         self.log = log
@@ -193,6 +200,8 @@ class Settler:
         passes = claim.settle_passes if claim is not None else 0
         error = "settle_failed"
         scheme = schemes.for_requirements(payment.requirements)
+        if scheme is not None and scheme.channel and payment.payload["payload"].get("type") == "voucher":
+            return await self._settled(pass_, {}, "")  # a voucher is charged here; the chain sees it when claimed
         for attempt in range(1, self.attempts + 1):
             try:
                 result = await self.facilitator.settle(payment.version, payment.payload, payment.requirements)
@@ -200,7 +209,8 @@ class Settler:
                 unknown, error = True, f"settle_unavailable: {exc.reason}"
             else:
                 if result.success:
-                    return await self._settled(pass_, result.receipt, result.transaction)
+                    answer = {**result.receipt, "extra": result.extra} if scheme and scheme.channel else result.receipt
+                    return await self._settled(pass_, answer, result.transaction)
                 verdict = classify(result.reason, scheme)
                 if verdict in ("refused", "nonce_used"):
                     if unknown:  # an earlier attempt of ours may have landed: the refusal may be its doing
@@ -251,17 +261,63 @@ class Settler:
         return await self._owed(p, f"{heard}; chain: authorization unused, still valid", True, passes, delay)
 
     async def _settled(self, p: Pass, receipt: dict[str, Any], tx: str, note: str = "") -> Collection:
-        async def write() -> None:
-            await self.claims.settled(p.hold, receipt)
-            await self.log.append("settle", **p.log_fields(), transaction=tx, error=note)
+        channel = self._channel_charge(p, receipt)
+        if channel is not None:
+            receipt = channel.receipt
 
-        await commit_until_stored(self.claims.db, write, "a settlement")
+        async def write() -> None:
+            if channel is not None:  # first: it is the compare-and-set the whole transaction stands on
+                sql, args = channel.statement
+                if await self.claims.db.execute(sql, args) != 1:
+                    raise ChannelMoved()
+            await self.claims.settled(p.hold, receipt)
+            await self.log.append(
+                "settle", **p.log_fields(), transaction=tx, error=note or (channel.note if channel else "")
+            )
+
+        try:
+            await commit_until_stored(self.claims.db, write, "a settlement")
+        except ChannelMoved:  # its charged total is not this voucher's base: it never pays for this request
+            return await self._unsettled(p, "channel_state_changed: the channel was charged past this voucher's base")
         self._count("settled")
         if self.metrics is not None:
             payment = p.payment
             if payment.amount.isdigit():
                 self.metrics.revenue.labels(payment.network, payment.asset).inc(int(payment.amount))
         return Collection(ClaimState.SETTLED, completed_metadata(receipt))
+
+    def _channel_charge(self, p: Pass, answer: dict[str, Any]) -> ChannelCharge | None:
+        """For a channel payment: the write that advances the channel's charged total, and the receipt
+        the binding defines (`extra.chargedAmount`, `extra.channelState.chargedCumulativeAmount`)."""
+        payment = p.payment
+        scheme = schemes.for_requirements(payment.requirements)
+        if scheme is None or not scheme.channel or self.channels is None or self.seal is None:
+            return None
+        voucher = batch_settlement.read(payment.payload["payload"])
+        price = int(payment.amount)
+        base = voucher.max_claimable - price
+        mirror = Mirror.read(answer.get("extra") or {}) if voucher.kind == "deposit" else None
+        sealed = self.seal(
+            {"signature": voucher.signature, "maxClaimableAmount": str(voucher.max_claimable)}, voucher.channel_id
+        )
+        statement = self.channels.commit_statement(voucher, base, sealed, payment.token_digest, mirror)
+        state = {
+            "channelId": voucher.channel_id,
+            "chargedCumulativeAmount": str(voucher.max_claimable),
+        }
+        if mirror is not None:
+            state.update(balance=str(mirror.balance), totalClaimed=str(mirror.total_claimed))
+        receipt = {
+            "success": True,
+            "transaction": str(answer.get("transaction", "")),
+            "network": payment.network,
+            "payer": payment.payer or voucher.payer,
+            "amount": payment.amount,
+            "extra": {"chargedAmount": payment.amount, "channelState": state},
+        }
+        return ChannelCharge(
+            statement, receipt, f"channel {voucher.channel_id[:18]} charged to {voucher.max_claimable}"
+        )
 
     async def _owed(self, p: Pass, error: str, unknown: bool, passes: int, delay: float) -> Collection:
         async def write() -> None:
@@ -297,6 +353,17 @@ class Settler:
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.settlements.labels(outcome).inc()
+
+
+class ChannelMoved(Exception):
+    """The channel's charged total is no longer the base a voucher was reserved on."""
+
+
+@dataclass(frozen=True)
+class ChannelCharge:
+    statement: tuple[str, tuple[Any, ...]]
+    receipt: dict[str, Any]
+    note: str
 
 
 def jittered(seconds: float) -> float:
