@@ -1,0 +1,162 @@
+"""Payment channels (x402 `batch-settlement`) through real `a2a-gate serve` processes.
+
+The payer is the x402 package's own `BatchSettlementEvmScheme` client on an `x402Client`,
+through the package's httpx transport, unchanged, with a fresh key: it reads the 402, deposits
+once, then signs one cumulative voucher per request and follows the receipts. The facilitator
+is `tests.support.channel_facilitator` (the binding's rules over an in-memory contract).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from eth_account import Account
+from x402 import x402Client
+from x402.http.clients import x402_httpx_transport
+from x402.mechanisms.evm.batch_settlement.client import BatchSettlementEvmScheme
+from x402.mechanisms.evm.signers import EthAccountSigner
+
+from tests.support.channel_facilitator import RECEIVER_AUTHORIZER, ChannelChain, create_app
+from tests.support.gate_process import GateProcess
+from tests.support.paid import ASSET, PAY_TO, decode_header, send_body
+from tests.support.serve import serve_app
+
+PRICE = 1000
+CONFIG = """
+public_url = "{public_url}"
+database = "{database}"
+reconcile_interval_seconds = 3600
+
+[limits]
+per_ip_per_minute = 100000
+per_agent_per_minute = 100000
+
+[facilitator]
+url = "{facilitator}"
+timeout_seconds = 2
+settle_attempts = 2
+settle_backoff_seconds = 0.05
+
+[agents.paid-channel]
+description = "echo, per request or from a channel"
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}", accepts = [
+  {{ scheme = "exact" }},
+  {{ scheme = "batch-settlement", receiver_authorizer = "{authorizer}", min_deposit = "20000" }},
+] }}
+
+[agents.channel-broken]
+backend = "python"
+callable = "tests.support.agents:broken"
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}", scheme = "batch-settlement", receiver_authorizer = "{authorizer}" }}
+"""
+
+
+@pytest.fixture
+def chain() -> ChannelChain:
+    return ChannelChain()
+
+
+@pytest.fixture
+def facilitator(chain: ChannelChain) -> Iterator[str]:
+    with serve_app(create_app(chain), wait_on_exit=False) as url:
+        yield url
+
+
+def write_config(tmp_path: Path, facilitator: str, port: int, database: str = "gate.db") -> Path:
+    config = tmp_path / "gate.toml"
+    config.write_text(
+        CONFIG.format(
+            public_url=f"http://127.0.0.1:{port}",
+            database=database,
+            facilitator=facilitator,
+            asset=ASSET,
+            price=PRICE,
+            pay_to=PAY_TO,
+            authorizer=RECEIVER_AUTHORIZER,
+        )
+    )
+    return config
+
+
+@pytest.fixture
+def gate(tmp_path: Path, facilitator: str) -> Iterator[GateProcess]:
+    from tests.support.gate_process import free_port
+
+    port = free_port()
+    with GateProcess(write_config(tmp_path, facilitator, port), tmp_path / "gate.log", port=port) as process:
+        yield process
+
+
+def channel_client() -> tuple[x402Client, BatchSettlementEvmScheme]:
+    scheme = BatchSettlementEvmScheme(EthAccountSigner(Account.create()))
+    return x402Client().register("eip155:84532", scheme), scheme
+
+
+def channel_rows(database: Path) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(database)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM channels")]
+    finally:
+        conn.close()
+
+
+def receipt_of(response: httpx.Response) -> dict[str, Any]:
+    return json.loads(base64.b64decode(response.headers["PAYMENT-RESPONSE"]))
+
+
+def test_the_402_offers_batch_settlement_beside_exact_with_the_bindings_extra(gate: GateProcess) -> None:
+    answer = httpx.post(f"{gate.url}/a2a/paid-channel", json=send_body("price?"))
+    assert answer.status_code == 402
+    document = decode_header(answer.headers["PAYMENT-REQUIRED"])
+    assert [a["scheme"] for a in document["accepts"]] == ["exact", "batch-settlement"]
+    channel = document["accepts"][1]
+    assert channel["extra"] == {
+        "name": "USDC",
+        "version": "2",
+        "receiverAuthorizer": RECEIVER_AUTHORIZER,
+        "withdrawDelay": 900,
+        "minDeposit": "20000",
+    }
+    assert channel["amount"] == str(PRICE) and channel["payTo"] == PAY_TO
+    card = httpx.get(f"{gate.url}/a2a/paid-channel/.well-known/agent-card.json").json()
+    offered = [e["params"]["accepts"] for e in card["capabilities"]["extensions"]]
+    assert offered and all([a["scheme"] for a in accepts] == ["exact", "batch-settlement"] for accepts in offered)
+
+
+async def pay_many(url: str, count: int, client: x402Client, method: str = "message/send") -> list[httpx.Response]:
+    answers = []
+    async with httpx.AsyncClient(transport=x402_httpx_transport(client), timeout=30) as http:
+        for i in range(count):
+            answers.append(await http.post(url, json=send_body(f"hello {i}", method=method)))
+    return answers
+
+
+def test_the_package_client_pays_a_hundred_requests_from_one_channel(
+    gate: GateProcess, chain: ChannelChain, tmp_path: Path
+) -> None:
+    client, _ = channel_client()
+    answers = asyncio.run(pay_many(f"{gate.url}/a2a/paid-channel", 100, client))
+    for i, answer in enumerate(answers, start=1):
+        assert answer.status_code == 200, answer.text
+        task = answer.json()["result"]
+        assert task["status"]["state"] == "completed"
+        receipt = receipt_of(answer)
+        assert receipt["extra"]["chargedAmount"] == str(PRICE)
+        assert receipt["extra"]["channelState"]["chargedCumulativeAmount"] == str(i * PRICE)
+        assert task["status"]["message"]["metadata"]["x402.payment.receipts"] == [receipt]
+    (row,) = channel_rows(tmp_path / "gate.db")
+    assert int(row["charged"]) == 100 * PRICE == int(row["voucher_max"])
+    assert row["sealed_voucher"] and "0x" not in row["sealed_voucher"]  # sealed, never in plain
+    # a deposit every 20 requests (min_deposit), each verified and settled by the facilitator;
+    # every other voucher verified by the gate itself
+    assert chain.calls["deposit"] == 5
+    assert chain.calls["verify"] < 100 / 4
