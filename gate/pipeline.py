@@ -167,6 +167,10 @@ async def paid_send(
     nonce_key = tokens.nonce_key(token, price.asset, scheme)
     outcome = await parts.claims.claim(token.digest, nonce_key, digest, agent.name, sealed)
     if outcome.kind == "conflict":
+        if scheme.channel:  # an increment already paid for: the payer's state is behind the channel's
+            checked = await vouchers.behind(parts.channels, token, price, parts.sealer.unseal)
+            if checked is not None:
+                return await channel_refusal(parts, attempt, checked)
         return await refuse(parts, attempt, outcome.reason)
     if outcome.kind == "in_flight":
         info.set("in_flight")

@@ -102,6 +102,16 @@ async def check_and_reserve(
     return Checked("reserved", payer=voucher.payer, local=signed_by_payer is True)
 
 
+async def behind(channels: Channels, token: Token, price: Price, unseal: Any) -> Checked | None:
+    """For a voucher whose increment is claimed already: the corrective answer when the channel
+    has moved past its base (a client that lost its state resyncs); None otherwise."""
+    voucher = batch_settlement.read(token.payload["payload"])
+    channel = await channels.find(voucher.channel_id)
+    if channel is None or channel.charged == voucher.max_claimable - int(price.amount):
+        return None
+    return mismatch(channel, voucher, price.network, unseal)
+
+
 def mismatch(channel: Channel, voucher: Voucher, network: str, unseal: Any) -> Checked:
     """The corrective answer's channel state; with the last voucher only for the payer's own signer."""
     extra: dict[str, Any] = {"channelState": channel.state()}
