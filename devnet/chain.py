@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
@@ -148,6 +148,18 @@ def _recover_eoa(digest: bytes, signature: bytes) -> str | None:
         return None
 
 
+class SimulatedContract(Protocol):
+    """A contract besides the token that the dev chain runs (``devnet.batch_settlement``)."""
+
+    def call(self, function_name: str, args: tuple[Any, ...], *, sender: str | None = None) -> Any: ...
+    def transact(self, function_name: str, args: tuple[Any, ...], *, sender: str | None = None) -> str: ...
+    def call_data(self, data: bytes, *, sender: str | None = None) -> bytes: ...
+    def send_raw_transaction(self, raw: bytes) -> str: ...
+    def receipt(self, tx_hash: str) -> dict[str, Any] | None: ...
+    def transaction_receipt(self, tx_hash: str) -> TransactionReceipt | None: ...
+    def logs(self, query: dict[str, Any]) -> list[dict[str, Any]]: ...
+
+
 class LedgerEvmSigner:
     """``FacilitatorEvmSigner`` that plays the token contract over a ``DevLedger``.
 
@@ -179,6 +191,8 @@ class LedgerEvmSigner:
         self.tokens = {to_checksum_address(a): info for a, info in (tokens or default_tokens(network)).items()}
         self.trust_signatures = trust_signatures
         self.address = to_checksum_address(address)
+        #: Other simulated contracts by address (registered by ``devnet.facilitator``).
+        self.contracts: dict[str, SimulatedContract] = {}
 
     # -- FacilitatorEvmSigner ------------------------------------------------
 
@@ -207,6 +221,9 @@ class LedgerEvmSigner:
         *args: Any,
         data_suffix: str | None = None,
     ) -> str:
+        contract = self.contracts.get(to_checksum_address(address))
+        if contract is not None:
+            return contract.transact(function_name, args)
         token = self.tokens.get(to_checksum_address(address))
         if token is None or function_name != "transferWithAuthorization":
             raise LedgerRevert(f"dev ledger cannot execute {function_name} on {address}")
@@ -220,6 +237,10 @@ class LedgerEvmSigner:
 
     def wait_for_transaction_receipt(self, tx_hash: str) -> TransactionReceipt:
         row = self.ledger.settlement(tx_hash)
+        for contract in self.contracts.values() if row is None else ():
+            receipt = contract.transaction_receipt(tx_hash)
+            if receipt is not None:
+                return receipt
         if row is None:
             raise RuntimeError(f"transaction {tx_hash} not found in the dev ledger")
         return TransactionReceipt(
@@ -292,6 +313,9 @@ class LedgerEvmSigner:
         target = to_checksum_address(address)
         if target == MULTICALL3_ADDRESS and function_name == "tryAggregate":
             return self._try_aggregate(args[1])
+        contract = self.contracts.get(target)
+        if contract is not None:
+            return contract.call(function_name, args)
         token = self.tokens.get(target)
         if token is not None:
             return self._token_call(target, token, function_name, args)
@@ -361,6 +385,13 @@ class LedgerEvmSigner:
         """Multicall3 ``tryAggregate(false, calls)``: each call succeeds or reverts alone."""
         results = []
         for target, call_data in calls:
+            contract = self.contracts.get(to_checksum_address(target))
+            if contract is not None:
+                try:
+                    results.append((True, contract.call_data(bytes(call_data))))
+                except LedgerRevert as exc:
+                    results.append((False, _encode_revert(exc.reason)))
+                continue
             entry = _FUNCTIONS.get(bytes(call_data[:4]))
             if entry is None:
                 results.append((False, _encode_revert("unknown function selector")))
@@ -439,11 +470,23 @@ class ChainRpc:
             return self._logs(params[0] if params else None)
         if method == "eth_getTransactionReceipt":
             return self._receipt(params[0] if params else None)
+        if method == "eth_sendRawTransaction":
+            return self._send_raw(params[0] if params else None)
         raise JsonRpcError(-32601, "method not found")
 
     def _call(self, tx: Any) -> str:
         if not isinstance(tx, dict) or not isinstance(tx.get("to"), str) or not isinstance(tx.get("data"), str):
             raise JsonRpcError(-32602, "eth_call needs {to, data}")
+        contract = self.signer.contracts.get(to_checksum_address(tx["to"])) if _ADDRESS.fullmatch(tx["to"]) else None
+        if contract is not None:
+            try:
+                data = bytes.fromhex(tx["data"].removeprefix("0x"))
+                sender = tx.get("from") if isinstance(tx.get("from"), str) and _ADDRESS.fullmatch(tx["from"]) else None
+                return "0x" + contract.call_data(data, sender=sender).hex()
+            except LedgerRevert as exc:
+                raise JsonRpcError(3, str(exc)) from None
+            except ValueError:
+                raise JsonRpcError(-32602, "cannot call: bad data") from None
         try:
             data = bytes.fromhex(tx["data"].removeprefix("0x"))
             name, input_types, output_types = _FUNCTIONS[data[:4]]
@@ -456,7 +499,12 @@ class ChainRpc:
         return "0x" + (abi_encode(output_types, [value]) if output_types else b"").hex()
 
     def _logs(self, query: Any) -> list[dict[str, Any]]:
-        if not isinstance(query, dict) or not isinstance(query.get("topics"), list):
+        if not isinstance(query, dict):
+            raise JsonRpcError(-32602, "eth_getLogs needs a filter")
+        contract_logs = [log for contract in self.signer.contracts.values() for log in contract.logs(query)]
+        if contract_logs:
+            return contract_logs
+        if not isinstance(query.get("topics"), list):
             raise JsonRpcError(-32602, "eth_getLogs needs a filter with topics")
         topics = query["topics"]
         if len(topics) != 3 or topics[0] not in (AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC):
@@ -483,6 +531,10 @@ class ChainRpc:
         tx_hash = tx_hash.lower()
         ledger = self.signer.ledger
         transfer = ledger.settlement(tx_hash)
+        for contract in self.signer.contracts.values() if transfer is None else ():
+            receipt = contract.receipt(tx_hash)
+            if receipt is not None:
+                return receipt
         if transfer is not None:
             asset = transfer["asset"]
             logs = transfer_logs(transfer, tx_hash)
@@ -508,8 +560,21 @@ class ChainRpc:
             "logs": logs,
         }
 
+    def _send_raw(self, raw: Any) -> str:
+        """A signed transaction to one of the simulated contracts (a payer's own ``initiateWithdraw``)."""
+        if not isinstance(raw, str) or not _HEX.fullmatch(raw):
+            raise JsonRpcError(-32602, "eth_sendRawTransaction needs a hex-encoded signed transaction")
+        for contract in self.signer.contracts.values():
+            try:
+                return contract.send_raw_transaction(bytes.fromhex(raw[2:]))
+            except LedgerRevert as exc:
+                raise JsonRpcError(3, str(exc)) from None
+        raise JsonRpcError(-32000, "the dev chain takes no transactions")
+
 
 _HASH = re.compile(r"0x[0-9a-fA-F]{64}")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
+_HEX = re.compile(r"0x(?:[0-9a-fA-F]{2})+")
 
 
 def transfer_logs(transfer: dict[str, Any], tx_hash: str) -> list[dict[str, Any]]:

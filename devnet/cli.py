@@ -41,6 +41,7 @@ def cmd_facilitator(args: argparse.Namespace) -> int:
         args.trust_signatures,
         initial_balance=args.initial_balance,
         auth_token=args.auth_token,
+        receiver_authorizer_key=args.receiver_authorizer_key,
         log_level=args.log_level,
     )
     return 0
@@ -76,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--auth-token",
         default=os.environ.get("A2A_GATE_FACILITATOR_TOKEN"),
         help="require this bearer token (default: $A2A_GATE_FACILITATOR_TOKEN)",
+    )
+    facilitator.add_argument(
+        "--receiver-authorizer-key",
+        default=os.environ.get("A2A_GATE_DEVNET_RECEIVER_AUTHORIZER_KEY"),
+        help="the key batch-settlement claims and refunds are signed with when a channel names the facilitator"
+        " (default: $A2A_GATE_DEVNET_RECEIVER_AUTHORIZER_KEY, else the public development key)",
     )
     facilitator.add_argument("--log-level", default="info")
     facilitator.set_defaults(func=cmd_facilitator)

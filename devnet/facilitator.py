@@ -37,6 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from x402 import x402FacilitatorSync
+from x402.mechanisms.evm.batch_settlement import SCHEME_BATCH_SETTLEMENT
 from x402.mechanisms.evm.constants import SCHEME_EXACT
 from x402.mechanisms.evm.exact import ExactEvmFacilitatorScheme
 from x402.mechanisms.evm.exact.v1 import ExactEvmSchemeV1Facilitator
@@ -62,6 +63,8 @@ from .chain import (
     TokenInfo,
     default_tokens,
 )
+from .channel_requests import channel_payer, check_channel_payload
+from .channels import ChannelFacilitator, channel_routes
 from .faults import DEV_FAULT_REASON, FaultInjector
 from .ledger import DEFAULT_INITIAL_BALANCE, DevLedger, LedgerRevert, Transfer
 
@@ -184,6 +187,12 @@ def _check_shape(
     _require_address(requirements.asset, "paymentRequirements.asset")
 
     inner = payload.payload
+    if payload.get_scheme() == SCHEME_BATCH_SETTLEMENT:
+        try:
+            check_channel_payload(inner)
+        except ValueError as exc:
+            raise BadRequest(f"paymentPayload.payload: {exc}") from None
+        return
     if is_permit2_payload(inner):
         return  # refused as unsupported, see _unsupported_reason
     authorization = inner.get("authorization")
@@ -260,7 +269,9 @@ async def _hints(request: Request) -> tuple[str | None, str]:
         data = _load_json(await request.body())
     except ValueError:
         return None, ""
-    payer = _dig(data, "paymentPayload", "payload", "authorization", "from")
+    payer = _dig(data, "paymentPayload", "payload", "authorization", "from") or channel_payer(
+        _dig(data, "paymentPayload", "payload")
+    )
     network = _dig(data, "paymentRequirements", "network")
     return (
         payer if isinstance(payer, str) else None,
@@ -277,6 +288,8 @@ def _dig(data: Any, *keys: str) -> Any:
 
 
 def _payer_of(payload: PaymentPayload | PaymentPayloadV1) -> str | None:
+    if channel_payer(payload.payload) is not None:
+        return channel_payer(payload.payload)
     authorization = payload.payload.get("authorization")
     if isinstance(authorization, dict):
         return authorization.get("from")
@@ -290,6 +303,8 @@ def _unsupported_reason(payload: PaymentPayload | PaymentPayloadV1) -> str | Non
     The network is checked here because x402's registry widens
     ``eip155:84532`` to ``eip155:*``, and the simulated chain is Base Sepolia only.
     """
+    if payload.get_scheme() == SCHEME_BATCH_SETTLEMENT and payload.x402_version == 2:
+        return None if payload.get_network() == DEV_NETWORK else "invalid_network"
     if payload.get_scheme() != SCHEME_EXACT:
         return "unsupported_scheme"
     if is_permit2_payload(payload.payload):
@@ -339,7 +354,8 @@ async def _answer(request: Request, kind: str) -> Response:
     except Exception as exc:
         logger.error("%s failed unexpectedly: %s", kind, type(exc).__name__, exc_info=True)
         return _error(500, "internal_error")
-    if isinstance(result, SettleResponse) and result.success and result.amount is None:
+    exact = payload.get_scheme() == SCHEME_EXACT
+    if exact and isinstance(result, SettleResponse) and result.success and result.amount is None:
         # The exact scheme always moves exactly the required amount; say so.
         result = result.model_copy(update={"amount": requirements.get_amount()})
     if isinstance(result, VerifyResponse):
@@ -479,17 +495,22 @@ def create_facilitator_app(
     trust_signatures: bool = False,
     initial_balance: int = DEFAULT_INITIAL_BALANCE,
     auth_token: str | None = None,
+    receiver_authorizer_key: str | None = None,
 ) -> Starlette:
     """Build the facilitator app over the SQLite ledger at ``db_path``.
 
     ``trust_signatures=True`` is the dev-trusting benchmark mode described in
     the module docstring. ``app.state.ledger`` exposes the ledger to tests.
+    ``receiver_authorizer_key`` is the key the ``batch-settlement`` scheme signs claims and
+    refunds with for channels that name it (``devnet.channels``).
     """
     ledger = DevLedger(db_path, initial_balance=initial_balance)
     signer = LedgerEvmSigner(ledger, trust_signatures=trust_signatures)
     facilitator = x402FacilitatorSync()
     facilitator.register([DEV_NETWORK], ExactEvmFacilitatorScheme(signer))
     facilitator.register_v1([DEV_NETWORK_V1], ExactEvmSchemeV1Facilitator(signer))
+    channels = ChannelFacilitator(signer, receiver_authorizer_key)
+    facilitator.register([DEV_NETWORK], channels.scheme)
 
     routes = [
         Route("/verify", verify, methods=["POST"]),
@@ -501,6 +522,7 @@ def create_facilitator_app(
         Route("/dev/chain/cancelAuthorization", dev_cancel_authorization, methods=["POST"]),
         Route("/dev/chain/transferWithAuthorization", dev_transfer_with_authorization, methods=["POST"]),
         Route("/rpc", chain_rpc, methods=["POST"]),
+        *channel_routes(),
     ]
     middleware = [Middleware(BearerAuthMiddleware, token=auth_token)] if auth_token else []
     app = Starlette(routes=routes, middleware=middleware, max_body_size=MAX_BODY_SIZE)
@@ -511,6 +533,7 @@ def create_facilitator_app(
     app.state.faults = FaultInjector()
     app.state.calls = {"verify": 0, "settle": 0}
     app.state.trust_signatures = trust_signatures
+    app.state.channels = channels
     return app
 
 
@@ -522,6 +545,7 @@ def run(
     *,
     initial_balance: int = DEFAULT_INITIAL_BALANCE,
     auth_token: str | None = None,
+    receiver_authorizer_key: str | None = None,
     log_level: str = "info",
 ) -> None:
     """Serve the facilitator with uvicorn until interrupted."""
@@ -534,5 +558,6 @@ def run(
         trust_signatures=trust_signatures,
         initial_balance=initial_balance,
         auth_token=auth_token,
+        receiver_authorizer_key=receiver_authorizer_key,
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level)

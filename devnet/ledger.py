@@ -333,6 +333,57 @@ class DevLedger:
         with self._immediate():
             self._write_balance(network, to_checksum_address(asset), to_checksum_address(address), int(amount))
 
+    # -- other contracts' transactions (devnet.batch_settlement) ---------------
+
+    @contextmanager
+    def contract_transaction(self, *, commit: bool = True) -> Iterator[sqlite_utils.Database]:
+        """One ``BEGIN IMMEDIATE`` transaction for a contract that holds tokens itself.
+
+        The block reads and writes its own tables through the yielded database and moves
+        tokens with ``move`` / ``spend_nonce``; all of it commits together, or, with
+        ``commit=False`` (an ``eth_call`` simulation), is rolled back.
+        """
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.rollback()
+                raise
+            else:
+                self.db.execute("COMMIT" if commit else "ROLLBACK")
+
+    def move(self, network: str, asset: str, from_address: str, to_address: str, amount: int) -> None:
+        """Move tokens inside ``contract_transaction``; revert like the token on a short balance."""
+        asset, source, target = (to_checksum_address(a) for a in (asset, from_address, to_address))
+        balance = self._balance(network, asset, source)
+        if amount < 0 or balance < amount:
+            raise LedgerRevert(REVERT_INSUFFICIENT_BALANCE)
+        self._write_balance(network, asset, source, balance - amount)
+        self._write_balance(network, asset, target, self._balance(network, asset, target) + amount)
+
+    def spend_nonce(self, network: str, asset: str, authorizer: str, nonce: bytes | str, tx_hash: str) -> None:
+        """Spend an EIP-3009 nonce inside ``contract_transaction`` (``receiveWithAuthorization``)."""
+        asset, authorizer, canonical = (
+            to_checksum_address(asset),
+            to_checksum_address(authorizer),
+            _canonical_nonce(nonce),
+        )
+        if self._nonce_used(network, asset, authorizer, canonical):
+            raise LedgerRevert(REVERT_NONCE_USED)
+        self.db.execute(
+            "INSERT INTO nonces (network, asset, authorizer, nonce, tx_hash, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            [network, asset, authorizer, canonical, tx_hash, datetime.now(UTC).isoformat()],
+        )
+
+    def open_account(self, network: str, asset: str, address: str) -> None:
+        """Give a contract address an explicit zero balance (it is not a funded newcomer)."""
+        with self._lock:
+            self.db.execute(
+                "INSERT OR IGNORE INTO balances (network, asset, address, amount) VALUES (?, ?, ?, '0')",
+                [network, to_checksum_address(asset), to_checksum_address(address)],
+            )
+
     # -- internals (caller holds the lock) ------------------------------------
 
     def _check(self, t: Transfer, now: int) -> None:

@@ -90,10 +90,14 @@ def test_new_private_key_is_a_fresh_key():
 # -- plain endpoints -----------------------------------------------------------
 
 
-def test_supported_lists_v2_and_v1_exact_on_base_sepolia(facilitator):
+def test_supported_lists_v2_and_v1_exact_and_v2_batch_settlement_on_base_sepolia(facilitator):
     body = facilitator.http.get("/supported").json()
     kinds = {(k["x402Version"], k["scheme"], k["network"]) for k in body["kinds"]}
-    assert kinds == {(2, "exact", "eip155:84532"), (1, "exact", "base-sepolia")}
+    assert kinds == {
+        (2, "exact", "eip155:84532"),
+        (1, "exact", "base-sepolia"),
+        (2, "batch-settlement", "eip155:84532"),
+    }
     assert body["extensions"] == []
     assert len(body["signers"]["eip155:*"]) == 1
 
