@@ -121,11 +121,21 @@ class InBandConfig:
 
 
 @dataclass(frozen=True)
+class ChannelsConfig:
+    """When the gate collects payment channels (`[channels]`, gate/channel_jobs.py)."""
+
+    claim_interval_seconds: float = 60.0  # how often a claim pass runs
+    claim_at_amount: int = 1_000_000  # claim a channel once this much (atomic units) is charged and unclaimed
+    claim_after_seconds: float = 3600.0  # or once its oldest unclaimed charge is this old
+
+
+@dataclass(frozen=True)
 class GateConfig:
     facilitator: FacilitatorConfig = FacilitatorConfig()
     networks: dict[str, NetworkConfig] = field(default_factory=dict)
     limits: LimitsConfig = LimitsConfig()
     in_band: InBandConfig = InBandConfig()
+    channels: ChannelsConfig = ChannelsConfig()
     reconcile_interval_seconds: float = 30.0
     claim_lease_seconds: float = 30.0  # an owner renews its claims' leases; a lapsed one is an orphan
     agents: dict[str, AgentPayment] = field(default_factory=dict)
@@ -149,7 +159,7 @@ DEMO_PRICE = Price(
 
 # The development facilitator holds the receiver-authorizer key of its simulated settlement
 # contract and signs the gate's claims with it (what a hosted facilitator's /supported lists).
-DEV_RECEIVER_AUTHORIZER = "0xFB0b6D1F8B44CAeaC383d5AC8C0b374BB08E2619"
+DEV_RECEIVER_AUTHORIZER = "0xE40b4B07d90d26934b21e6E463a286988E28deeF"
 DEMO_CHANNEL_PRICE = replace(
     DEMO_PRICE,
     alternatives=(
@@ -167,11 +177,23 @@ DEMO_CHANNEL_PRICE = replace(
 )
 
 
+# As the example configuration sets them: a channel payer's hundred calls a minute get through.
+DEMO_LIMITS = LimitsConfig(per_ip_per_minute=300, per_agent_per_minute=1200)
+
+
 class GateSections:
     """The gate's `server.anonymous.PathConfig`: which keys it owns, and how it reads them."""
 
     keys = frozenset(
-        {"limits", "facilitator", "networks", "in_band", "reconcile_interval_seconds", "claim_lease_seconds"}
+        {
+            "limits",
+            "facilitator",
+            "networks",
+            "in_band",
+            "channels",
+            "reconcile_interval_seconds",
+            "claim_lease_seconds",
+        }
     )
     agent_keys = frozenset({"price", "allowed_payers", "per_agent_per_minute", "on_settle_failure"})
 
@@ -205,6 +227,7 @@ def default_settings(database: str = "a2a-gate.db") -> Settings:
         description="Echoes the text it is sent, for 0.001 test USDC: per request, or from a payment channel.",
     )
     config = GateConfig(
+        limits=DEMO_LIMITS,
         agents={
             "paid-echo": AgentPayment("paid-echo", DEMO_PRICE),
             "paid-channel": AgentPayment("paid-channel", DEMO_CHANNEL_PRICE),
@@ -257,6 +280,7 @@ class _GateReader:
             facilitator=facilitator,
             networks=self.networks(r.table(raw, "networks", "networks")),
             limits=self.limits(r.table(raw, "limits", "limits")),
+            channels=self.channels(r.table(raw, "channels", "channels")),
             in_band=InBandConfig(
                 max_message_bytes=r.positive(
                     in_band, "max_message_bytes", defaults.in_band.max_message_bytes, "in_band.max_message_bytes"
@@ -276,6 +300,25 @@ class _GateReader:
                 raw, "claim_lease_seconds", defaults.claim_lease_seconds, "claim_lease_seconds", float
             ),
             agents=agents,
+        )
+
+    def channels(self, raw: dict[str, Any]) -> ChannelsConfig:
+        r, d = self.r, ChannelsConfig()
+        r.unknown(raw, {"claim_interval_seconds", "claim_at_amount", "claim_after_seconds"}, "channels")
+        amount = raw.get("claim_at_amount", d.claim_at_amount)
+        if isinstance(amount, str) and amount.isascii() and amount.isdigit():
+            amount = int(amount)
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
+            r.problem("channels.claim_at_amount", f"must be a whole number of atomic units, got {amount!r}")
+            amount = d.claim_at_amount
+        return ChannelsConfig(
+            claim_interval_seconds=r.positive(
+                raw, "claim_interval_seconds", d.claim_interval_seconds, "channels.claim_interval_seconds", float
+            ),
+            claim_at_amount=amount,
+            claim_after_seconds=r.positive(
+                raw, "claim_after_seconds", d.claim_after_seconds, "channels.claim_after_seconds", float
+            ),
         )
 
     def limits(self, raw: dict[str, Any]) -> LimitsConfig:

@@ -1,0 +1,129 @@
+"""Payment channels end to end on the development network, as the README's first command serves them.
+
+`a2a-gate serve --config config/a2a-gate.example.toml --dev-facilitator PORT` (a copy of the
+shipped file whose database lives in the test's directory), the `paid-channel` agent, and the
+x402 package's own `BatchSettlementEvmScheme` client on an `x402Client`, unchanged, through the
+package's httpx transport, with a fresh key the development ledger funds and the package's
+`EthAccountSignerWithRPC` on the development chain's `/rpc`. Then `a2a-gate channels claim`:
+the settlement contract's claimed total reaches the charged total, and payTo receives exactly it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from eth_account import Account
+from x402 import x402Client
+from x402.http.clients import x402_httpx_transport
+from x402.mechanisms.evm.batch_settlement.client import BatchSettlementEvmScheme
+from x402.mechanisms.evm.signers import EthAccountSignerWithRPC
+
+from tests.support.gate_process import GateProcess, free_port
+from tests.support.paid import ASSET, PAY_TO, send_body
+
+ROOT = Path(__file__).parents[1]
+PRICE = 1000
+SETTLEMENT_CONTRACT = "0x4020074e9dF2ce1deE5A9C1b5c3f541D02a10003"
+
+
+@dataclass
+class Devnet:
+    gate: GateProcess
+    facilitator: str
+    config: Path
+
+    def rpc(self, method: str, params: list[Any]) -> Any:
+        answer = httpx.post(
+            f"{self.facilitator}/rpc", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        ).json()
+        return answer["result"]
+
+    def channel(self, channel_id: str) -> tuple[int, int]:
+        """`channels(bytes32)` on the settlement contract: (balance, total claimed)."""
+        from eth_utils import keccak
+
+        data = "0x" + keccak(text="channels(bytes32)")[:4].hex() + channel_id.removeprefix("0x")
+        word = self.rpc("eth_call", [{"to": SETTLEMENT_CONTRACT, "data": data}, "latest"]).removeprefix("0x")
+        return int(word[:64], 16), int(word[64:128], 16)
+
+    def token_balance(self, address: str) -> int:
+        data = "0x70a08231" + "00" * 12 + address.lower().removeprefix("0x")
+        return int(self.rpc("eth_call", [{"to": ASSET, "data": data}, "latest"]), 16)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gate.cli", *args, "--config", str(self.config)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+
+
+@pytest.fixture
+def devnet(tmp_path: Path) -> Iterator[Devnet]:
+    shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
+    config = tmp_path / "gate.toml"
+    port = free_port()
+    # the file's facilitator.url names the port `--dev-facilitator` serves on (8402 as shipped)
+    shipped = shipped.replace('url = "http://127.0.0.1:8402"', f'url = "http://127.0.0.1:{port + 1}"')
+    config.write_text(shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"'))
+    process = GateProcess(config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(port + 1)])
+    with process:
+        yield Devnet(process, f"http://127.0.0.1:{port + 1}", config)
+
+
+def fresh_client(devnet: Devnet) -> x402Client:
+    signer = EthAccountSignerWithRPC(Account.create(), rpc_url=f"{devnet.facilitator}/rpc")
+    return x402Client().register("eip155:84532", BatchSettlementEvmScheme(signer))
+
+
+def receipt_of(response: httpx.Response) -> dict[str, Any]:
+    return json.loads(base64.b64decode(response.headers["PAYMENT-RESPONSE"]))
+
+
+def test_a_fresh_payer_opens_a_channel_pays_a_hundred_requests_and_the_claim_pays_pay_to(devnet: Devnet) -> None:
+    url = f"{devnet.gate.url}/a2a/paid-channel"
+    client = fresh_client(devnet)
+    verify_calls_before = httpx.get(f"{devnet.facilitator}/dev/ledger").json()["verify_calls"]
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=x402_httpx_transport(client), timeout=30) as http:
+            return [await http.post(url, json=send_body(f"hello {i}")) for i in range(100)]
+
+    answers = asyncio.run(run())
+    channel_id = ""
+    for i, answer in enumerate(answers, start=1):
+        assert answer.status_code == 200, answer.text
+        task = answer.json()["result"]
+        assert task["status"]["state"] == "completed"
+        receipt = receipt_of(answer)
+        assert receipt["extra"]["chargedAmount"] == str(PRICE)
+        assert receipt["extra"]["channelState"]["chargedCumulativeAmount"] == str(i * PRICE)
+        assert task["status"]["message"]["metadata"]["x402.payment.receipts"] == [receipt]
+        channel_id = receipt["extra"]["channelState"]["channelId"]
+    verify_calls = httpx.get(f"{devnet.facilitator}/dev/ledger").json()["verify_calls"] - verify_calls_before
+    assert verify_calls < 100 / 4  # deposits (every ten requests here) and stale mirrors only
+    balance, claimed = devnet.channel(channel_id)
+    assert balance >= 100 * PRICE and claimed == 0  # deposited; nothing claimed yet
+    pay_to_before = devnet.token_balance(PAY_TO)
+
+    done = devnet.cli("channels", "claim")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert devnet.channel(channel_id)[1] == 100 * PRICE  # the chain's total claimed is the charged total
+    assert devnet.token_balance(PAY_TO) - pay_to_before == 100 * PRICE  # swept to payTo, exactly
+    listed = devnet.cli("channels", "list")
+    assert channel_id in listed.stdout and f"\t{100 * PRICE}\t{100 * PRICE}\t" in listed.stdout
+    rows = devnet.cli("payments", "--action", "channel_claim").stdout
+    assert channel_id[:18] in rows
+    assert "channel_settle" in devnet.cli("payments", "--action", "channel_settle").stdout
