@@ -231,7 +231,7 @@ def default_settings(database: str = "a2a-gate.db") -> Settings:
         agents={
             "paid-echo": AgentPayment("paid-echo", DEMO_PRICE),
             "paid-channel": AgentPayment("paid-channel", DEMO_CHANNEL_PRICE),
-        }
+        },
     )
     agents = {**settings.agents, "paid-echo": paid, "paid-channel": channel}
     return replace(settings, agents=agents, anonymous=config)

@@ -127,3 +127,138 @@ def test_a_fresh_payer_opens_a_channel_pays_a_hundred_requests_and_the_claim_pay
     rows = devnet.cli("payments", "--action", "channel_claim").stdout
     assert channel_id[:18] in rows
     assert "channel_settle" in devnet.cli("payments", "--action", "channel_settle").stdout
+
+
+def charged(devnet: Devnet, channel_id: str) -> int:
+    import sqlite3
+
+    conn = sqlite3.connect(devnet.config.parent / "gate.db")
+    try:
+        (row,) = conn.execute("SELECT charged FROM channels WHERE channel_id = ?", (channel_id,)).fetchall()
+        return int(row[0])
+    finally:
+        conn.close()
+
+
+def final_task(answer: httpx.Response) -> dict[str, Any]:
+    """The last Task state an answer carries (a send's result, or a stream's last event)."""
+    if answer.headers["content-type"].startswith("text/event-stream"):
+        events = [json.loads(line[5:])["result"] for line in answer.text.splitlines() if line.startswith("data:")]
+        last = events[-1]
+        return last.get("statusUpdate") or last.get("task") or last
+    result = answer.json()["result"]
+    return result.get("task", result)
+
+
+STATE_DONE = ("completed", "TASK_STATE_COMPLETED")
+
+
+@pytest.mark.parametrize(
+    ("method", "headers"),
+    [
+        ("message/send", {}),
+        ("SendMessage", {"A2A-Version": "1.0"}),
+        ("message/stream", {}),
+        ("SendStreamingMessage", {"A2A-Version": "1.0"}),
+    ],
+)
+def test_every_header_path_pays_from_the_channel(devnet: Devnet, method: str, headers: dict[str, str]) -> None:
+    """A stream's receipt rides on its last event (its headers left before the work was done), so
+    the package's client resyncs from the corrective 402 before its next voucher: still one
+    charge per delivered request."""
+    url = f"{devnet.gate.url}/a2a/paid-channel"
+    client = fresh_client(devnet)
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=x402_httpx_transport(client), timeout=30) as http:
+            return [await http.post(url, json=send_body(f"hi {i}", method=method), headers=headers) for i in range(12)]
+
+    answers = asyncio.run(run())
+    channel_id = ""
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        task = final_task(answer)
+        assert task["status"]["state"] in STATE_DONE
+        receipts = task["status"]["message"]["metadata"]["x402.payment.receipts"]
+        channel_id = receipts[-1]["extra"]["channelState"]["channelId"]
+    assert charged(devnet, channel_id) == 12 * PRICE
+
+
+async def in_band_pay(
+    http: httpx.AsyncClient, url: str, client: x402Client, text: str, method: str, headers: dict[str, str]
+) -> dict[str, Any]:
+    """The a2a-x402 in-band flow with the package's client: ask, sign the channel offer, pay on the task;
+    receipts (and corrective answers) are handed to the client's own payment-response hooks."""
+    from x402.http import x402HTTPClient
+    from x402.schemas import PaymentRequired
+
+    from tests.support.in_band import ACTIVATE, paying_body
+
+    payments = x402HTTPClient(client)
+    asked = final_task(await http.post(url, json=send_body(text, method=method), headers={**ACTIVATE, **headers}))
+    for _ in range(2):  # a corrective answer, then the payment it resynced for
+        required = asked["status"]["message"]["metadata"]["x402.payment.required"]
+        offer = next(a for a in required["accepts"] if a["scheme"] == "batch-settlement")
+        requirement = {
+            "scheme": offer["scheme"],
+            "network": "eip155:84532",
+            "asset": offer["asset"],
+            "amount": offer["maxAmountRequired"],
+            "payTo": offer["payTo"],
+            "maxTimeoutSeconds": offer["maxTimeoutSeconds"],
+            "extra": offer["extra"],
+        }
+        document = {"x402Version": 2, "error": required["error"], "resource": {"url": url}, "accepts": [requirement]}
+        payload = await client.create_payment_payload(PaymentRequired.model_validate(document))
+        body = paying_body("paying", asked["id"], payload.model_dump(by_alias=True, exclude_none=True), method=method)
+        task = final_task(await http.post(url, json=body, headers={**ACTIVATE, **headers}))
+        metadata = task["status"]["message"]["metadata"]
+        if metadata["x402.payment.status"] == "payment-completed":
+            receipt = base64.b64encode(json.dumps(metadata["x402.payment.receipts"][-1]).encode()).decode()
+            await payments.process_payment_result(
+                payload, lambda name: receipt if name == "PAYMENT-RESPONSE" else None, 200
+            )
+            return task
+        corrective = metadata["x402.payment.required"]
+        offer = next(a for a in corrective["accepts"] if a["scheme"] == "batch-settlement")
+        document = {
+            "x402Version": 2,
+            "error": corrective["error"],
+            "resource": {"url": url},
+            "accepts": [{**requirement, "extra": offer["extra"]}],
+        }
+        encoded = base64.b64encode(json.dumps(document).encode()).decode()
+        recovered = await payments.process_payment_result(
+            payload, lambda name: encoded if name == "PAYMENT-REQUIRED" else None, 402
+        )
+        assert recovered.recovered, metadata
+        asked = task
+    raise AssertionError("not paid after a resync")
+
+
+@pytest.mark.parametrize(
+    ("method", "headers"),
+    [
+        ("message/send", {}),
+        ("SendMessage", {"A2A-Version": "1.0"}),
+        ("message/stream", {}),
+        ("SendStreamingMessage", {"A2A-Version": "1.0"}),
+    ],
+)
+def test_every_in_band_path_pays_from_the_channel(devnet: Devnet, method: str, headers: dict[str, str]) -> None:
+    url = f"{devnet.gate.url}/a2a/paid-channel"
+    client = fresh_client(devnet)
+
+    async def run() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            return [await in_band_pay(http, url, client, f"in band {i}", method, headers) for i in range(12)]
+
+    tasks = asyncio.run(run())
+    channel_id = ""
+    for i, task in enumerate(tasks, start=1):
+        assert task["status"]["state"] in STATE_DONE
+        receipt = task["status"]["message"]["metadata"]["x402.payment.receipts"][-1]
+        assert receipt["extra"]["chargedAmount"] == str(PRICE)
+        assert receipt["extra"]["channelState"]["chargedCumulativeAmount"] == str(i * PRICE)
+        channel_id = receipt["extra"]["channelState"]["channelId"]
+    assert charged(devnet, channel_id) == 12 * PRICE

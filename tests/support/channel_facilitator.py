@@ -127,7 +127,9 @@ def create_app(chain: ChannelChain) -> Starlette:
                     entry["signature"],
                     CHAIN_ID,
                 ):
-                    return JSONResponse({"success": False, "errorReason": "invalid_batch_settlement_evm_voucher_signature"})
+                    return JSONResponse(
+                        {"success": False, "errorReason": "invalid_batch_settlement_evm_voucher_signature"}
+                    )
                 on_chain = chain.channels.setdefault(channel_id, OnChain())
                 total = int(entry["totalClaimed"])
                 if total > cap or total > on_chain.balance or total < on_chain.total_claimed:
