@@ -23,6 +23,7 @@ from eth_account import Account
 from x402 import x402Client
 from x402.http.clients import x402_httpx_transport
 from x402.mechanisms.evm.batch_settlement.client import BatchSettlementEvmScheme
+from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id
 from x402.mechanisms.evm.signers import EthAccountSigner
 
 from tests.support.channel_facilitator import RECEIVER_AUTHORIZER, ChannelChain, create_app
@@ -259,3 +260,44 @@ def test_a_client_behind_the_channel_gets_the_corrective_402_with_the_channel_st
     assert signer == key.address
     (row,) = channel_rows(tmp_path / "gate.db")
     assert int(row["charged"]) == 3 * PRICE
+
+
+def test_a_voucher_ahead_of_the_channel_is_not_delivered_and_gets_the_corrective_402(
+    gate: GateProcess, tmp_path: Path
+) -> None:
+    """A voucher for more than charged + price (a client that counted a request the gate never
+    charged): never delivered, never charged; the 402 tells the client where the channel stands."""
+    from x402.mechanisms.evm.batch_settlement.client.config import BatchSettlementEvmSchemeOptions
+    from x402.mechanisms.evm.batch_settlement.client.storage import InMemoryClientChannelStorage
+
+    url = f"{gate.url}/a2a/paid-channel"
+    storage = InMemoryClientChannelStorage()
+    scheme = BatchSettlementEvmScheme(
+        EthAccountSigner(Account.create()), BatchSettlementEvmSchemeOptions(storage=storage)
+    )
+    client = x402Client().register("eip155:84532", scheme)
+    asyncio.run(pay_many(url, 2, client))
+    required, _ = asyncio.run(first_payload(url, client))
+    offer = next(a for a in required.accepts if a.scheme == "batch-settlement")
+    key = compute_channel_id(scheme.build_channel_config(offer), "eip155:84532")
+    context = storage.get(key)
+    assert context is not None
+    context.charged_cumulative_amount = str(3 * PRICE)  # one request too many
+    storage.set(key, context)
+
+    async def run() -> httpx.Response:
+        _, payload = await first_payload(url, client)
+        return await pay_with_header(url, payload, "ahead", client)
+
+    answer = asyncio.run(run())
+    assert answer.status_code == 402
+    document = decode_header(answer.headers["PAYMENT-REQUIRED"])
+    channel = next(a for a in document["accepts"] if a["scheme"] == "batch-settlement")
+    assert channel["extra"]["channelState"]["chargedCumulativeAmount"] == str(2 * PRICE)
+    (row,) = channel_rows(tmp_path / "gate.db")
+    assert int(row["charged"]) == 2 * PRICE
+    conn = sqlite3.connect(tmp_path / "gate.db")
+    try:
+        assert conn.execute("SELECT COUNT(*) FROM tasks WHERE state = 'completed'").fetchone()[0] == 2
+    finally:
+        conn.close()

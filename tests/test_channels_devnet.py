@@ -215,9 +215,7 @@ async def in_band_pay(
         metadata = task["status"]["message"]["metadata"]
         if metadata["x402.payment.status"] == "payment-completed":
             receipt = base64.b64encode(json.dumps(metadata["x402.payment.receipts"][-1]).encode()).decode()
-            await payments.process_payment_result(
-                payload, lambda name: receipt if name == "PAYMENT-RESPONSE" else None, 200
-            )
+            await payments.process_payment_result(payload, {"PAYMENT-RESPONSE": receipt}.get, 200)
             return task
         corrective = metadata["x402.payment.required"]
         offer = next(a for a in corrective["accepts"] if a["scheme"] == "batch-settlement")
@@ -228,9 +226,7 @@ async def in_band_pay(
             "accepts": [{**requirement, "extra": offer["extra"]}],
         }
         encoded = base64.b64encode(json.dumps(document).encode()).decode()
-        recovered = await payments.process_payment_result(
-            payload, lambda name: encoded if name == "PAYMENT-REQUIRED" else None, 402
-        )
+        recovered = await payments.process_payment_result(payload, {"PAYMENT-REQUIRED": encoded}.get, 402)
         assert recovered.recovered, metadata
         asked = task
     raise AssertionError("not paid after a resync")

@@ -1,0 +1,94 @@
+"""Two replicas on one PostgreSQL schema sharing one payment channel: each voucher counted once.
+
+Two `a2a-gate serve` processes, one schema, one sealing key, one public URL (a voucher signed
+from one replica's 402 pays at either). The payer is the x402 package's own batch-settlement
+client; the facilitator is `tests.support.channel_facilitator`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from x402.http import x402HTTPClient
+
+from tests.support.channel_facilitator import ChannelChain, create_app
+from tests.support.gate_process import GateProcess
+from tests.support.replicas import new_sealing_key
+from tests.support.serve import serve_app
+from tests.support.services import PostgresSchema
+from tests.test_channels import PRICE, channel_client, first_payload, pay_many, write_config
+
+PUBLIC = "http://channels.example"
+
+
+@pytest.fixture
+def chain() -> ChannelChain:
+    return ChannelChain()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, chain: ChannelChain, postgres_schema: PostgresSchema) -> Iterator[list[GateProcess]]:
+    key = new_sealing_key()
+    with serve_app(create_app(chain), wait_on_exit=False) as facilitator:
+        processes = []
+        for name in ("a", "b"):
+            home = tmp_path / name
+            home.mkdir()
+            config = write_config(home, facilitator, 0, database=postgres_schema.store_url())
+            config.write_text(config.read_text().replace("http://127.0.0.1:0", PUBLIC))
+            processes.append(GateProcess(config, home / "gate.log", env={"A2A_GATE_SEALING_KEY": key}).start())
+        try:
+            yield processes
+        finally:
+            for process in processes:
+                process.stop_later()
+
+
+def charged(schema: PostgresSchema) -> list[tuple[str, str]]:
+    with psycopg.connect(schema.store_url()) as conn:
+        return [(r[0], r[1]) for r in conn.execute("SELECT charged, voucher_max FROM channels").fetchall()]
+
+
+async def storm(urls: list[str], payload_headers: dict[str, str], bodies: list[dict]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=30) as http:
+        calls = [http.post(random.choice(urls), json=body, headers=payload_headers) for body in bodies]
+        return list(await asyncio.gather(*calls))
+
+
+def test_concurrent_vouchers_at_two_replicas_count_each_once(
+    replicas: list[GateProcess], chain: ChannelChain, postgres_schema: PostgresSchema
+) -> None:
+    from tests.support.paid import send_body
+
+    urls = [f"{r.url}/a2a/paid-channel" for r in replicas]
+    client, _ = channel_client()
+    asyncio.run(pay_many(urls[0], 1, client))  # the deposit, through replica a
+    delivered = 1
+    for round_ in range(15):
+        # the client's next voucher, sent eight times at once to both replicas: four retries of
+        # one request and four other requests carrying the same voucher
+        _, payload = asyncio.run(first_payload(urls[round_ % 2], client))
+        headers = x402HTTPClient(client).encode_payment_signature_header(payload)
+        retry = send_body(f"round {round_}")
+        bodies = [retry] * 4 + [send_body(f"round {round_} other {i}") for i in range(4)]
+        answers = asyncio.run(storm(urls, headers, bodies))
+        completed = {
+            a.json()["result"]["id"]
+            for a in answers
+            if a.status_code == 200 and "result" in a.json() and a.json()["result"]["status"]["state"] == "completed"
+        }
+        assert len(completed) == 1, [a.text[:200] for a in answers]  # one delivery for one voucher
+        refused = [a for a in answers if a.status_code == 403]
+        assert all(a.json()["error"] == "payment_already_used" for a in refused)
+        paid = next(a for a in answers if "PAYMENT-RESPONSE" in a.headers)
+        asyncio.run(x402HTTPClient(client).process_payment_result(payload, paid.headers.get, 200))
+        delivered += 1
+    [(total, voucher_max)] = charged(postgres_schema)
+    assert int(total) == delivered * PRICE == int(voucher_max)
+    assert chain.calls["deposit"] == 1
