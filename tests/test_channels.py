@@ -301,3 +301,30 @@ def test_a_voucher_ahead_of_the_channel_is_not_delivered_and_gets_the_corrective
         assert conn.execute("SELECT COUNT(*) FROM tasks WHERE state = 'completed'").fetchone()[0] == 2
     finally:
         conn.close()
+
+
+def test_a_voucher_not_signed_by_the_payer_is_refused_locally(
+    gate: GateProcess, chain: ChannelChain, tmp_path: Path
+) -> None:
+    from x402.mechanisms.evm.batch_settlement.client.voucher import sign_voucher
+
+    url = f"{gate.url}/a2a/paid-channel"
+    client, _ = channel_client()
+    asyncio.run(pay_many(url, 1, client))
+
+    async def run() -> httpx.Response:
+        _, payload = await first_payload(url, client)
+        voucher = payload.payload["voucher"]
+        forged = sign_voucher(
+            EthAccountSigner(Account.create()), voucher["channelId"], voucher["maxClaimableAmount"], "eip155:84532"
+        )
+        payload.payload["voucher"]["signature"] = forged.signature
+        return await pay_with_header(url, payload, "forged", client)
+
+    verifies = chain.calls["verify"]
+    answer = asyncio.run(run())
+    assert answer.status_code == 403
+    assert answer.json()["error"] == "invalid_batch_settlement_evm_voucher_signature"
+    assert chain.calls["verify"] == verifies  # refused by the gate itself
+    (row,) = channel_rows(tmp_path / "gate.db")
+    assert int(row["charged"]) == PRICE
