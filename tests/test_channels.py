@@ -54,6 +54,10 @@ price = {{ network = "eip155:84532", asset = "{asset}", amount = "{price}", pay_
   {{ scheme = "batch-settlement", receiver_authorizer = "{authorizer}", min_deposit = "20000" }},
 ] }}
 
+[agents.paid-channel-double]
+description = "echo at twice the price, to the same payTo: the same channel"
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "{double}", pay_to = "{pay_to}", scheme = "batch-settlement", receiver_authorizer = "{authorizer}", min_deposit = "20000" }}
+
 [agents.channel-broken]
 backend = "python"
 callable = "tests.support.agents:broken"
@@ -81,6 +85,7 @@ def write_config(tmp_path: Path, facilitator: str, port: int, database: str = "g
             facilitator=facilitator,
             asset=ASSET,
             price=PRICE,
+            double=2 * PRICE,
             pay_to=PAY_TO,
             authorizer=RECEIVER_AUTHORIZER,
         )

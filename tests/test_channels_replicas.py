@@ -19,6 +19,7 @@ from x402.http import x402HTTPClient
 
 from tests.support.channel_facilitator import ChannelChain, create_app
 from tests.support.gate_process import GateProcess
+from tests.support.paid import send_body
 from tests.support.replicas import new_sealing_key
 from tests.support.serve import serve_app
 from tests.support.services import PostgresSchema
@@ -64,8 +65,6 @@ async def storm(urls: list[str], payload_headers: dict[str, str], bodies: list[d
 def test_concurrent_vouchers_at_two_replicas_count_each_once(
     replicas: list[GateProcess], chain: ChannelChain, postgres_schema: PostgresSchema
 ) -> None:
-    from tests.support.paid import send_body
-
     urls = [f"{r.url}/a2a/paid-channel" for r in replicas]
     client, _ = channel_client()
     asyncio.run(pay_many(urls[0], 1, client))  # the deposit, through replica a
@@ -92,3 +91,46 @@ def test_concurrent_vouchers_at_two_replicas_count_each_once(
     [(total, voucher_max)] = charged(postgres_schema)
     assert int(total) == delivered * PRICE == int(voucher_max)
     assert chain.calls["deposit"] == 1
+
+
+def test_two_vouchers_on_one_base_at_two_replicas_deliver_once(
+    replicas: list[GateProcess], postgres_schema: PostgresSchema
+) -> None:
+    """Two agents of one payTo share the payer's channel: a voucher for each, signed on the same
+    charged total and sent at once to different replicas, cannot both be delivered."""
+    single, double = (
+        f"{r.url}/a2a/{agent}" for r, agent in zip(replicas, ("paid-channel", "paid-channel-double"), strict=True)
+    )
+    client, _ = channel_client()
+    asyncio.run(pay_many(single, 1, client))
+    won = 0
+    for round_ in range(6):
+
+        async def race(round_: int = round_) -> list[tuple[int, httpx.Response]]:
+            signed = [await first_payload(url, client) for url in (single, double)]
+            async with httpx.AsyncClient(timeout=30) as http:
+                calls = [
+                    http.post(
+                        url,
+                        json=send_body(f"race {round_}"),
+                        headers=x402HTTPClient(client).encode_payment_signature_header(p),
+                    )
+                    for url, (_, p) in zip((single, double), signed, strict=True)
+                ]
+                answers = await asyncio.gather(*calls)
+            for (_, p), answer in zip(signed, answers, strict=True):
+                if "PAYMENT-RESPONSE" in answer.headers:
+                    await x402HTTPClient(client).process_payment_result(p, answer.headers.get, 200)
+            return [(price, a) for price, a in zip((PRICE, 2 * PRICE), answers, strict=True)]
+
+        before = int(charged(postgres_schema)[0][0])
+        outcomes = asyncio.run(race())
+        delivered = [
+            price
+            for price, a in outcomes
+            if a.status_code == 200 and "result" in a.json() and a.json()["result"]["status"]["state"] == "completed"
+        ]
+        assert len(delivered) <= 1, [a.text[:200] for _, a in outcomes]
+        won += len(delivered)
+        assert int(charged(postgres_schema)[0][0]) == before + sum(delivered)
+    assert won >= 3  # the races were run, and most had a winner
