@@ -13,9 +13,13 @@ simulation picks (ok, refused, unknown after the money moved, unknown and lost).
 - under `withhold`, no surface shows the answer before the transfer exists;
 - a replay of an owed claim whose next pass is not due sends no settle;
 - the chain always answers here, so nothing is left for an operator (`needs_attention`);
+- on a payment channel (`batch-settlement`, one payer's vouchers): one voucher increment is
+  delivered at most once, the channel's charged total never exceeds the price times the
+  increments delivered, and the voucher kept for it is the payer's own, for exactly that total;
 and at the end, after the world calms down for a bounded number of reconciler passes,
 every delivery is `settled` with its transfer or in a named terminal state, and nothing
-is still running, settling or owed.
+is still running, settling or owed; every delivered voucher increment is charged (or its
+deposit written off), and a claim pass brings the chain's claimed total to the charged total.
 """
 
 from __future__ import annotations
@@ -29,14 +33,31 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eth_account import Account
+from eth_account.messages import encode_typed_data
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from x402.mechanisms.evm.batch_settlement.constants import VOUCHER_TYPES
+from x402.mechanisms.evm.batch_settlement.utils import coerce_bytes32, get_batch_settlement_eip712_domain
 
 from gate.sealing import Sealer, SealingKeyMismatch
 from server.engines import open_database
 from tests.support import money_world
-from tests.support.money_world import LEASE, MAX_DELAY, PASS_INTERVAL, PAY_TO, Replica, Token, World, answer_for
+from tests.support.money_world import (
+    LEASE,
+    MAX_DELAY,
+    PASS_INTERVAL,
+    PAY_TO,
+    PRICE,
+    ChannelToken,
+    Replica,
+    Token,
+    World,
+    answer_for,
+)
+
+CHANNEL_KEY = "|batch-settlement|"
 
 QUIET_SECONDS = 10.0  # real time a step may take to come to rest (a hang is a failure)
 CALM_ROUNDS = 14
@@ -78,7 +99,7 @@ class MoneyWorld(RuleBasedStateMachine):
         db = open_database(self.database)
         await db.open()
         try:
-            for table in ("claims", "payments", "tasks", "api_keys", "sealing", "schema_versions"):
+            for table in ("claims", "channels", "payments", "tasks", "api_keys", "sealing", "schema_versions"):
                 await db.execute(f"DROP TABLE IF EXISTS {table}")
         finally:
             await db.close()
@@ -107,7 +128,7 @@ class MoneyWorld(RuleBasedStateMachine):
             if loop.time() > deadline:
                 raise AssertionError(f"the world did not come to rest: {running} requests, {in_agents} in agents")
 
-    async def send(self, replica: Replica, token: Token) -> None:
+    async def send(self, replica: Replica, token: Token | ChannelToken) -> None:
         url = f"/a2a/{token.agent}"
         body = {
             "jsonrpc": "2.0",
@@ -126,13 +147,15 @@ class MoneyWorld(RuleBasedStateMachine):
             url, json=body, headers={"PAYMENT-SIGNATURE": token.header(f"http://gate.test{url}")}, timeout=None
         )
         assert response.status_code != 500, response.text
+        if isinstance(token, ChannelToken):
+            self.world.payer.heard(token, response)
         document = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         result = document.get("result") if isinstance(document, dict) else None
         if isinstance(result, dict) and result.get("kind") == "task":
             self.world.answers.append((token, result))
             self.check_withheld_surface(token, json.dumps(result))
 
-    def start(self, replica: Replica, token: Token) -> None:
+    def start(self, replica: Replica, token: Token | ChannelToken) -> None:
         replica.requests.append(self.loop.create_task(self.send(replica, token)))
 
     def pick_token(self, which: int, owed_first: bool = False) -> Token:
@@ -151,7 +174,7 @@ class MoneyWorld(RuleBasedStateMachine):
         nonce = nonce_key.rsplit("|", 1)[-1]
         return next((t for t in self.world.tokens if t.nonce == nonce), None)
 
-    def deliveries(self, token: Token) -> set[str]:
+    def deliveries(self, token: Token | ChannelToken) -> set[str]:
         """The tasks that showed this token's answer: to a client, or in the store."""
         answer = answer_for(token.text)
         seen = {task["id"] for t, task in self.world.answers if t is token and answer in json.dumps(task)}
@@ -163,8 +186,8 @@ class MoneyWorld(RuleBasedStateMachine):
     def stored_tasks(self) -> list[dict[str, Any]]:
         return self.rows("SELECT id, document FROM tasks")
 
-    def check_withheld_surface(self, token: Token, surface: str) -> None:
-        if token.agent == "withheld" and answer_for(token.text) in surface:
+    def check_withheld_surface(self, token: Token | ChannelToken, surface: str) -> None:
+        if isinstance(token, Token) and token.agent == "withheld" and answer_for(token.text) in surface:
             assert self.world.chain.paid_to_us(token.authorizer, token.nonce), f"withheld answer shown unpaid: {token}"
 
     # -- the payer ---------------------------------------------------------------
@@ -175,6 +198,26 @@ class MoneyWorld(RuleBasedStateMachine):
         if replica is None:
             return
         self.start(replica, self.world.new_token(agent))
+        self.run(self.quiet())
+
+    @rule(pick=st.integers(0, 7))
+    def pay_channel(self, pick: int) -> None:
+        """The channel's payer signs its next voucher (a deposit first) for what it believes is charged."""
+        replica = self.replica(pick)
+        if replica is None:
+            return
+        self.start(replica, self.world.new_channel_token())
+        self.run(self.quiet())
+
+    @precondition(lambda self: self.world.channel_tokens)
+    @rule(which=st.integers(0, 63), pick=st.integers(0, 7))
+    def retry_channel(self, which: int, pick: int) -> None:
+        """A voucher sent again, with its request (a client's retry), at any replica."""
+        replica = self.replica(pick)
+        if replica is None:
+            return
+        tokens = self.world.channel_tokens
+        self.start(replica, tokens[which % len(tokens)])
         self.run(self.quiet())
 
     @precondition(lambda self: self.world.tokens)
@@ -340,6 +383,8 @@ class MoneyWorld(RuleBasedStateMachine):
     @invariant()
     def settled_means_a_transfer_to_pay_to(self) -> None:
         for claim in self.rows("SELECT state, nonce_key FROM claims WHERE state = 'settled'"):
+            if CHANNEL_KEY in claim["nonce_key"]:
+                continue  # a channel's charge: the channel invariants below
             token = self.token_of(claim["nonce_key"])
             assert token is not None
             assert self.world.chain.paid_to_us(token.authorizer, token.nonce), (
@@ -371,6 +416,43 @@ class MoneyWorld(RuleBasedStateMachine):
         for replica in self.world.replicas:
             if replica.alive:
                 assert replica.gate.sealer.fingerprint in recorded, f"{replica.name} runs with another sealing key"
+
+    def channel_increments(self) -> dict[int, set[str]]:
+        """Each voucher increment (its cumulative maximum), and the tasks that delivered it."""
+        delivered: dict[int, set[str]] = {}
+        for token in self.world.channel_tokens:
+            delivered.setdefault(token.cap, set()).update(self.deliveries(token))
+        return delivered
+
+    def channel_row(self) -> dict[str, Any] | None:
+        rows = self.rows("SELECT * FROM channels")
+        assert len(rows) <= 1, rows
+        return rows[0] if rows else None
+
+    @invariant()
+    def one_voucher_increment_buys_at_most_one_delivery(self) -> None:
+        for cap, tasks in self.channel_increments().items():
+            assert len(tasks) <= 1, f"the increment to {cap} was delivered {len(tasks)} times"
+
+    @invariant()
+    def a_channel_charges_only_delivered_increments_with_the_payers_voucher(self) -> None:
+        row = self.channel_row()
+        if row is None:
+            return
+        delivered = [cap for cap, tasks in self.channel_increments().items() if tasks]
+        charged = int(row["charged"])
+        assert charged <= PRICE * len(delivered), f"charged {charged} for {len(delivered)} delivered increments"
+        assert charged == 0 or charged in delivered, f"charged {charged}: no delivered voucher is for it"
+        if charged:
+            voucher = self.world.replicas[0].gate.sealer.unseal(row["sealed_voucher"], row["channel_id"])
+            assert int(voucher["maxClaimableAmount"]) == charged == int(row["voucher_max"])
+            signable = encode_typed_data(
+                domain_data=get_batch_settlement_eip712_domain(84532),
+                message_types=VOUCHER_TYPES,
+                message_data={"channelId": coerce_bytes32(row["channel_id"]), "maxClaimableAmount": charged},
+            )
+            signer = Account.recover_message(signable, signature=voucher["signature"])
+            assert signer == self.world.payer.account.address, "the kept voucher is not the payer's"
 
     @invariant()
     def nothing_needs_an_operator_while_the_chain_answers(self) -> None:
@@ -416,10 +498,40 @@ class MoneyWorld(RuleBasedStateMachine):
             paid = self.world.chain.paid_to_us(token.authorizer, token.nonce)
             assert not paid or len(self.deliveries(token)) == 1, f"{token.text}: charged but not delivered"
             assert not paid or token.nonce in settled, f"{token.text}: charged, no settled claim records it"
+        self.calm_channel()
         self.nothing_needs_an_operator_while_the_chain_answers()
         self.settled_means_a_transfer_to_pay_to()
         self.withheld_answers_stay_withheld_until_paid()
         self.one_signature_buys_at_most_one_delivery()
+
+    def calm_channel(self) -> None:
+        """Every delivered increment is charged, or its deposit written off; a claim pass puts the
+        charged total on chain, claimed for payTo."""
+        row = self.channel_row()
+        if row is None:
+            return
+        settled = {
+            int(c["nonce_key"].rsplit("|", 1)[-1])
+            for c in self.rows("SELECT state, nonce_key FROM claims")
+            if CHANNEL_KEY in c["nonce_key"] and c["state"] == "settled"
+        }
+        for cap, tasks in self.channel_increments().items():
+            assert not tasks or cap in settled or cap <= int(row["charged"]) or self.written_off(cap), (
+                f"the increment to {cap} was delivered, and neither charged nor written off"
+            )
+        charged = int(row["charged"])
+        print("CALM channel charged", charged, "tokens", len(self.world.channel_tokens))
+        replica = self.live()[0]
+        outcomes = self.run(replica.gate.claim_channels(now=True))
+        on_chain = self.world.chain.channels.get(row["channel_id"])
+        if charged:
+            assert on_chain is not None and on_chain.total_claimed == charged, (outcomes, on_chain, charged)
+
+    def written_off(self, cap: int) -> bool:
+        return any(
+            c["nonce_key"].endswith(f"|{cap}") and c["state"] == "unsettled"
+            for c in self.rows("SELECT state, nonce_key FROM claims")
+        )
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
