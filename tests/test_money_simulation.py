@@ -520,7 +520,6 @@ class MoneyWorld(RuleBasedStateMachine):
                 f"the increment to {cap} was delivered, and neither charged nor written off"
             )
         charged = int(row["charged"])
-        print("CALM channel charged", charged, "tokens", len(self.world.channel_tokens))
         replica = self.live()[0]
         outcomes = self.run(replica.gate.claim_channels(now=True))
         on_chain = self.world.chain.channels.get(row["channel_id"])
