@@ -205,9 +205,11 @@ def offer_of(token: Token, price: Price) -> Price | None:
         accepted = document["accepted"]
         extra = accepted.get("extra")
         method = extra.get("assetTransferMethod") if isinstance(extra, dict) else None
-        return price.offer_for(
+        named = price.offer_for(
             accepted["scheme"], method if isinstance(method, str) else schemes.DEFAULT_TRANSFER_METHOD
         )
+        # a transfer method no offer names: its scheme's first offer reads the payload (and refuses it)
+        return named or price.offer_for(accepted["scheme"])
     if len(price.offers) == 1:  # an x402 v1 payload names no transfer method: the one offer's
         return price
     return price.offer_for(str(document["scheme"]))
