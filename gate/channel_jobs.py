@@ -15,6 +15,11 @@ clock): one replica claims a channel at a time. A claim's outcome is classified 
 claimed total to the voucher's maximum), so sending it again after an unknown outcome can
 never claim twice: the chain decides. Every claim, failure and sweep is a payment log row
 (`channel_claim`, `channel_claim_failed`, `channel_settle`) and a metric.
+
+A channel idle for `refund_after_seconds` is refunded cooperatively: what it holds beyond its
+charged total goes back to its payer, its unclaimed vouchers claimed in the same transaction
+(`channel_refund`). It is closed to vouchers from the moment its refund is taken (so no request
+can be charged against money on its way back); a deposit opens it again.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import secrets
 from collections import defaultdict
 from typing import Any
 
-from gate.channels import Channel
+from gate.channels import Channel, Mirror
 from gate.facilitator import Unavailable
 from gate.parts import GateParts
 from gate.schemes import batch_settlement
@@ -173,12 +178,108 @@ async def sweep(parts: GateParts, network: str, asset: str, receiver: str) -> di
     return {"outcome": "swept" if answer.success else "sweep_failed", "transaction": answer.transaction}
 
 
+async def refund_idle(parts: GateParts, idle_seconds: float | None = None) -> list[dict[str, Any]]:
+    """Return what idle channels hold beyond their charged total to their payers (cooperatively,
+    `refundWithSignature`, with the unclaimed vouchers claimed in the same transaction)."""
+    idle = parts.config.channels.refund_after_seconds if idle_seconds is None else idle_seconds
+    outcomes = []
+    claimed_for: set[tuple[str, str, str]] = set()
+    for channel in await parts.channels.idle(idle):
+        fence = secrets.token_hex(8)
+        if not await parts.channels.take_refund(channel, fence, CLAIM_LEASE_SECONDS):
+            continue
+        outcome = await refund(parts, channel, fence)
+        outcomes.append(outcome)
+        if outcome["outcome"] == "refunded" and channel.voucher_max > channel.total_claimed:
+            claimed_for.add((channel.network, channel.asset, channel.receiver))
+    for network, asset, receiver in sorted(claimed_for):  # what the refunds claimed, to payTo
+        outcomes.append(await sweep(parts, network, asset, receiver))
+    return outcomes
+
+
+async def refund(parts: GateParts, channel: Channel, fence: str) -> dict[str, Any]:
+    voucher = parts.sealer.unseal(channel.sealed_voucher, channel.channel_id)
+    claims = []
+    if channel.voucher_max > channel.total_claimed:
+        claims.append(
+            {
+                "voucher": {"channel": channel.config, "maxClaimableAmount": voucher["maxClaimableAmount"]},
+                "signature": voucher["signature"],
+                "totalClaimed": voucher["maxClaimableAmount"],
+            }
+        )
+    inner = {
+        "type": "refund",
+        "channelConfig": channel.config,
+        "voucher": {
+            "channelId": channel.channel_id,
+            "maxClaimableAmount": voucher["maxClaimableAmount"],
+            "signature": voucher["signature"],
+        },
+        "amount": str(channel.balance - channel.charged),
+        "refundNonce": str(channel.refund_nonce),
+        "claims": claims,
+    }
+    wanted = requirements(channel.network, channel.asset, channel.receiver)
+    payload = {"x402Version": 2, "payload": inner, "accepted": wanted}
+    retry_in = parts.config.channels.claim_interval_seconds
+    try:
+        answer = await parts.facilitator.settle(2, payload, wanted)
+    except Unavailable as exc:
+        await parts.channels.refund_failed(channel.channel_id, fence, unknown=True, retry_in=retry_in)
+        await refund_log(parts, channel, "", f"refund_unavailable: {exc.reason}")
+        parts.metrics.channel_transactions.labels("refund", "unknown").inc()
+        return {"outcome": "unknown", "channel": channel.channel_id, "error": exc.reason}
+    mirror = Mirror.read(answer.extra) if answer.success else None
+    if mirror is None:
+        await parts.channels.refund_failed(channel.channel_id, fence, unknown=False, retry_in=retry_in)
+        await refund_log(parts, channel, "", answer.reason or "refund answer without the channel's state")
+        parts.metrics.channel_transactions.labels("refund", "failed").inc()
+        return {"outcome": "failed", "channel": channel.channel_id, "error": answer.reason}
+    refunded = str(answer.receipt.get("amount", "")) or str(channel.balance - mirror.balance)
+    sql, args = parts.channels.refunded_statement(channel.channel_id, fence, mirror)
+
+    async def write() -> None:
+        await parts.channels.db.execute(sql, args)
+        await parts.log.append(
+            "channel_refund",
+            agent="",
+            token_digest=channel.voucher_digest,
+            payer=channel.payer,
+            amount=refunded,
+            network=channel.network,
+            asset=channel.asset,
+            transaction=answer.transaction,
+            error=f"channel {channel.channel_id[:18]} refunded; claimed to {mirror.total_claimed}",
+        )
+
+    await commit_until_stored(parts.channels.db, write, "a channel refund")
+    parts.metrics.channel_transactions.labels("refund", "ok").inc()
+    return {"outcome": "refunded", "channel": channel.channel_id, "amount": refunded, "transaction": answer.transaction}
+
+
+async def refund_log(parts: GateParts, channel: Channel, transaction: str, error: str) -> None:
+    await parts.log.append(
+        "channel_claim_failed",
+        agent="",
+        token_digest=channel.voucher_digest,
+        payer=channel.payer,
+        amount=str(channel.balance - channel.charged),
+        network=channel.network,
+        asset=channel.asset,
+        transaction=transaction,
+        error=f"refund: {error}",
+    )
+
+
 async def claim_loop(parts: GateParts) -> None:
-    """The schedule: a pass every `claim_interval_seconds`, whatever a pass meets."""
+    """The schedule: a pass every `claim_interval_seconds`, whatever a pass meets (claims, then refunds)."""
     while True:
         await asyncio.sleep(parts.config.channels.claim_interval_seconds)
         try:
             await claim_due(parts)
+            if parts.config.channels.refund_after_seconds > 0:
+                await refund_idle(parts)
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug of ours or an outage: the next pass tries again

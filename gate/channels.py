@@ -222,18 +222,22 @@ class Channels:
             f" AND claims.state IN ({marks})))"
         )
 
-    async def reserve(self, channel_id: str, base: int, token_digest: str) -> Reservation:
-        """Hold the channel for the request claimed under `token_digest`, if its charged total is `base`."""
+    async def reserve(self, channel_id: str, base: int, token_digest: str, *, deposit: bool) -> Reservation:
+        """Hold the channel for the request claimed under `token_digest`, if its charged total is `base`
+        (and, for a voucher, the channel is not being or has not been refunded: only a deposit reopens it)."""
+        open_ = "" if deposit else " AND refunded = 0"
         taken = await self.db.execute(
             f"UPDATE channels SET reserved_by = ?, updated_at = {self.now}"
-            f" WHERE channel_id = ? AND charged = ? AND {self._free()}",
+            f" WHERE channel_id = ? AND charged = ? AND {self._free()}{open_}",
             (token_digest, channel_id, str(base)),
         )
         channel = await self.find(channel_id)
         assert channel is not None, channel_id
         if taken == 1:
             return Reservation("reserved", channel)
-        return Reservation("mismatch" if channel.charged != base else "busy", channel)
+        if channel.charged != base:
+            return Reservation("mismatch", channel)
+        return Reservation("refunded" if channel.refunded and not deposit else "busy", channel)
 
     def commit_statement(
         self, voucher: Voucher, base: int, sealed_voucher: str, voucher_digest: str, mirror: Mirror | None
@@ -246,7 +250,8 @@ class Channels:
             args = (str(mirror.balance), str(mirror.total_claimed), mirror.withdraw_requested_at)
         return (
             f"UPDATE channels SET charged = ?, voucher_max = ?, sealed_voucher = ?, voucher_digest = ?,"
-            f" reserved_by = '', charged_at = {self.now}, updated_at = {self.now}{mirrored}"
+            f" reserved_by = ''{', refunded = 0' if voucher.kind == 'deposit' else ''},"
+            f" charged_at = {self.now}, updated_at = {self.now}{mirrored}"
             " WHERE channel_id = ? AND charged = ?",
             (
                 str(voucher.max_claimable),
@@ -313,6 +318,44 @@ class Channels:
             f"UPDATE channels SET claim_until = {self.now} + ?, claim_unknown = ?, updated_at = {self.now}"
             " WHERE channel_id = ? AND claim_fence = ?",
             (retry_in, int(unknown), channel_id, fence),
+        )
+
+    # -- refunds of idle channels ------------------------------------------------------------
+
+    async def idle(self, idle_seconds: float, limit: int = 100) -> list[Channel]:
+        """Channels holding more than they charged, unused for `idle_seconds`, with nothing in flight."""
+        rows = await self.db.fetch(
+            f"SELECT *, {self.now} AS now FROM channels WHERE refunded = 0 AND sealed_voucher != ''"
+            f" AND charged_at < {self.now} - ? AND (claim_fence = '' OR claim_until < {self.now})"
+            f" AND {self._free()} LIMIT ?",
+            (idle_seconds, limit),
+        )
+        return [c for c in (Channel.from_row(r) for r in rows) if c.balance > c.charged]
+
+    async def take_refund(self, channel: Channel, fence: str, lease_seconds: float) -> bool:
+        """Close `channel` to vouchers and hold it for its refund, unless a request or a claim came first."""
+        taken = await self.db.execute(
+            f"UPDATE channels SET refunded = 1, claim_fence = ?, claim_until = {self.now} + ?, claim_max = voucher_max,"
+            f" updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ? AND voucher_max = ? AND {self._free()}",
+            (fence, lease_seconds, channel.channel_id, channel.claim_fence, str(channel.voucher_max)),
+        )
+        return taken == 1
+
+    def refunded_statement(self, channel_id: str, fence: str, mirror: Mirror) -> tuple[str, tuple[Any, ...]]:
+        """The refund landed: what is left on chain (its claims batched with it), no longer in flight."""
+        return (
+            f"UPDATE channels SET balance = ?, total_claimed = ?, refund_nonce = ?, synced_at = {self.now},"
+            f" claim_fence = '', updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ?",
+            (str(mirror.balance), str(mirror.total_claimed), str(mirror.refund_nonce), channel_id, fence),
+        )
+
+    async def refund_failed(self, channel_id: str, fence: str, *, unknown: bool, retry_in: float) -> None:
+        """Refused: open to vouchers again. Unknown: still closed, tried again after `retry_in` (the chain decides)."""
+        reopened = "" if unknown else ", refunded = 0"
+        await self.db.execute(
+            f"UPDATE channels SET claim_until = {self.now} + ?{reopened}, updated_at = {self.now}"
+            " WHERE channel_id = ? AND claim_fence = ?",
+            (retry_in, channel_id, fence),
         )
 
     async def listing(self, limit: int = 50) -> list[Channel]:

@@ -394,6 +394,13 @@ def cmd_channels(args: argparse.Namespace) -> int:
                 claimed = sum(o.get("channels", 0) for o in outcomes if o["outcome"] == "claimed")
                 print(f"{claimed} channel(s) claimed")
                 return 0 if all(o["outcome"] in ("claimed", "swept", "skipped") for o in outcomes) else 1
+            if args.channels_command == "refund":
+                await gate.check_sealing_key()
+                outcomes = await gate.refund_channels(args.idle)
+                for outcome in outcomes:
+                    print("\t".join(f"{k}={v}" for k, v in outcome.items()))
+                print(f"{sum(o['outcome'] == 'refunded' for o in outcomes)} channel(s) refunded")
+                return 0 if all(o["outcome"] in ("refunded", "swept") for o in outcomes) else 1
             print("\t".join(CHANNEL_COLUMNS))
             for c in await gate.parts.channels.listing(args.limit):
                 at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.charged_at)) if c.charged_at else "-"
@@ -538,6 +545,18 @@ def build_parser() -> argparse.ArgumentParser:
         "claim",
         "claim every channel's unclaimed vouchers on chain now and sweep the funds to payTo (the schedule"
         " does this by [channels] claim_at_amount / claim_after_seconds)",
+    )
+    refund = command(
+        channels_sub,
+        "refund",
+        "refund idle channels now: what each holds beyond its charged total goes back to its payer",
+    )
+    refund.add_argument(
+        "--idle",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="unused this long (default [channels] refund_after_seconds)",
     )
     channels.set_defaults(func=cmd_channels)
 

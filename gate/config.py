@@ -127,6 +127,7 @@ class ChannelsConfig:
     claim_interval_seconds: float = 60.0  # how often a claim pass runs
     claim_at_amount: int = 1_000_000  # claim a channel once this much (atomic units) is charged and unclaimed
     claim_after_seconds: float = 3600.0  # or once its oldest unclaimed charge is this old
+    refund_after_seconds: float = 7 * 86400.0  # a channel unused this long is refunded (0: never)
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,17 @@ class _GateReader:
 
     def channels(self, raw: dict[str, Any]) -> ChannelsConfig:
         r, d = self.r, ChannelsConfig()
-        r.unknown(raw, {"claim_interval_seconds", "claim_at_amount", "claim_after_seconds"}, "channels")
+        r.unknown(
+            raw,
+            {"claim_interval_seconds", "claim_at_amount", "claim_after_seconds", "refund_after_seconds"},
+            "channels",
+        )
+        refund_after = r.get(
+            raw, "refund_after_seconds", (int, float), d.refund_after_seconds, "channels.refund_after_seconds"
+        )
+        if refund_after < 0:
+            r.problem("channels.refund_after_seconds", "must be 0 (never) or a number of seconds")
+            refund_after = d.refund_after_seconds
         amount = raw.get("claim_at_amount", d.claim_at_amount)
         if isinstance(amount, str) and amount.isascii() and amount.isdigit():
             amount = int(amount)
@@ -319,6 +330,7 @@ class _GateReader:
             claim_after_seconds=r.positive(
                 raw, "claim_after_seconds", d.claim_after_seconds, "channels.claim_after_seconds", float
             ),
+            refund_after_seconds=float(refund_after),
         )
 
     def limits(self, raw: dict[str, Any]) -> LimitsConfig:

@@ -138,6 +138,9 @@ class PaymentGate:
     async def claim_channels(self, *, now: bool = False) -> list[dict[str, Any]]:
         return await channel_jobs.claim_due(self.parts, now=now)
 
+    async def refund_channels(self, idle_seconds: float | None = None) -> list[dict[str, Any]]:
+        return await channel_jobs.refund_idle(self.parts, idle_seconds)
+
     async def recover(self) -> None:
         await reconciler.recover(self.parts)
 

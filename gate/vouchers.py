@@ -94,9 +94,11 @@ async def check_and_reserve(
             mirror = Mirror.read(verification.extra)
             if mirror is not None:
                 await channels.mirror(voucher.channel_id, mirror)
-    reservation = await channels.reserve(voucher.channel_id, base, token.digest)
+    reservation = await channels.reserve(voucher.channel_id, base, token.digest, deposit=voucher.kind == "deposit")
     if reservation.kind == "mismatch":
         return mismatch(reservation.channel, voucher, price.network, unseal)
+    if reservation.kind == "refunded":  # its balance went back to the payer: a deposit opens it again
+        return Checked("refused", payer=voucher.payer, reason=batch_settlement.EXCEEDS_BALANCE)
     if reservation.kind == "busy":
         return Checked("busy", payer=voucher.payer, reason=batch_settlement.CHANNEL_BUSY)
     return Checked("reserved", payer=voucher.payer, local=signed_by_payer is True)

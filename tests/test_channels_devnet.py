@@ -258,3 +258,34 @@ def test_every_in_band_path_pays_from_the_channel(devnet: Devnet, method: str, h
         assert receipt["extra"]["channelState"]["chargedCumulativeAmount"] == str(i * PRICE)
         channel_id = receipt["extra"]["channelState"]["channelId"]
     assert charged(devnet, channel_id) == 12 * PRICE
+
+
+def test_an_idle_channel_is_refunded_to_its_payer_with_its_vouchers_claimed(devnet: Devnet) -> None:
+    url = f"{devnet.gate.url}/a2a/paid-channel"
+    key = Account.create()
+    signer = EthAccountSignerWithRPC(key, rpc_url=f"{devnet.facilitator}/rpc")
+    client = x402Client().register("eip155:84532", BatchSettlementEvmScheme(signer))
+
+    async def run(count: int) -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=x402_httpx_transport(client), timeout=30) as http:
+            return [await http.post(url, json=send_body(f"then idle {i}")) for i in range(count)]
+
+    answers = asyncio.run(run(3))
+    channel_id = receipt_of(answers[-1])["extra"]["channelState"]["channelId"]
+    deposited, _ = devnet.channel(channel_id)
+    payer_before = devnet.token_balance(key.address)
+    pay_to_before = devnet.token_balance(PAY_TO)
+
+    done = devnet.cli("channels", "refund", "--idle", "0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert devnet.channel(channel_id)[1] == 3 * PRICE  # the vouchers were claimed with the refund
+    assert devnet.token_balance(key.address) - payer_before == deposited - 3 * PRICE  # the rest went back
+    assert devnet.token_balance(PAY_TO) - pay_to_before == 3 * PRICE  # and what it claimed, to payTo
+    assert "channel_refund" in devnet.cli("payments", "--action", "channel_refund").stdout
+    assert devnet.cli("channels", "claim").returncode == 0  # nothing left to claim, nothing claimed twice
+    assert devnet.channel(channel_id)[1] == 3 * PRICE
+    assert devnet.token_balance(PAY_TO) - pay_to_before == 3 * PRICE
+    # a voucher on the refunded channel is refused: its money went back (a deposit opens it again)
+    again = asyncio.run(run(1))[0]
+    assert again.status_code == 403, again.text
+    assert again.json()["error"] == "invalid_batch_settlement_evm_cumulative_exceeds_balance"
