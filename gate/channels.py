@@ -226,10 +226,12 @@ class Channels:
         """Hold the channel for the request claimed under `token_digest`, if its charged total is `base`
         (and, for a voucher, the channel is not being or has not been refunded: only a deposit reopens it)."""
         open_ = "" if deposit else " AND refunded = 0"
+        # a reservation in this token's name is this request's: its earlier claim was released
+        # (a restart, an outage) and the claim it holds now is the one just taken
         taken = await self.db.execute(
             f"UPDATE channels SET reserved_by = ?, updated_at = {self.now}"
-            f" WHERE channel_id = ? AND charged = ? AND {self._free()}{open_}",
-            (token_digest, channel_id, str(base)),
+            f" WHERE channel_id = ? AND charged = ? AND (reserved_by = ? OR {self._free()}){open_}",
+            (token_digest, channel_id, str(base), token_digest),
         )
         channel = await self.find(channel_id)
         assert channel is not None, channel_id

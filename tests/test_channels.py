@@ -58,6 +58,11 @@ price = {{ network = "eip155:84532", asset = "{asset}", amount = "{price}", pay_
 description = "echo at twice the price, to the same payTo: the same channel"
 price = {{ network = "eip155:84532", asset = "{asset}", amount = "{double}", pay_to = "{pay_to}", scheme = "batch-settlement", receiver_authorizer = "{authorizer}", min_deposit = "20000" }}
 
+[agents.channel-slow]
+backend = "python"
+callable = "tests.support.agents:slow"
+price = {{ network = "eip155:84532", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}", scheme = "batch-settlement", receiver_authorizer = "{authorizer}", min_deposit = "20000" }}
+
 [agents.channel-broken]
 backend = "python"
 callable = "tests.support.agents:broken"

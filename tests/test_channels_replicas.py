@@ -8,6 +8,7 @@ client; the facilitator is `tests.support.channel_facilitator`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +43,11 @@ def replicas(tmp_path: Path, chain: ChannelChain, postgres_schema: PostgresSchem
             home = tmp_path / name
             home.mkdir()
             config = write_config(home, facilitator, 0, database=postgres_schema.store_url())
-            config.write_text(config.read_text().replace("http://127.0.0.1:0", PUBLIC))
+            text = config.read_text().replace("http://127.0.0.1:0", PUBLIC)
+            text = text.replace(
+                "reconcile_interval_seconds = 3600", "reconcile_interval_seconds = 1\nclaim_lease_seconds = 2"
+            )
+            config.write_text(text)
             processes.append(GateProcess(config, home / "gate.log", env={"A2A_GATE_SEALING_KEY": key}).start())
         try:
             yield processes
@@ -134,3 +139,46 @@ def test_two_vouchers_on_one_base_at_two_replicas_deliver_once(
         won += len(delivered)
         assert int(charged(postgres_schema)[0][0]) == before + sum(delivered)
     assert won >= 3  # the races were run, and most had a winner
+
+
+def test_a_replica_killed_mid_request_loses_no_voucher_and_charges_nothing_twice(
+    replicas: list[GateProcess], postgres_schema: PostgresSchema
+) -> None:
+    """SIGKILL while the agent runs a voucher's request: the claim's lease lapses, the other
+    replica ends it (not delivered, the channel free), and the payer's retry of the same
+    voucher there is delivered and charged once."""
+    import threading
+    import time
+
+    a, b = replicas
+    client, _ = channel_client()
+    asyncio.run(pay_many(f"{a.url}/a2a/channel-slow", 1, client))  # the deposit (a short sleep)
+    _, payload = asyncio.run(first_payload(f"{a.url}/a2a/channel-slow", client))
+    headers = x402HTTPClient(client).encode_payment_signature_header(payload)
+    body = send_body("sleep 30")
+
+    def doomed() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # its replica dies under it
+            httpx.post(f"{a.url}/a2a/channel-slow", json=body, headers=headers, timeout=60)
+
+    threading.Thread(target=doomed, daemon=True).start()
+    time.sleep(1.0)  # the voucher is claimed, its channel reserved, the agent sleeping
+    a.kill()
+    deadline = time.monotonic() + 30
+    while True:
+        retried = httpx.post(f"{b.url}/a2a/channel-slow", json=body, headers=headers, timeout=60)
+        if retried.status_code == 200 and "result" in retried.json():
+            break
+        assert retried.status_code == 200 and retried.json()["error"]["data"]["code"] in (
+            "in_flight",
+            "channel_busy",
+        ), (
+            retried.status_code,
+            retried.text,
+        )
+        assert time.monotonic() < deadline, "the killed replica's claim was never ended"
+        time.sleep(0.5)
+    assert retried.json()["result"]["status"]["state"] == "completed"
+    assert "PAYMENT-RESPONSE" in retried.headers
+    [(total, voucher_max)] = charged(postgres_schema)
+    assert int(total) == 2 * PRICE == int(voucher_max)
