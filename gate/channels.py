@@ -157,7 +157,7 @@ class Reservation:
     "mismatch" (the voucher's base is not the channel's charged total: the payer must resync)."""
 
     kind: str
-    channel: Channel
+    channel: Channel | None  # as found, when it could not be reserved
 
 
 class Channels:
@@ -233,10 +233,10 @@ class Channels:
             f" WHERE channel_id = ? AND charged = ? AND (reserved_by = ? OR {self._free()}){open_}",
             (token_digest, channel_id, str(base), token_digest),
         )
+        if taken == 1:
+            return Reservation("reserved", None)
         channel = await self.find(channel_id)
         assert channel is not None, channel_id
-        if taken == 1:
-            return Reservation("reserved", channel)
         if channel.charged != base:
             return Reservation("mismatch", channel)
         return Reservation("refunded" if channel.refunded and not deposit else "busy", channel)

@@ -96,6 +96,7 @@ async def check_and_reserve(
                 await channels.mirror(voucher.channel_id, mirror)
     reservation = await channels.reserve(voucher.channel_id, base, token.digest, deposit=voucher.kind == "deposit")
     if reservation.kind == "mismatch":
+        assert reservation.channel is not None
         return mismatch(reservation.channel, voucher, price.network, unseal)
     if reservation.kind == "refunded":  # its balance went back to the payer: a deposit opens it again
         return Checked("refused", payer=voucher.payer, reason=batch_settlement.EXCEEDS_BALANCE)
