@@ -338,3 +338,92 @@ def test_a_voucher_not_signed_by_the_payer_is_refused_locally(
     assert chain.calls["verify"] == verifies  # refused by the gate itself
     (row,) = channel_rows(tmp_path / "gate.db")
     assert int(row["charged"]) == PRICE
+
+
+def mangled(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """A channel payload broken in the ways a client (or an attacker) can break it."""
+    inner = payload["payload"]
+    out = []
+    for key in ("channelConfig", "voucher", "type"):
+        out.append({**payload, "payload": {k: v for k, v in inner.items() if k != key}})
+    out.append({**payload, "payload": {**inner, "extra": 1}})
+    out.append({**payload, "payload": {**inner, "type": "refund"}})
+    out.append({**payload, "payload": {**inner, "type": 7}})
+    out.append({**payload, "payload": {**inner, "voucher": {**inner["voucher"], "maxClaimableAmount": "-1"}}})
+    out.append({**payload, "payload": {**inner, "voucher": {**inner["voucher"], "maxClaimableAmount": str(2**128)}}})
+    out.append({**payload, "payload": {**inner, "voucher": {**inner["voucher"], "signature": "0x1234"}}})
+    out.append({**payload, "payload": {**inner, "voucher": {**inner["voucher"], "channelId": "0x" + "00" * 32}}})
+    out.append({**payload, "payload": {**inner, "voucher": "nope"}})
+    config = inner["channelConfig"]
+    for key, value in (
+        ("withdrawDelay", 901),
+        ("withdrawDelay", "900"),
+        ("salt", "0x12"),
+        ("receiver", "0x" + "22" * 20),
+    ):
+        out.append({**payload, "payload": {**inner, "channelConfig": {**config, key: value}}})
+    out.append({**payload, "payload": {**inner, "channelConfig": {**config, "payerAuthorizer": None}}})
+    if "deposit" in inner:
+        deposit = inner["deposit"]
+        out.append({**payload, "payload": {**inner, "deposit": {**deposit, "amount": "1"}}})
+        out.append(
+            {**payload, "payload": {**inner, "deposit": {**deposit, "authorization": {"permit2Authorization": {}}}}}
+        )
+        out.append({**payload, "payload": {**inner, "deposit": {"amount": deposit["amount"]}}})
+    return out
+
+
+def test_broken_channel_payloads_are_refused_never_a_500_nor_a_facilitator_call(
+    gate: GateProcess, chain: ChannelChain
+) -> None:
+    url = f"{gate.url}/a2a/paid-channel"
+    client, _ = channel_client()
+
+    async def payloads() -> list[dict[str, Any]]:
+        _, deposit = await first_payload(url, client)
+        return mangled(deposit.model_dump(by_alias=True, exclude_none=True))
+
+    import base64 as b64
+
+    for broken in asyncio.run(payloads()):
+        header = b64.b64encode(json.dumps(broken).encode()).decode()
+        answer = httpx.post(url, json=send_body("broken"), headers={"PAYMENT-SIGNATURE": header})
+        assert answer.status_code == 403, (answer.status_code, answer.text, broken["payload"])
+        assert answer.json()["detail"] == "Payment verification failed"
+        assert "0x" not in answer.text  # no signature, no address echoed
+        assert channel_rows_count(gate) == 0
+        assert chain.calls["verify"] == 0, broken["payload"]
+    assert chain.calls["verify"] == 0
+    assert channel_rows_count(gate) == 0
+
+
+def channel_rows_count(gate: GateProcess) -> int:
+    return len(channel_rows(gate.config.parent / "gate.db"))
+
+
+def test_an_in_band_voucher_behind_the_channel_answers_payment_failed_with_the_channel_state(
+    gate: GateProcess,
+) -> None:
+    from tests.support.in_band import ACTIVATE, paying_body
+
+    url = f"{gate.url}/a2a/paid-channel"
+    key = Account.create()
+    first = x402Client().register("eip155:84532", BatchSettlementEvmScheme(EthAccountSigner(key)))
+    asyncio.run(pay_many(url, 2, first))
+    lost = x402Client().register("eip155:84532", BatchSettlementEvmScheme(EthAccountSigner(key)))
+    asked = httpx.post(url, json=send_body("in band"), headers=ACTIVATE).json()["result"]
+    assert asked["status"]["state"] == "input-required"
+
+    async def sign() -> dict[str, Any]:
+        _, payload = await first_payload(url, lost)
+        return payload.model_dump(by_alias=True, exclude_none=True)
+
+    answer = httpx.post(url, json=paying_body("paying", asked["id"], asyncio.run(sign())), headers=ACTIVATE)
+    task = answer.json()["result"]
+    metadata = task["status"]["message"]["metadata"]
+    assert metadata["x402.payment.status"] == "payment-failed"
+    required = metadata["x402.payment.required"]
+    assert required["error"] == "invalid_batch_settlement_evm_cumulative_amount_mismatch"
+    offer = next(a for a in required["accepts"] if a["scheme"] == "batch-settlement")
+    assert offer["extra"]["channelState"]["chargedCumulativeAmount"] == str(2 * PRICE)
+    assert task["status"]["state"] == "input-required"  # payable again, once resynced
