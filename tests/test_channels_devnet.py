@@ -15,6 +15,7 @@ import base64
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,3 +290,34 @@ def test_an_idle_channel_is_refunded_to_its_payer_with_its_vouchers_claimed(devn
     again = asyncio.run(run(1))[0]
     assert again.status_code == 403, again.text
     assert again.json()["error"] == "invalid_batch_settlement_evm_cumulative_exceeds_balance"
+
+
+def test_the_first_readme_command_serves_paid_channel_with_the_dev_facilitators_authorizer(tmp_path: Path) -> None:
+    """`a2a-gate serve --dev-facilitator PORT` on the embedded defaults: `paid-channel`'s 402 lists
+    batch-settlement beside exact, naming the receiver authorizer the facilitator advertises."""
+    port = free_port()
+    command = [sys.executable, "-m", "gate.cli", "serve", "--port", str(port), "--dev-facilitator", str(port + 1)]
+    with open(tmp_path / "serve.log", "wb") as out:
+        serve = subprocess.Popen(command, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert serve.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-2000:]
+            time.sleep(0.1)
+        answer = httpx.post(f"http://127.0.0.1:{port}/a2a/paid-channel", json=send_body("price?"))
+        assert answer.status_code == 402
+        document = json.loads(base64.b64decode(answer.headers["PAYMENT-REQUIRED"]))
+        assert [a["scheme"] for a in document["accepts"]] == ["exact", "batch-settlement"]
+        extra = document["accepts"][1]["extra"]
+        assert {"receiverAuthorizer", "withdrawDelay", "name", "version", "minDeposit"} <= set(extra)
+        kinds = httpx.get(f"http://127.0.0.1:{port + 1}/supported").json()["kinds"]
+        advertised = {k["extra"]["receiverAuthorizer"] for k in kinds if k["scheme"] == "batch-settlement"}
+        assert extra["receiverAuthorizer"] in advertised
+    finally:
+        serve.terminate()
+        serve.wait(timeout=20)
