@@ -30,6 +30,7 @@ import secrets
 from collections import defaultdict
 from typing import Any
 
+from gate.chain import ChainUnavailable
 from gate.channels import Channel, Mirror
 from gate.facilitator import Unavailable
 from gate.parts import GateParts
@@ -55,17 +56,64 @@ def requirements(network: str, asset: str, receiver: str) -> dict[str, Any]:
     }
 
 
+async def watch(parts: GateParts) -> list[dict[str, Any]]:
+    """Where the chain can be asked (`[networks] rpc_url`), read every channel with unclaimed charges:
+    a claim whose answer was lost is settled by what the chain says it claimed, and a payer's
+    withdrawal request makes its channel due now (it may take the unclaimed balance once the
+    withdraw delay runs out)."""
+    outcomes = []
+    for channel in await parts.channels.claimable(0, 0.0):  # (a claim in flight is its claimer's to record)
+        if not parts.chain.knows(channel.network):
+            continue
+        try:
+            balance, claimed, withdrawal = await parts.chain.channel(
+                channel.network, batch_settlement.SETTLEMENT_CONTRACT, channel.channel_id
+            )
+        except ChainUnavailable as exc:
+            logger.warning("the chain cannot say where channel %s stands: %s", channel.channel_id[:18], exc.reason)
+            continue
+        mirror = Mirror(balance, claimed, withdrawal, channel.refund_nonce)
+        landed = claimed > channel.total_claimed
+        await parts.channels.mirror(channel.channel_id, mirror)
+        if landed:
+            await parts.log.append(
+                "channel_claim",
+                agent="",
+                token_digest=channel.voucher_digest,
+                payer=channel.payer,
+                amount=str(claimed - channel.total_claimed),
+                network=channel.network,
+                asset=channel.asset,
+                error=f"confirmed on chain: channel {channel.channel_id[:18]} claimed to {claimed}",
+            )
+            outcomes.append(
+                {
+                    "outcome": "confirmed",
+                    "channel": channel.channel_id,
+                    "claimed": claimed,
+                    "receiver": (channel.network, channel.asset, channel.receiver),
+                }
+            )
+        if withdrawal:
+            outcomes.append({"outcome": "withdrawal_requested", "channel": channel.channel_id})
+    return outcomes
+
+
 async def claim_due(parts: GateParts, *, now: bool = False) -> list[dict[str, Any]]:
     """One pass: claim what is due (everything unclaimed, with `now`), then sweep; returns what happened."""
     terms = parts.config.channels
+    watched = await watch(parts)
     min_amount, max_age = (0, 0.0) if now else (terms.claim_at_amount, terms.claim_after_seconds)
     due = await parts.channels.claimable(min_amount, max_age)
     batches: dict[tuple[str, str, str], list[Channel]] = defaultdict(list)
     for channel in due:
         batches[(channel.network, channel.asset, channel.receiver)].append(channel)
-    outcomes: list[dict[str, Any]] = []
+    outcomes: list[dict[str, Any]] = [{k: v for k, v in o.items() if k != "receiver"} for o in watched]
+    confirmed = {o["receiver"] for o in watched if o["outcome"] == "confirmed"}
+    for key in confirmed - set(batches):  # claims the chain confirmed, for receivers with nothing else due
+        outcomes.append(await sweep(parts, *key))
     for (network, asset, receiver), channels in batches.items():
-        claimed = False
+        claimed = (network, asset, receiver) in confirmed
         for start in range(0, len(channels), MAX_CLAIMS_PER_BATCH):
             batch = channels[start : start + MAX_CLAIMS_PER_BATCH]
             outcome = await claim_batch(parts, network, asset, receiver, batch)

@@ -202,7 +202,7 @@ class Channels:
         )
 
     async def mirror(self, channel_id: str, mirror: Mirror) -> None:
-        """The chain's state as a facilitator just read it; never lowers what is known to be claimed."""
+        """The chain's state as a facilitator (or the chain itself) just read it."""
         await self.db.execute(
             f"UPDATE channels SET balance = ?, total_claimed = ?, withdraw_requested_at = ?, refund_nonce = ?,"
             f" synced_at = {self.now}, updated_at = {self.now} WHERE channel_id = ?",
@@ -277,7 +277,8 @@ class Channels:
 
     async def claimable(self, min_amount: int, max_age_seconds: float, limit: int = 100) -> list[Channel]:
         """Channels whose charged total runs ahead of what is claimed on chain by `min_amount`, or
-        whose oldest unclaimed charge is `max_age_seconds` old; none with a claim in flight."""
+        whose oldest unclaimed charge is `max_age_seconds` old, or whose payer asked to withdraw;
+        none with a claim in flight."""
         rows = await self.db.fetch(
             f"SELECT *, {self.now} AS now FROM channels WHERE charged != total_claimed AND sealed_voucher != ''"
             f" AND (claim_fence = '' OR claim_until < {self.now}) ORDER BY charged_at LIMIT ?",
@@ -288,7 +289,11 @@ class Channels:
             c
             for c in channels
             if c.charged > c.total_claimed
-            and (c.charged - c.total_claimed >= min_amount or c.now - c.charged_at >= max_age_seconds)
+            and (
+                c.charged - c.total_claimed >= min_amount
+                or c.now - c.charged_at >= max_age_seconds
+                or c.withdraw_requested_at > 0
+            )
         ]
 
     async def take_claim(self, channel: Channel, fence: str, lease_seconds: float) -> bool:

@@ -321,3 +321,47 @@ def test_the_first_readme_command_serves_paid_channel_with_the_dev_facilitators_
     finally:
         serve.terminate()
         serve.wait(timeout=20)
+
+
+@pytest.fixture
+def devnet_with_chain(tmp_path: Path) -> Iterator[Devnet]:
+    """The shipped example, with the development chain's JSON-RPC as the network's ground truth, a
+    facilitator timeout of 2 s and a claim pass every second."""
+    port = free_port()
+    shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
+    shipped = shipped.replace('url = "http://127.0.0.1:8402"', f'url = "http://127.0.0.1:{port + 1}"')
+    shipped = shipped.replace("timeout_seconds = 10\nmax_in_flight", "timeout_seconds = 2\nmax_in_flight")
+    shipped = shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"')
+    shipped = shipped.replace("[limits]", "[channels]\nclaim_interval_seconds = 1\n\n[limits]", 1)
+    shipped += f'\n[networks."eip155:84532"]\nrpc_url = "http://127.0.0.1:{port + 1}/rpc"\n'
+    config = tmp_path / "gate.toml"
+    config.write_text(shipped)
+    process = GateProcess(config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(port + 1)])
+    with process:
+        yield Devnet(process, f"http://127.0.0.1:{port + 1}", config)
+
+
+def test_a_claim_whose_answer_is_lost_is_settled_by_the_chain_never_claimed_twice(devnet_with_chain: Devnet) -> None:
+    devnet = devnet_with_chain
+    url = f"{devnet.gate.url}/a2a/paid-channel"
+    client = fresh_client(devnet)
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=x402_httpx_transport(client), timeout=30) as http:
+            return [await http.post(url, json=send_body(f"lost claim {i}")) for i in range(3)]
+
+    channel_id = receipt_of(asyncio.run(run())[-1])["extra"]["channelState"]["channelId"]
+    pay_to_before = devnet.token_balance(PAY_TO)
+    # the facilitator claims on chain, then answers too late: the gate does not know it landed
+    httpx.post(f"{devnet.facilitator}/dev/faults", json={"settle": "late:4", "count": 1}).raise_for_status()
+    first = devnet.cli("channels", "claim")
+    assert first.returncode == 1 and "outcome=unknown" in first.stdout, first.stdout + first.stderr
+    assert devnet.channel(channel_id)[1] == 3 * PRICE  # it did land
+    time.sleep(4)  # the claim's retry time and the late answer pass (the serving gate's schedule runs too)
+    second = devnet.cli("channels", "claim")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "outcome=claimed" not in second.stdout  # the chain said it landed: no second claim
+    assert devnet.channel(channel_id)[1] == 3 * PRICE
+    assert devnet.token_balance(PAY_TO) - pay_to_before == 3 * PRICE  # swept once the chain confirmed it
+    rows = [r for r in devnet.cli("payments", "--action", "channel_claim").stdout.splitlines()[1:] if r]
+    assert len(rows) == 1 and "confirmed on chain" in rows[0], rows
