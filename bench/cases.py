@@ -15,6 +15,9 @@ e. PostgreSQL: case a's principal send and case c's paid send (same facilitator)
    configuration in a schema of its own. Besides the load: round trips per request, counted
    inside each replica (`bench/roundtrips.py`), and what the backends waited on
    (`bench/postgres.py`).
+f. voucher-paid `message/send` (x402 batch-settlement): every worker pays from a channel of
+   its own, opened by the x402 package's client before the window, one voucher after
+   another; beside the API-key path of the same run.
 
 Each case returns `Row`s (one per server measured) and `Target`s (a goal and whether
 the measurement met it); `bench.__main__` prints them.
