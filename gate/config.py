@@ -178,8 +178,10 @@ DEMO_CHANNEL_PRICE = replace(
 )
 
 
-# As the example configuration sets them: a channel payer's hundred calls a minute get through.
+# As the example configuration sets them: a channel payer's hundred calls a minute get through,
+# and what they charged is claimed on chain within a minute.
 DEMO_LIMITS = LimitsConfig(per_ip_per_minute=300, per_agent_per_minute=1200)
+DEMO_CHANNELS = ChannelsConfig(claim_interval_seconds=15.0, claim_after_seconds=30.0)
 
 
 class GateSections:
@@ -229,6 +231,7 @@ def default_settings(database: str = "a2a-gate.db") -> Settings:
     )
     config = GateConfig(
         limits=DEMO_LIMITS,
+        channels=DEMO_CHANNELS,
         agents={
             "paid-echo": AgentPayment("paid-echo", DEMO_PRICE),
             "paid-channel": AgentPayment("paid-channel", DEMO_CHANNEL_PRICE),

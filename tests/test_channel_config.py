@@ -106,6 +106,7 @@ def test_the_example_configuration_and_the_embedded_defaults_offer_the_same_paid
     assert example.agents["paid-channel"].price == embedded.agents["paid-channel"].price
     assert example.limits.per_ip_per_minute == embedded.limits.per_ip_per_minute
     assert example.limits.per_agent_per_minute == embedded.limits.per_agent_per_minute
+    assert example.channels == embedded.channels
     price = embedded.agents["paid-channel"].price
     assert price is not None and [o.scheme for o in price.offers] == ["exact", "batch-settlement"]
 
