@@ -427,3 +427,18 @@ def test_an_in_band_voucher_behind_the_channel_answers_payment_failed_with_the_c
     offer = next(a for a in required["accepts"] if a["scheme"] == "batch-settlement")
     assert offer["extra"]["channelState"]["chargedCumulativeAmount"] == str(2 * PRICE)
     assert task["status"]["state"] == "input-required"  # payable again, once resynced
+
+
+def test_an_x402_v1_payload_for_a_channel_is_unsupported(gate: GateProcess, chain: ChannelChain) -> None:
+    url = f"{gate.url}/a2a/paid-channel"
+    client, _ = channel_client()
+
+    async def sign() -> dict[str, Any]:
+        _, payload = await first_payload(url, client)
+        return payload.model_dump(by_alias=True, exclude_none=True)["payload"]
+
+    v1 = {"x402Version": 1, "scheme": "batch-settlement", "network": "base-sepolia", "payload": asyncio.run(sign())}
+    header = base64.b64encode(json.dumps(v1).encode()).decode()
+    answer = httpx.post(url, json=send_body("v1"), headers={"X-PAYMENT": header})
+    assert (answer.status_code, answer.json()["error"]) == (403, "unsupported_payload")
+    assert chain.calls["verify"] == 0
