@@ -44,6 +44,7 @@ _COLUMNS = (
     # the claim job: a claim on chain in flight (its fence and lease), and what it claims
     " claim_fence TEXT NOT NULL DEFAULT '', claim_until DOUBLE PRECISION NOT NULL DEFAULT 0,"
     " claim_max TEXT NOT NULL DEFAULT '0', claim_unknown INTEGER NOT NULL DEFAULT 0,"
+    " claim_failures INTEGER NOT NULL DEFAULT 0,"  # claims that did not land since the last one that did
     " refunded INTEGER NOT NULL DEFAULT 0,"
     " created_at DOUBLE PRECISION NOT NULL DEFAULT 0, updated_at DOUBLE PRECISION NOT NULL DEFAULT 0"
 )
@@ -79,6 +80,7 @@ class Channel:
     claim_until: float = 0.0
     claim_max: int = 0
     claim_unknown: bool = False
+    claim_failures: int = 0
     refunded: bool = False
     now: float = 0.0  # the database's clock when the row was read
 
@@ -106,6 +108,7 @@ class Channel:
             claim_until=float(row["claim_until"]),
             claim_max=int(row["claim_max"]),
             claim_unknown=bool(row["claim_unknown"]),
+            claim_failures=int(row["claim_failures"]),
             refunded=bool(row["refunded"]),
             now=float(row["now"]) if "now" in row else 0.0,
         )
@@ -275,13 +278,16 @@ class Channels:
 
     # -- the claim job -------------------------------------------------------------------
 
-    async def claimable(self, min_amount: int, max_age_seconds: float, limit: int = 100) -> list[Channel]:
+    async def claimable(
+        self, min_amount: int, max_age_seconds: float, limit: int = 100, *, max_failures: int | None = None
+    ) -> list[Channel]:
         """Channels whose charged total runs ahead of what is claimed on chain by `min_amount`, or
         whose oldest unclaimed charge is `max_age_seconds` old, or whose payer asked to withdraw;
-        none with a claim in flight."""
+        none with a claim in flight, nor (with `max_failures`) one whose claims failed that often."""
+        failures = "" if max_failures is None else f" AND claim_failures < {int(max_failures)}"
         rows = await self.db.fetch(
             f"SELECT *, {self.now} AS now FROM channels WHERE charged != total_claimed AND sealed_voucher != ''"
-            f" AND (claim_fence = '' OR claim_until < {self.now}) ORDER BY charged_at LIMIT ?",
+            f" AND (claim_fence = '' OR claim_until < {self.now}){failures} ORDER BY charged_at LIMIT ?",
             (limit,),
         )
         channels = [Channel.from_row(r) for r in rows]
@@ -309,21 +315,29 @@ class Channels:
         """A claim landed (or the chain says it did): the claimed total, the claim no longer in flight."""
         if mirror is None:
             return (
-                f"UPDATE channels SET total_claimed = claim_max, claim_fence = '', claim_unknown = 0,"
-                f" updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ?",
+                "UPDATE channels SET total_claimed = claim_max, claim_fence = '', claim_unknown = 0,"
+                f" claim_failures = 0, updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ?",
                 (channel_id, fence),
             )
         return (
             f"UPDATE channels SET balance = ?, total_claimed = ?, withdraw_requested_at = ?, synced_at = {self.now},"
-            f" claim_fence = '', claim_unknown = 0, updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ?",
+            f" claim_fence = '', claim_unknown = 0, claim_failures = 0, updated_at = {self.now}"
+            " WHERE channel_id = ? AND claim_fence = ?",
             (str(mirror.balance), str(mirror.total_claimed), mirror.withdraw_requested_at, channel_id, fence),
+        )
+
+    async def claims_landed(self, channel_id: str) -> None:
+        """The chain shows a claim of ours landed: the failures counted since are history."""
+        await self.db.execute(
+            f"UPDATE channels SET claim_unknown = 0, claim_failures = 0, updated_at = {self.now} WHERE channel_id = ?",
+            (channel_id,),
         )
 
     async def claim_failed(self, channel_id: str, fence: str, unknown: bool, retry_in: float) -> None:
         """The claim did not land (or nobody knows): free to try again after `retry_in` seconds."""
         await self.db.execute(
-            f"UPDATE channels SET claim_until = {self.now} + ?, claim_unknown = ?, updated_at = {self.now}"
-            " WHERE channel_id = ? AND claim_fence = ?",
+            f"UPDATE channels SET claim_until = {self.now} + ?, claim_unknown = ?, claim_failures = claim_failures + 1,"
+            f" updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ?",
             (retry_in, int(unknown), channel_id, fence),
         )
 

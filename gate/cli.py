@@ -376,7 +376,16 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
 SUMMARY_KEYS = ("402s", "verified", "settled", "settle failures", "written off", "needs attention")
 
 
-CHANNEL_COLUMNS = ("channel", "payer", "charged", "claimed", "balance", "in flight", "last charge (UTC)")
+CHANNEL_COLUMNS = (
+    "channel",
+    "payer",
+    "charged",
+    "claimed",
+    "balance",
+    "in flight",
+    "failed claims",
+    "last charge (UTC)",
+)
 
 
 def cmd_channels(args: argparse.Namespace) -> int:
@@ -406,7 +415,7 @@ def cmd_channels(args: argparse.Namespace) -> int:
                 at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.charged_at)) if c.charged_at else "-"
                 print(
                     f"{c.channel_id}\t{c.payer}\t{c.charged}\t{c.total_claimed}\t{c.balance}\t"
-                    f"{'yes' if c.reserved_by else 'no'}\t{at}"
+                    f"{'yes' if c.reserved_by else 'no'}\t{c.claim_failures}\t{at}"
                 )
             return 0
 

@@ -442,3 +442,40 @@ def test_an_x402_v1_payload_for_a_channel_is_unsupported(gate: GateProcess, chai
     answer = httpx.post(url, json=send_body("v1"), headers={"X-PAYMENT": header})
     assert (answer.status_code, answer.json()["error"]) == (403, "unsupported_payload")
     assert chain.calls["verify"] == 0
+
+
+def test_the_schedule_gives_up_on_a_channel_whose_claims_fail_and_the_command_tries_again(
+    tmp_path: Path, facilitator: str, chain: ChannelChain
+) -> None:
+    from tests.support.gate_helpers import cli
+    from tests.support.gate_process import free_port
+
+    port = free_port()
+    config = write_config(tmp_path, facilitator, port)
+    text = config.read_text().replace("settle_attempts = 2", "settle_attempts = 2\nsettle_passes = 2")
+    config.write_text(text + "\n[channels]\nclaim_interval_seconds = 0.2\nclaim_after_seconds = 0.1\n")
+    chain.refuse_claims = True
+    with GateProcess(config, tmp_path / "gate.log", port=port) as gate:
+        client, _ = channel_client()
+        asyncio.run(pay_many(f"{gate.url}/a2a/paid-channel", 2, client))
+        import time
+
+        deadline = time.monotonic() + 15
+        while chain.calls["claim"] < 2:
+            assert time.monotonic() < deadline, chain.calls
+            time.sleep(0.1)
+        time.sleep(2.0)  # passes go on; the channel is no longer claimed by the schedule
+        assert chain.calls["claim"] == 2
+        conn = sqlite3.connect(tmp_path / "gate.db")
+        try:
+            actions = [r[0] for r in conn.execute("SELECT action FROM payments WHERE agent = '' ORDER BY id")]
+        finally:
+            conn.close()
+        assert actions == ["channel_claim_failed", "channel_claim_failed", "needs_attention"]
+        chain.refuse_claims = False
+        done = cli("channels", "claim", "--config", str(config), check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        (row,) = channel_rows(tmp_path / "gate.db")
+        assert int(row["total_claimed"]) == int(row["charged"]) == 2 * PRICE and row["claim_failures"] == 0
+        (on_chain,) = chain.channels.values()
+        assert on_chain.total_claimed == 2 * PRICE

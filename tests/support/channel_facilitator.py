@@ -41,6 +41,7 @@ class ChannelChain:
     calls: Counter[str] = field(default_factory=Counter)
     receivers: Counter[str] = field(default_factory=Counter)  # swept to each receiver
     claim_transactions: list[dict[str, Any]] = field(default_factory=list)
+    refuse_claims: bool = False  # a test's switch: every claim refused, as a contract that reverts
 
     def state(self, channel_id: str) -> dict[str, Any]:
         c = self.channels.get(channel_id.lower(), OnChain())
@@ -114,6 +115,10 @@ def create_app(chain: ChannelChain) -> Starlette:
             )
         if inner.get("type") == "claim":
             chain.calls["claim"] += 1
+            if chain.refuse_claims:
+                return JSONResponse(
+                    {"success": False, "errorReason": "invalid_batch_settlement_evm_claim_simulation_failed"}
+                )
             for entry in inner["claims"]:
                 config = ChannelConfig.from_dict(entry["voucher"]["channel"])
                 channel_id = compute_channel_id(config, network).lower()
