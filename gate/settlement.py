@@ -232,6 +232,8 @@ class Settler:
         """Ground truth for an unknown settlement: the token contract's own record, as a transfer."""
         payment = p.payment
         scheme = schemes.for_requirements(payment.requirements)
+        if scheme is not None and scheme.channel:
+            return await self._ask_chain_for_channel(p, heard, passes)
         authorization = scheme.authorization(payment.payload, payment.requirements, payment.network) if scheme else None
         if authorization is None or not self.chain.knows(payment.network):
             why = "no rpc_url for the network" if authorization is not None else "not an EIP-3009 authorization"
@@ -259,6 +261,32 @@ class Settler:
         # unused and still valid: it can still be collected, so it stays owed until it expires
         delay = min(jittered(self.pass_delay(passes)), left + 1.0)
         return await self._owed(p, f"{heard}; chain: authorization unused, still valid", True, passes, delay)
+
+    async def _ask_chain_for_channel(self, p: Pass, heard: str, passes: int) -> Collection:
+        """A channel deposit nobody could confirm: the settlement contract says whether the channel
+        holds the voucher's amount. It does: the delivered request is claimable, so it is charged
+        (whichever deposit put the money there). It does not, and the deposit's authorization has
+        expired: it never will, written off. Otherwise owed until it expires."""
+        payment = p.payment
+        voucher = batch_settlement.read(payment.payload["payload"])
+        if not self.chain.knows(payment.network):
+            return await self._needs_attention(p, f"{heard}; chain not asked: no rpc_url for the network")
+        try:
+            balance, claimed, withdrawal = await self.chain.channel(
+                payment.network, batch_settlement.SETTLEMENT_CONTRACT, voucher.channel_id
+            )
+        except ChainUnavailable as exc:
+            return await self._needs_attention(p, f"{heard}; chain unavailable: {exc.reason}")
+        if balance >= voucher.max_claimable:
+            state = {"balance": str(balance), "totalClaimed": str(claimed), "withdrawRequestedAt": withdrawal}
+            answer = {"transaction": "", "extra": {"channelState": state}}
+            return await self._settled(p, answer, "", note="confirmed on chain: the channel holds the voucher's amount")
+        _, valid_before = batch_settlement.SCHEME.window(payment.payload["payload"])
+        left = valid_before - await self.claims.database_time()
+        if left <= 0:
+            return await self._unsettled(p, f"{heard}; chain: the channel lacks the voucher's amount, deposit expired")
+        delay = min(jittered(self.pass_delay(passes)), left + 1.0)
+        return await self._owed(p, f"{heard}; chain: the deposit has not landed, still valid", True, passes, delay)
 
     async def _settled(self, p: Pass, receipt: dict[str, Any], tx: str, note: str = "") -> Collection:
         channel = self._channel_charge(p, receipt)
