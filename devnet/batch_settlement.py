@@ -4,11 +4,11 @@ The x402 package's batch-settlement facilitator (``x402.mechanisms.evm.batch_set
 drives the contract through a ``FacilitatorEvmSigner``: ``read_contract`` to simulate
 (``deposit``, ``claimWithSignature``, ``settle``, ``refundWithSignature``, ``multicall``) and
 to read (``channels``, ``pendingWithdrawals``, ``refundNonce``, ``receivers``, through
-Multicall3), ``write_contract`` to send. ``LedgerEvmSigner`` (``devnet.chain``) routes every
-call to this contract's address here, and ``ChainRpc`` its ``eth_call``, ``eth_getLogs``,
-``eth_getTransactionReceipt`` and ``eth_sendRawTransaction`` (a payer's own
-``initiateWithdraw`` / ``finalizeWithdraw``, ``msg.sender`` recovered from the signed
-transaction).
+Multicall3), ``write_contract`` to send. It is one of ``LedgerEvmSigner``'s simulated contracts
+(``devnet.chain.SimulatedContracts``): the signer routes every call to its address here, and
+``ChainRpc`` its ``eth_call``, ``eth_getLogs``, ``eth_getTransactionReceipt`` and
+``eth_sendRawTransaction`` (a payer's own ``initiateWithdraw`` / ``finalizeWithdraw``,
+``msg.sender`` recovered from the signed transaction).
 
 What the contract does follows the binding (``specs/schemes/batch-settlement/
 scheme_batch_settlement_evm.md``) and the package's ABI: a channel is the EIP-712 hash of its
@@ -26,7 +26,6 @@ fields listed in ``EVENT_SIGNATURES``.
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -36,13 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
-from eth_account import Account
 from eth_account.messages import encode_typed_data
-from eth_account.typed_transactions import TypedTransaction
 from eth_utils import keccak, to_checksum_address
-from hexbytes import HexBytes
 from x402.mechanisms.evm.batch_settlement.abi import BATCH_SETTLEMENT_ABI
 from x402.mechanisms.evm.batch_settlement.constants import (
+    BATCH_PERMIT2_WITNESS_TYPES,
     BATCH_SETTLEMENT_ADDRESS,
     CLAIM_BATCH_TYPES,
     ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
@@ -55,26 +52,28 @@ from x402.mechanisms.evm.batch_settlement.constants import (
 )
 from x402.mechanisms.evm.batch_settlement.types import ChannelConfig
 from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id, get_batch_settlement_eip712_domain
-from x402.mechanisms.evm.constants import TX_STATUS_SUCCESS
-from x402.mechanisms.evm.types import TransactionReceipt
+from x402.mechanisms.evm.constants import PERMIT2_ADDRESS
 
 from .chain import (
     AUTHORIZATION_USED_TOPIC,
-    BLOCK_HASH,
-    BLOCK_NUMBER,
+    DEV_CHAIN_ID,
+    DEV_NETWORK,
+    FACILITATOR_ADDRESS,
     REVERT_INVALID_SIGNATURE,
     TRANSFER_TOPIC,
-    JsonRpcError,
+    FunctionTable,
+    TokenInfo,
     _address_topic,
     _log,
     _recover_eoa,
+    default_tokens,
 )
-from .ledger import REVERT_EXPIRED, REVERT_NOT_YET_VALID, LedgerRevert
+from .ledger import REVERT_EXPIRED, REVERT_NOT_YET_VALID, DevLedger, LedgerRevert
 
 if TYPE_CHECKING:
     import sqlite_utils
 
-    from .chain import LedgerEvmSigner
+    from .permit2 import Permit2Contracts
 
 __all__ = [
     "BATCH_SETTLEMENT_ADDRESS",
@@ -240,23 +239,42 @@ def _config_tuple(raw: Any) -> tuple[str, str, str, str, str, int, bytes]:
 
 
 class BatchSettlementContract:
-    """``x402BatchSettlement`` at ``BATCH_SETTLEMENT_ADDRESS`` over the signer's ledger.
+    """``x402BatchSettlement`` at ``BATCH_SETTLEMENT_ADDRESS`` over the ledger.
 
     ``clock`` is the contract's block time (tests move it forward past a withdraw delay);
-    EIP-3009 windows are the token's business and keep the ledger's real time.
+    EIP-3009 windows are the token's business and keep the ledger's real time. With
+    ``trust_signatures`` (the facilitator's benchmark mode) no signature is recovered.
+    ``permit2`` is the chain's Permit2 (``devnet.permit2``), whose nonces the Permit2 deposit
+    collector spends; without it that collector reverts.
     """
 
-    address = to_checksum_address(BATCH_SETTLEMENT_ADDRESS)
+    address: str = to_checksum_address(BATCH_SETTLEMENT_ADDRESS)
 
-    def __init__(self, signer: LedgerEvmSigner, *, clock: Callable[[], float] = time.time) -> None:
-        self.signer = signer
-        self.ledger = signer.ledger
-        self.network = signer.network
-        self.chain_id = signer.chain_id
+    def __init__(
+        self,
+        ledger: DevLedger,
+        *,
+        network: str = DEV_NETWORK,
+        chain_id: int = DEV_CHAIN_ID,
+        tokens: dict[str, TokenInfo] | None = None,
+        trust_signatures: bool = False,
+        relayer: str = FACILITATOR_ADDRESS,
+        clock: Callable[[], float] = time.time,
+        permit2: Permit2Contracts | None = None,
+    ) -> None:
+        self.addresses: frozenset[str] = frozenset({self.address})
+        self.functions: FunctionTable = {sel: (fn.name, fn.inputs, fn.outputs) for sel, fn in _BY_SELECTOR.items()}
+        self.ledger = ledger
+        self.network = network
+        self.chain_id = chain_id
+        self.tokens = {to_checksum_address(a): info for a, info in (tokens or default_tokens(network)).items()}
+        self.trust_signatures = trust_signatures
+        self.relayer = to_checksum_address(relayer)
+        self.permit2 = permit2
         self.clock = clock
         self.time_offset = 0
         self._create_tables()
-        for token in signer.tokens:
+        for token in self.tokens:
             for holder in (self.address, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, PERMIT2_DEPOSIT_COLLECTOR_ADDRESS):
                 self.ledger.open_account(self.network, token, holder)
 
@@ -287,40 +305,21 @@ class BatchSettlementContract:
     def now(self) -> int:
         return int(self.clock()) + self.time_offset
 
-    def call(self, function_name: str, args: tuple[Any, ...], *, sender: str | None = None) -> Any:
+    def call(self, target: str, function_name: str, args: tuple[Any, ...], sender: str | None = None) -> Any:
         """``eth_call``: run the function against current state, then roll everything back."""
         fn = self._function(function_name)
         with self.ledger.contract_transaction(commit=False) as db:
             ex = _Execution(db, self._sender(sender), self.now(), "0x" + "00" * 32)
             return self._run(ex, fn, args)
 
-    def transact(self, function_name: str, args: tuple[Any, ...], *, sender: str | None = None) -> str:
+    def transact(self, target: str, function_name: str, args: tuple[Any, ...], sender: str | None = None) -> str:
         """A mined transaction: apply the function and its token moves atomically; return its hash."""
         fn = self._function(function_name)
         tx_hash = "0x" + keccak(b"a2a-gate dev batch settlement|" + uuid.uuid4().bytes).hex()
         return self._mine(fn, args, self._sender(sender), tx_hash)
 
-    def call_data(self, data: bytes, *, sender: str | None = None) -> bytes:
-        """A raw ``eth_call``: decode the calldata, run it, ABI-encode the result."""
-        fn, args = self._decode(data)
-        return self._encode_result(fn, self.call(fn.name, args, sender=sender))
-
-    def send_raw_transaction(self, raw: bytes) -> str:
-        """``eth_sendRawTransaction``: ``msg.sender`` is whoever signed the transaction."""
-        try:
-            sender = to_checksum_address(Account.recover_transaction(raw))
-            fields = TypedTransaction.from_bytes(HexBytes(raw)).as_dict()
-        except Exception:  # noqa: BLE001 -- anything that does not decode is not a transaction
-            raise JsonRpcError(-32602, "transaction could not be decoded") from None
-        if int(fields.get("chainId", -1)) != self.chain_id:
-            raise JsonRpcError(-32000, "invalid chain id")
-        if fields.get("to") is None or to_checksum_address(fields["to"]) != self.address:
-            raise JsonRpcError(-32000, "the dev chain only takes transactions to the batch settlement contract")
-        tx_hash = "0x" + keccak(raw).hex()
-        if self.receipt(tx_hash) is not None:
-            raise JsonRpcError(-32000, "already known")
-        fn, args = self._decode(bytes(fields.get("data") or b""))
-        return self._mine(fn, args, sender, tx_hash)
+    def allowance(self, owner: str, spender: str) -> int:
+        return 0  # the contract takes deposits through collectors, never by an allowance of its own
 
     def _mine(self, fn: _Function, args: tuple[Any, ...], sender: str, tx_hash: str) -> str:
         with self.ledger.contract_transaction() as db:
@@ -340,7 +339,7 @@ class BatchSettlementContract:
         return tx_hash
 
     def _sender(self, sender: str | None) -> str:
-        return to_checksum_address(sender) if sender else self.signer.address
+        return to_checksum_address(sender) if sender else self.relayer
 
     def _function(self, name: str) -> _Function:
         fn = _BY_NAME.get(name)
@@ -414,61 +413,19 @@ class BatchSettlementContract:
             ],
         }
 
-    def receipt(self, tx_hash: str) -> dict[str, Any] | None:
-        """The transaction's receipt in JSON-RPC shape, or None if this contract never mined it."""
+    def receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """``(to, logs)`` of a transaction this contract mined, or None."""
         tx_hash = tx_hash.lower()
         with self.ledger.contract_transaction(commit=False) as db:
-            row = db.execute("SELECT sender FROM bs_transactions WHERE tx_hash = ?", [tx_hash]).fetchone()
-            if row is None:
+            if db.execute("SELECT 1 FROM bs_transactions WHERE tx_hash = ?", [tx_hash]).fetchone() is None:
                 return None
-            logs = self._log_rows(db, "tx_hash = ?", [tx_hash])
-        return {
-            "transactionHash": tx_hash,
-            "transactionIndex": "0x0",
-            "blockHash": BLOCK_HASH,
-            "blockNumber": BLOCK_NUMBER,
-            "from": row[0].lower(),
-            "to": self.address.lower(),
-            "contractAddress": None,
-            "cumulativeGasUsed": "0x0",
-            "gasUsed": "0x0",
-            "type": "0x2",
-            "status": "0x1",
-            "logs": logs,
-        }
+            return self.address, self._log_rows(db, "tx_hash = ?", [tx_hash])
 
-    def transaction_receipt(self, tx_hash: str) -> TransactionReceipt | None:
-        """The receipt as the x402 package's ``wait_for_transaction_receipt`` returns it."""
-        receipt = self.receipt(tx_hash)
-        if receipt is None:
-            return None
-        return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=receipt["logs"])
-
-    def logs(self, query: dict[str, Any]) -> list[dict[str, Any]]:
-        """``eth_getLogs`` over everything this contract's transactions emitted (its own
-        events and the token's ``Transfer`` / ``AuthorizationUsed`` logs of its deposits)."""
-        where: list[str] = ["1 = 1"]
-        params: list[Any] = []
-        address = query.get("address")
-        if address is not None:
-            addresses = address if isinstance(address, list) else [address]
-            if not all(isinstance(a, str) and _ADDRESS.fullmatch(a) for a in addresses):
-                return []
-            where.append(f"address IN ({','.join('?' * len(addresses))})")
-            params.extend(a.lower() for a in addresses)
-        topics = query.get("topics") or []
-        if not isinstance(topics, list) or len(topics) > 4:
-            return []
-        for position, wanted in enumerate(topics):
-            if wanted is None:
-                continue
-            options = wanted if isinstance(wanted, list) else [wanted]
-            if not all(isinstance(t, str) and _TOPIC.fullmatch(t) for t in options):
-                return []
-            where.append(f"topic{position} IN ({','.join('?' * len(options))})")
-            params.extend(t.lower() for t in options)
+    def logs(self) -> list[dict[str, Any]]:
+        """Everything this contract's transactions emitted (its own events and the token's
+        ``Transfer`` / ``AuthorizationUsed`` logs of its deposits), oldest first."""
         with self.ledger.contract_transaction(commit=False) as db:
-            return self._log_rows(db, " AND ".join(where), params)
+            return self._log_rows(db, "1 = 1", [])
 
     @staticmethod
     def _log_rows(db: sqlite_utils.Database, where: str, params: list[Any]) -> list[dict[str, Any]]:
@@ -592,7 +549,7 @@ class BatchSettlementContract:
     def _signed_by(self, digest: bytes, signature: bytes, address: str) -> bool:
         """SignatureChecker: ecrecover for an EOA (no dev-chain address has code), or the
         trusting mode's accept-everything wallet."""
-        if self.signer.trust_signatures:
+        if self.trust_signatures:
             return True
         return _recover_eoa(digest, bytes(signature)) == to_checksum_address(address)
 
@@ -603,7 +560,7 @@ class BatchSettlementContract:
         amount = int(amount)
         if amount == 0:
             raise LedgerRevert(REVERT_ZERO_AMOUNT)
-        if ZERO_ADDRESS in (config[0], config[2], config[3]) or config[4] not in self.signer.tokens:
+        if ZERO_ADDRESS in (config[0], config[2], config[3]) or config[4] not in self.tokens:
             raise LedgerRevert(REVERT_CONFIG)
         if not MIN_WITHDRAW_DELAY <= config[5] <= MAX_WITHDRAW_DELAY:
             raise LedgerRevert(REVERT_WITHDRAW_DELAY)
@@ -612,7 +569,7 @@ class BatchSettlementContract:
         if collector == ERC3009_DEPOSIT_COLLECTOR_ADDRESS:
             self._collect_erc3009(ex, config, channel_id, amount, bytes(data))
         elif collector == PERMIT2_DEPOSIT_COLLECTOR_ADDRESS:
-            raise LedgerRevert(REVERT_PERMIT2_UNAVAILABLE)
+            self._collect_permit2(ex, config, channel_id, amount, bytes(data))
         else:
             raise LedgerRevert(REVERT_UNKNOWN_COLLECTOR)
         record = self._load(ex.db, channel_id) or ChannelRecord(channel_id, config)
@@ -651,7 +608,7 @@ class BatchSettlementContract:
         if now >= valid_before:
             raise LedgerRevert(REVERT_EXPIRED)
         self.ledger.spend_nonce(self.network, token, payer, nonce, ex.tx_hash)
-        info = self.signer.tokens[to_checksum_address(token)]
+        info = self.tokens[to_checksum_address(token)]
         domain = {"name": info.name, "version": info.version, "chainId": self.chain_id, "verifyingContract": token}
         message = {
             "from": payer,
@@ -665,6 +622,48 @@ class BatchSettlementContract:
             raise LedgerRevert(REVERT_INVALID_SIGNATURE)
         self._transfer(ex, token, payer, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, amount, nonce=nonce)
         self._transfer(ex, token, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, self.address, amount)
+
+    def _collect_permit2(
+        self,
+        ex: _Execution,
+        config: tuple[str, str, str, str, str, int, bytes],
+        channel_id: str,
+        amount: int,
+        data: bytes,
+    ) -> None:
+        """``Permit2DepositCollector.collect``: Permit2's ``permitWitnessTransferFrom`` with the
+        collector as spender and ``DepositWitness(channelId)`` as witness, straight into this contract.
+
+        An EIP-2612 permit segment changes nothing: on the dev chain every address has already
+        granted Permit2 an unlimited allowance (``devnet.permit2``).
+        """
+        if self.permit2 is None:
+            raise LedgerRevert(REVERT_PERMIT2_UNAVAILABLE)
+        try:
+            nonce, deadline, signature, _permit = abi_decode(["uint256", "uint256", "bytes", "bytes"], data)
+        except Exception:  # noqa: BLE001 -- collector data that does not decode reverts
+            raise LedgerRevert("Permit2DepositCollector: bad collector data") from None
+        payer, token = config[0], config[4]
+        if int(time.time()) > deadline:
+            raise LedgerRevert(f"SignatureExpired({deadline})")
+        message = {
+            "permitted": {"token": token, "amount": amount},
+            "spender": PERMIT2_DEPOSIT_COLLECTOR_ADDRESS,
+            "nonce": nonce,
+            "deadline": deadline,
+            "witness": {"channelId": bytes.fromhex(channel_id[2:])},
+        }
+        domain = {"name": "Permit2", "chainId": self.chain_id, "verifyingContract": PERMIT2_ADDRESS}
+        digest = self._digest(domain, BATCH_PERMIT2_WITNESS_TYPES, message)
+        if not self._signed_by(digest, signature, payer):
+            raise LedgerRevert("InvalidSigner()")
+        if self.permit2._bitmap(ex.db, payer, nonce >> 8) >> (nonce & 0xFF) & 1:
+            raise LedgerRevert("InvalidNonce()")
+        ex.db.execute(  # Permit2's nonce bitmap (devnet.permit2's table): spent across all its spenders
+            "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash) VALUES (?, ?, ?, ?, ?, ?)",
+            [self.network, payer, str(nonce >> 8), nonce & 0xFF, str(nonce), ex.tx_hash],
+        )
+        self._transfer(ex, token, payer, self.address, amount)
 
     def _transfer(
         self, ex: _Execution, token: str, source: str, target: str, amount: int, *, nonce: bytes | None = None
@@ -897,10 +896,6 @@ class _Claim:
     max_claimable: int
     signature: bytes
     total_claimed: int
-
-
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
-_TOPIC = re.compile(r"0x[0-9a-fA-F]{64}")
 
 
 def _channel_key(channel_id: str | bytes) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,8 +21,10 @@ from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.messages import encode_typed_data
+from eth_account.typed_transactions import TypedTransaction
 from eth_keys import keys
 from eth_utils import keccak, to_checksum_address
+from hexbytes import HexBytes
 from x402.mechanisms.evm.constants import (
     AUTHORIZATION_STATE_ABI,
     BALANCE_OF_ABI,
@@ -57,8 +60,10 @@ __all__ = [
     "REVERT_INVALID_SIGNATURE",
     "TRANSFER_TOPIC",
     "ChainRpc",
+    "FunctionTable",
     "JsonRpcError",
     "LedgerEvmSigner",
+    "SimulatedContracts",
     "TokenInfo",
     "cancel_authorization_digest",
     "default_tokens",
@@ -102,7 +107,32 @@ def default_tokens(network: str = DEV_NETWORK) -> dict[str, TokenInfo]:
     }
 
 
-def _function_table() -> dict[bytes, tuple[str, list[str], list[str]]]:
+#: Selector -> (name, input types, output types).
+FunctionTable = dict[bytes, tuple[str, list[str], list[str]]]
+
+
+class SimulatedContracts(Protocol):
+    """Contracts the dev chain plays beside its tokens (``devnet.permit2``: Permit2 and x402's proxies).
+
+    ``LedgerEvmSigner`` sends them the calls and transactions addressed to one of ``addresses``,
+    asks them for the token allowances they hold, and for the receipts of what they did.
+    """
+
+    addresses: frozenset[str]
+    functions: FunctionTable  # the selectors eth_call may name
+
+    def call(self, target: str, function_name: str, args: tuple[Any, ...], sender: str) -> Any: ...
+
+    def transact(self, target: str, function_name: str, args: tuple[Any, ...], sender: str) -> str: ...
+
+    def allowance(self, owner: str, spender: str) -> int: ...
+
+    def receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None: ...
+
+    def logs(self) -> list[dict[str, Any]]: ...
+
+
+def _function_table() -> FunctionTable:
     """Selector -> (name, input types, output types) for the calls multicall may batch."""
     abis: list[list[dict[str, Any]]] = [
         BALANCE_OF_ABI,
@@ -148,18 +178,6 @@ def _recover_eoa(digest: bytes, signature: bytes) -> str | None:
         return None
 
 
-class SimulatedContract(Protocol):
-    """A contract besides the token that the dev chain runs (``devnet.batch_settlement``)."""
-
-    def call(self, function_name: str, args: tuple[Any, ...], *, sender: str | None = None) -> Any: ...
-    def transact(self, function_name: str, args: tuple[Any, ...], *, sender: str | None = None) -> str: ...
-    def call_data(self, data: bytes, *, sender: str | None = None) -> bytes: ...
-    def send_raw_transaction(self, raw: bytes) -> str: ...
-    def receipt(self, tx_hash: str) -> dict[str, Any] | None: ...
-    def transaction_receipt(self, tx_hash: str) -> TransactionReceipt | None: ...
-    def logs(self, query: dict[str, Any]) -> list[dict[str, Any]]: ...
-
-
 class LedgerEvmSigner:
     """``FacilitatorEvmSigner`` that plays the token contract over a ``DevLedger``.
 
@@ -184,6 +202,7 @@ class LedgerEvmSigner:
         tokens: dict[str, TokenInfo] | None = None,
         trust_signatures: bool = False,
         address: str = FACILITATOR_ADDRESS,
+        contracts: Sequence[SimulatedContracts] = (),
     ) -> None:
         self.ledger = ledger
         self.network = network
@@ -191,8 +210,10 @@ class LedgerEvmSigner:
         self.tokens = {to_checksum_address(a): info for a, info in (tokens or default_tokens(network)).items()}
         self.trust_signatures = trust_signatures
         self.address = to_checksum_address(address)
-        #: Other simulated contracts by address (registered by ``devnet.facilitator``).
-        self.contracts: dict[str, SimulatedContract] = {}
+        self.contracts = {a: c for c in contracts for a in c.addresses}
+        self.functions: FunctionTable = {**_FUNCTIONS}
+        for c in contracts:
+            self.functions.update(c.functions)
 
     # -- FacilitatorEvmSigner ------------------------------------------------
 
@@ -203,7 +224,7 @@ class LedgerEvmSigner:
         return self.chain_id
 
     def get_code(self, address: str) -> bytes:
-        if to_checksum_address(address) in self.tokens:
+        if to_checksum_address(address) in self.tokens or to_checksum_address(address) in self.contracts:
             return _TOKEN_CODE
         return _TRUSTING_WALLET_CODE if self.trust_signatures else b""
 
@@ -223,7 +244,7 @@ class LedgerEvmSigner:
     ) -> str:
         contract = self.contracts.get(to_checksum_address(address))
         if contract is not None:
-            return contract.transact(function_name, args)
+            return contract.transact(address, function_name, args, self.address)
         token = self.tokens.get(to_checksum_address(address))
         if token is None or function_name != "transferWithAuthorization":
             raise LedgerRevert(f"dev ledger cannot execute {function_name} on {address}")
@@ -237,11 +258,10 @@ class LedgerEvmSigner:
 
     def wait_for_transaction_receipt(self, tx_hash: str) -> TransactionReceipt:
         row = self.ledger.settlement(tx_hash)
-        for contract in self.contracts.values() if row is None else ():
-            receipt = contract.transaction_receipt(tx_hash)
-            if receipt is not None:
-                return receipt
         if row is None:
+            found = self.contract_receipt(tx_hash)
+            if found is not None:
+                return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=found[1])
             raise RuntimeError(f"transaction {tx_hash} not found in the dev ledger")
         return TransactionReceipt(
             status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=transfer_logs(row, row["tx_hash"])
@@ -307,15 +327,22 @@ class LedgerEvmSigner:
         self._authorize(token, transfer, signature)
         return self.ledger.transfer_with_authorization(transfer)
 
+    def contract_receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """``(to, logs)`` of a transaction one of the simulated contracts made, or None."""
+        for contract in set(self.contracts.values()):
+            found = contract.receipt(tx_hash)
+            if found is not None:
+                return found
+        return None
+
     # -- the simulated contracts ---------------------------------------------
 
-    def _call(self, address: str, function_name: str, args: tuple[Any, ...]) -> Any:
+    def _call(self, address: str, function_name: str, args: tuple[Any, ...], sender: str | None = None) -> Any:
         target = to_checksum_address(address)
         if target == MULTICALL3_ADDRESS and function_name == "tryAggregate":
             return self._try_aggregate(args[1])
-        contract = self.contracts.get(target)
-        if contract is not None:
-            return contract.call(function_name, args)
+        if target in self.contracts:
+            return self.contracts[target].call(target, function_name, args, sender or self.address)
         token = self.tokens.get(target)
         if token is not None:
             return self._token_call(target, token, function_name, args)
@@ -341,8 +368,8 @@ class LedgerEvmSigner:
             return token.symbol
         if function_name == "decimals":
             return token.decimals
-        if function_name == "allowance":
-            return 0  # no approvals exist on the dev chain
+        if function_name == "allowance":  # no approvals but those the simulated contracts hold
+            return max((c.allowance(args[0], args[1]) for c in self.contracts.values()), default=0)
         raise LedgerRevert(f"dev token does not implement {function_name}")
 
     def _transfer_from_args(self, asset: str, args: tuple[Any, ...]) -> tuple[Transfer, bytes]:
@@ -385,14 +412,7 @@ class LedgerEvmSigner:
         """Multicall3 ``tryAggregate(false, calls)``: each call succeeds or reverts alone."""
         results = []
         for target, call_data in calls:
-            contract = self.contracts.get(to_checksum_address(target))
-            if contract is not None:
-                try:
-                    results.append((True, contract.call_data(bytes(call_data))))
-                except LedgerRevert as exc:
-                    results.append((False, _encode_revert(exc.reason)))
-                continue
-            entry = _FUNCTIONS.get(bytes(call_data[:4]))
+            entry = self.functions.get(bytes(call_data[:4]))
             if entry is None:
                 results.append((False, _encode_revert("unknown function selector")))
                 continue
@@ -400,7 +420,7 @@ class LedgerEvmSigner:
             try:
                 args = tuple(abi_decode(input_types, bytes(call_data[4:])))
                 value = self._call(target, name, args)
-                encoded = abi_encode(output_types, [value]) if output_types else b""
+                encoded = _encode_outputs(output_types, value)
                 results.append((True, encoded))
             except LedgerRevert as exc:
                 results.append((False, _encode_revert(exc.reason)))
@@ -449,11 +469,13 @@ class ChainRpc:
     """The little Ethereum JSON-RPC a settlement checker needs, answered from the ledger.
 
     ``eth_call`` runs any view function the simulated contracts know (among them
-    ``authorizationState``); ``eth_getLogs`` returns the ``AuthorizationUsed`` log of a
-    transfer's authorization, or the ``AuthorizationCanceled`` log of a canceled one;
+    ``authorizationState``, and Permit2's ``nonceBitmap``); ``eth_getLogs`` returns the
+    ``AuthorizationUsed`` log of a transfer's authorization, or the ``AuthorizationCanceled``
+    log of a canceled one, and any other filter (an ERC-20 ``Transfer(from, to)``) by a scan;
     ``eth_getTransactionReceipt`` returns a transaction's receipt in the standard shape: a
     transfer's carries its ``AuthorizationUsed`` and ERC-20 ``Transfer`` logs, a cancel's its
-    ``AuthorizationCanceled`` log, an unknown hash is null.
+    ``AuthorizationCanceled`` log, a Permit2 proxy settle's the ``Transfer`` and the proxy's
+    ``Settled()``; an unknown hash is null.
     """
 
     def __init__(self, signer: LedgerEvmSigner) -> None:
@@ -474,41 +496,55 @@ class ChainRpc:
             return self._send_raw(params[0] if params else None)
         raise JsonRpcError(-32601, "method not found")
 
+    def _send_raw(self, raw_hex: Any) -> str:
+        """A typed (EIP-1559 or EIP-2930) transaction signed by its sender (a payer invalidating its
+        Permit2 nonces, anyone calling x402's exact Permit2 proxy): run as from the recovered sender;
+        its hash is the chain's own for what it did.
+
+        Account nonces, gas and value mean nothing here. A transaction that would revert is refused
+        with its revert reason (as a node's gas estimate refuses it); nothing is mined for it.
+        """
+        try:
+            raw = HexBytes(bytes.fromhex(str(raw_hex).removeprefix("0x")))
+            sender = Account.recover_transaction(raw)
+            fields = TypedTransaction.from_bytes(raw).as_dict()
+            chain_id, to, data = fields.get("chainId"), fields.get("to"), bytes(fields.get("data", b""))
+            name, input_types, _ = self.signer.functions[data[:4]]
+            args = tuple(abi_decode(input_types, data[4:]))
+            target = to_checksum_address(to)
+        except Exception:  # noqa: BLE001 -- anything undecodable is one invalid-params answer
+            message = "eth_sendRawTransaction needs a signed typed transaction calling a known function"
+            raise JsonRpcError(-32602, message) from None
+        if chain_id != self.signer.chain_id:
+            raise JsonRpcError(-32000, "invalid chain id")
+        try:
+            contract = self.signer.contracts.get(target)
+            if contract is not None:
+                return contract.transact(target, name, args, sender)
+            return self.signer.write_contract(target, [], name, *args)  # a token's, sender-blind
+        except LedgerRevert as exc:
+            raise JsonRpcError(3, str(exc)) from None
+
     def _call(self, tx: Any) -> str:
         if not isinstance(tx, dict) or not isinstance(tx.get("to"), str) or not isinstance(tx.get("data"), str):
             raise JsonRpcError(-32602, "eth_call needs {to, data}")
-        contract = self.signer.contracts.get(to_checksum_address(tx["to"])) if _ADDRESS.fullmatch(tx["to"]) else None
-        if contract is not None:
-            try:
-                data = bytes.fromhex(tx["data"].removeprefix("0x"))
-                sender = tx.get("from") if isinstance(tx.get("from"), str) and _ADDRESS.fullmatch(tx["from"]) else None
-                return "0x" + contract.call_data(data, sender=sender).hex()
-            except LedgerRevert as exc:
-                raise JsonRpcError(3, str(exc)) from None
-            except ValueError:
-                raise JsonRpcError(-32602, "cannot call: bad data") from None
         try:
             data = bytes.fromhex(tx["data"].removeprefix("0x"))
-            name, input_types, output_types = _FUNCTIONS[data[:4]]
+            name, input_types, output_types = self.signer.functions[data[:4]]
             args = tuple(abi_decode(input_types, data[4:]))
-            value = self.signer._call(tx["to"], name, args)
+            value = self.signer._call(tx["to"], name, args, tx.get("from"))
         except LedgerRevert as exc:
             raise JsonRpcError(3, str(exc)) from None
         except (KeyError, ValueError, TypeError) as exc:
             raise JsonRpcError(-32602, f"cannot call: {type(exc).__name__}") from None
-        return "0x" + (abi_encode(output_types, [value]) if output_types else b"").hex()
+        return "0x" + _encode_outputs(output_types, value).hex()
 
     def _logs(self, query: Any) -> list[dict[str, Any]]:
-        if not isinstance(query, dict):
-            raise JsonRpcError(-32602, "eth_getLogs needs a filter")
-        contract_logs = [log for contract in self.signer.contracts.values() for log in contract.logs(query)]
-        if contract_logs:
-            return contract_logs
-        if not isinstance(query.get("topics"), list):
+        if not isinstance(query, dict) or not isinstance(query.get("topics"), list):
             raise JsonRpcError(-32602, "eth_getLogs needs a filter with topics")
         topics = query["topics"]
         if len(topics) != 3 or topics[0] not in (AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC):
-            return []  # the dev chain only indexes AuthorizationUsed / AuthorizationCanceled(authorizer, nonce)
+            return self._scan_logs(query.get("address"), topics)
         ledger, network = self.signer.ledger, self.signer.network
         try:
             asset = to_checksum_address(query.get("address"))
@@ -520,8 +556,8 @@ class ChainRpc:
                 tx_hash = ledger.cancellation_tx(network, asset, authorizer, nonce)
         except (ValueError, TypeError):
             raise JsonRpcError(-32602, "bad address or topic") from None
-        if tx_hash is None:
-            return []
+        if tx_hash is None:  # not a token transfer's: maybe a contract's (a channel deposit's receiveWithAuthorization)
+            return self._scan_logs(query.get("address"), topics)
         receipt = self._receipt(tx_hash)
         return [log for log in receipt["logs"] if log["topics"][0] == topics[0]] if receipt else []
 
@@ -531,13 +567,12 @@ class ChainRpc:
         tx_hash = tx_hash.lower()
         ledger = self.signer.ledger
         transfer = ledger.settlement(tx_hash)
-        for contract in self.signer.contracts.values() if transfer is None else ():
-            receipt = contract.receipt(tx_hash)
-            if receipt is not None:
-                return receipt
+        found = None if transfer is not None else self.signer.contract_receipt(tx_hash)
         if transfer is not None:
             asset = transfer["asset"]
             logs = transfer_logs(transfer, tx_hash)
+        elif found is not None:
+            asset, logs = found
         else:
             cancel = ledger.cancellation(tx_hash)
             if cancel is None:
@@ -560,21 +595,34 @@ class ChainRpc:
             "logs": logs,
         }
 
-    def _send_raw(self, raw: Any) -> str:
-        """A signed transaction to one of the simulated contracts (a payer's own ``initiateWithdraw``)."""
-        if not isinstance(raw, str) or not _HEX.fullmatch(raw):
-            raise JsonRpcError(-32602, "eth_sendRawTransaction needs a hex-encoded signed transaction")
-        for contract in self.signer.contracts.values():
-            try:
-                return contract.send_raw_transaction(bytes.fromhex(raw[2:]))
-            except LedgerRevert as exc:
-                raise JsonRpcError(3, str(exc)) from None
-        raise JsonRpcError(-32000, "the dev chain takes no transactions")
+    def _scan_logs(self, address: Any, topics: list[Any]) -> list[dict[str, Any]]:
+        """Any other filter (an ERC-20 ``Transfer(from, to)``, say): every log of every transaction, filtered.
+
+        Indexed lookups are for the ``AuthorizationUsed``/``AuthorizationCanceled`` queries; this is a
+        scan, fine for a development chain. A topic or address is a value, a list of values, or null.
+        """
+
+        def matches(wanted: Any, value: str) -> bool:
+            if wanted is None:
+                return True
+            options = wanted if isinstance(wanted, list) else [wanted]
+            return any(isinstance(o, str) and o.lower() == value.lower() for o in options)
+
+        ledger, logs = self.signer.ledger, []
+        for transfer in ledger.settlements():
+            logs += transfer_logs(transfer, transfer["tx_hash"])
+        for contract in set(self.signer.contracts.values()):
+            logs += contract.logs()
+        return [
+            log
+            for log in logs
+            if matches(address, log["address"])
+            and len(topics) <= len(log["topics"])
+            and all(matches(t, v) for t, v in zip(topics, log["topics"], strict=False))
+        ]
 
 
 _HASH = re.compile(r"0x[0-9a-fA-F]{64}")
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
-_HEX = re.compile(r"0x(?:[0-9a-fA-F]{2})+")
 
 
 def transfer_logs(transfer: dict[str, Any], tx_hash: str) -> list[dict[str, Any]]:
@@ -602,6 +650,13 @@ def _log(address: str, topics: list[str], data: str, tx_hash: str, index: int) -
 
 def _address_topic(address: str) -> str:
     return "0x" + "00" * 12 + address.lower().removeprefix("0x")
+
+
+def _encode_outputs(output_types: list[str], value: Any) -> bytes:
+    """A function's return data: one value, or the tuple of a function that returns several."""
+    if not output_types:
+        return b""
+    return abi_encode(output_types, list(value) if len(output_types) > 1 else [value])
 
 
 def _encode_revert(reason: str) -> bytes:

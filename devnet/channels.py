@@ -3,8 +3,8 @@ simulated ``x402BatchSettlement`` contract, and the dev routes around it.
 
 Deciding is the x402 package's own ``BatchSettlementEvmFacilitator`` (deposit verify and
 settle, voucher and refund verify, ``claim`` / ``settle`` / ``refund`` settle actions). It
-reaches the chain only through ``LedgerEvmSigner``, to which this module attaches the contract
-(``devnet.batch_settlement``).
+reaches the chain only through ``LedgerEvmSigner``, which runs the contract
+(``devnet.batch_settlement``) among its simulated contracts.
 
 The facilitator holds a receiver-authorizer key and advertises its address in ``/supported``
 (``extra.receiverAuthorizer``); a server may name it in its offers and leave claim and refund
@@ -53,8 +53,8 @@ class DevBatchSettlementFacilitator(BatchSettlementEvmFacilitator):
     def settle(self, payload: PaymentPayload, requirements: PaymentRequirements, context: Any = None) -> SettleResponse:
         result = super().settle(payload, requirements, context)
         if result.success and not result.amount and is_settle_payload(payload.payload):
-            receipt = self._contract.receipt(result.transaction) or {"logs": []}
-            settled = [log for log in receipt["logs"] if log["topics"][0] == EVENT_TOPICS["Settled"]]
+            _, logs = self._contract.receipt(result.transaction) or ("", [])
+            settled = [log for log in logs if log["topics"][0] == EVENT_TOPICS["Settled"]]
             amount = sum(int(log["data"], 16) for log in settled)
             result = result.model_copy(update={"amount": str(amount)})
         return result
@@ -63,9 +63,10 @@ class DevBatchSettlementFacilitator(BatchSettlementEvmFacilitator):
 class ChannelFacilitator:
     """The simulated contract, attached to ``signer``, and the package's scheme over it."""
 
-    def __init__(self, signer: LedgerEvmSigner, receiver_authorizer_key: str | None = None) -> None:
-        self.contract = BatchSettlementContract(signer)
-        signer.contracts[self.contract.address] = self.contract
+    def __init__(
+        self, signer: LedgerEvmSigner, contract: BatchSettlementContract, receiver_authorizer_key: str | None = None
+    ) -> None:
+        self.contract = contract
         self.authorizer = LocalAuthorizerSigner(receiver_authorizer_key or DEV_RECEIVER_AUTHORIZER_KEY)
         self.scheme = DevBatchSettlementFacilitator(signer, self.contract, authorizer_signer=self.authorizer)
 

@@ -43,6 +43,7 @@ def cmd_facilitator(args: argparse.Namespace) -> int:
         auth_token=args.auth_token,
         receiver_authorizer_key=args.receiver_authorizer_key,
         log_level=args.log_level,
+        permit2=args.permit2,
     )
     return 0
 
@@ -50,7 +51,9 @@ def cmd_facilitator(args: argparse.Namespace) -> int:
 def cmd_pay(args: argparse.Namespace) -> int:
     from devnet.client import pay
 
-    result = asyncio.run(pay(args.url, args.text, private_key=args.key))
+    result = asyncio.run(
+        pay(args.url, args.text, private_key=args.key, scheme=args.scheme, rpc_url=args.rpc_url, count=args.count)
+    )
     print(json.dumps(result, indent=2))
     return 0
 
@@ -84,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the key batch-settlement claims and refunds are signed with when a channel names the facilitator"
         " (default: $A2A_GATE_DEVNET_RECEIVER_AUTHORIZER_KEY, else the public development key)",
     )
+    facilitator.add_argument(
+        "--no-permit2",
+        dest="permit2",
+        action="store_false",
+        help="no Permit2 on the chain: refuse exact-by-Permit2 and upto (served by default)",
+    )
     facilitator.add_argument("--log-level", default="info")
     facilitator.set_defaults(func=cmd_facilitator)
 
@@ -91,6 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     pay.add_argument("url", help="the agent's endpoint, e.g. http://127.0.0.1:8000/a2a/paid-echo")
     pay.add_argument("text")
     pay.add_argument("--key", help="payer private key (default: a new throwaway key)")
+    pay.add_argument(
+        "--scheme",
+        choices=("exact", "upto", "batch-settlement"),
+        help="pay only with this scheme (default: the first offered)",
+    )
+    pay.add_argument(
+        "--rpc-url",
+        default=os.environ.get("A2A_GATE_DEVNET_RPC_URL"),
+        help="the development chain's JSON-RPC (the facilitator's /rpc), read for an existing channel's state"
+        " (default: $A2A_GATE_DEVNET_RPC_URL)",
+    )
+    pay.add_argument("--count", type=int, default=1, help="send the message this many times on one client")
     pay.set_defaults(func=cmd_pay)
     return parser
 

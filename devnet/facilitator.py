@@ -2,17 +2,21 @@
 
 It speaks the standard facilitator HTTP API (``POST /verify``, ``POST /settle``,
 ``GET /supported``) and decides every payment with the x402 package's own
-exact-EVM schemes (v2 and v1). Only the blockchain is fake: the schemes talk to
-``LedgerEvmSigner`` (``devnet.chain``), which answers the contract calls they
-make (``balanceOf``, ``authorizationState``, ``transferWithAuthorization`` and
-so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC node.
+EVM schemes: ``exact`` (v2 and v1; EIP-3009, and Permit2 in v2) and ``upto`` (v2,
+Permit2). Only the blockchain is fake: the schemes talk to ``LedgerEvmSigner``
+(``devnet.chain``), which answers the contract calls they make (``balanceOf``,
+``authorizationState``, ``transferWithAuthorization``, the x402 Permit2 proxies'
+``settle`` and so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC
+node; Permit2 and the proxies are ``devnet.permit2`` (``permit2=False`` leaves
+them off the chain, and Permit2 payments are refused as unsupported).
 
 ``trust_signatures=True`` is a development-only mode for benchmarks: signature
 recovery is skipped, everything else (amounts, recipient, time window, nonces,
 balances) is still checked. Never point real money at it.
 
 Tests can make the facilitator misbehave through ``POST /dev/faults``
-(``devnet.faults``) and count charges through ``GET /dev/ledger``. The simulated chain
+(``devnet.faults``; they apply to every scheme alike) and count charges and read
+balances through ``GET /dev/ledger``. The simulated chain
 answers Ethereum JSON-RPC at ``POST /rpc`` and takes the transactions anyone may send
 to the token without the facilitator: ``POST /dev/chain/cancelAuthorization`` (a payer
 gives up an authorization it signed) and ``POST /dev/chain/transferWithAuthorization``
@@ -38,10 +42,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from x402 import x402FacilitatorSync
 from x402.mechanisms.evm.batch_settlement import SCHEME_BATCH_SETTLEMENT
-from x402.mechanisms.evm.constants import SCHEME_EXACT
+from x402.mechanisms.evm.constants import SCHEME_EXACT, SCHEME_UPTO
 from x402.mechanisms.evm.exact import ExactEvmFacilitatorScheme
 from x402.mechanisms.evm.exact.v1 import ExactEvmSchemeV1Facilitator
 from x402.mechanisms.evm.types import is_permit2_payload
+from x402.mechanisms.evm.upto import UptoEvmFacilitatorScheme
 from x402.schemas import (
     PaymentPayload,
     PaymentPayloadV1,
@@ -52,6 +57,7 @@ from x402.schemas import (
 )
 from x402.schemas.helpers import detect_version, parse_payment_payload, parse_payment_requirements
 
+from .batch_settlement import BatchSettlementContract
 from .chain import (
     DEV_CHAIN_ID,
     DEV_NETWORK,
@@ -67,6 +73,7 @@ from .channel_requests import channel_payer, check_channel_payload
 from .channels import ChannelFacilitator, channel_routes
 from .faults import DEV_FAULT_REASON, FaultInjector
 from .ledger import DEFAULT_INITIAL_BALANCE, DevLedger, LedgerRevert, Transfer
+from .permit2 import Permit2Contracts
 
 __all__ = [
     "DEV_CHAIN_ID",
@@ -84,7 +91,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Reason code for Permit2 payments, which the dev chain does not support.
+#: Reason code for Permit2 payments when the dev chain runs without Permit2 (``permit2=False``).
 UNSUPPORTED_PERMIT2 = "unsupported_asset_transfer_method"
 
 MAX_BODY_SIZE = 1024 * 1024
@@ -194,7 +201,8 @@ def _check_shape(
             raise BadRequest(f"paymentPayload.payload: {exc}") from None
         return
     if is_permit2_payload(inner):
-        return  # refused as unsupported, see _unsupported_reason
+        _check_permit2_shape(inner)
+        return
     authorization = inner.get("authorization")
     if not isinstance(authorization, dict):
         raise BadRequest("paymentPayload.payload.authorization must be an object")
@@ -206,6 +214,27 @@ def _check_shape(
     signature = inner.get("signature")
     if signature is not None:
         _require_hex(signature, "payload.signature")
+
+
+def _check_permit2_shape(inner: dict[str, Any]) -> None:
+    """A Permit2 payload's fields, typed (the schemes would raise on a missing or malformed one)."""
+    auth = inner.get("permit2Authorization")
+    if not isinstance(auth, dict):
+        raise BadRequest("paymentPayload.payload.permit2Authorization must be an object")
+    permitted, witness = auth.get("permitted"), auth.get("witness")
+    if not isinstance(permitted, dict) or not isinstance(witness, dict):
+        raise BadRequest("permit2Authorization.permitted and .witness must be objects")
+    for name, value in (("from", auth.get("from")), ("spender", auth.get("spender"))):
+        _require_address(value, f"permit2Authorization.{name}")
+    _require_address(permitted.get("token"), "permit2Authorization.permitted.token")
+    _require_address(witness.get("to"), "permit2Authorization.witness.to")
+    if "facilitator" in witness:
+        _require_address(witness["facilitator"], "permit2Authorization.witness.facilitator")
+    for name, value in (("nonce", auth.get("nonce")), ("deadline", auth.get("deadline"))):
+        _require_uint(value, f"permit2Authorization.{name}")
+    _require_uint(permitted.get("amount"), "permit2Authorization.permitted.amount")
+    _require_uint(witness.get("validAfter"), "permit2Authorization.witness.validAfter")
+    _require_hex(inner.get("signature"), "payload.signature")
 
 
 def _require_uint(value: Any, name: str) -> None:
@@ -269,9 +298,11 @@ async def _hints(request: Request) -> tuple[str | None, str]:
         data = _load_json(await request.body())
     except ValueError:
         return None, ""
-    payer = _dig(data, "paymentPayload", "payload", "authorization", "from") or channel_payer(
-        _dig(data, "paymentPayload", "payload")
-    )
+    payer = _dig(data, "paymentPayload", "payload", "authorization", "from")
+    if payer is None:
+        payer = _dig(data, "paymentPayload", "payload", "permit2Authorization", "from")
+    if payer is None:
+        payer = channel_payer(_dig(data, "paymentPayload", "payload"))
     network = _dig(data, "paymentRequirements", "network")
     return (
         payer if isinstance(payer, str) else None,
@@ -297,19 +328,20 @@ def _payer_of(payload: PaymentPayload | PaymentPayloadV1) -> str | None:
     return permit.get("from") if isinstance(permit, dict) else None
 
 
-def _unsupported_reason(payload: PaymentPayload | PaymentPayloadV1) -> str | None:
+def _unsupported_reason(payload: PaymentPayload | PaymentPayloadV1, permit2: bool) -> str | None:
     """Why this facilitator cannot take the payment at all, or None.
 
     The network is checked here because x402's registry widens
     ``eip155:84532`` to ``eip155:*``, and the simulated chain is Base Sepolia only.
+    ``upto`` is Permit2 only and x402 v2 only; without Permit2 (``permit2=False``) the chain
+    has no Permit2 contract, and a Permit2 payment is refused as unsupported, as it is in x402 v1.
     """
-    if payload.get_scheme() == SCHEME_BATCH_SETTLEMENT and payload.x402_version == 2:
+    scheme = payload.get_scheme()
+    if scheme == SCHEME_BATCH_SETTLEMENT and payload.x402_version == 2:
         return None if payload.get_network() == DEV_NETWORK else "invalid_network"
-    if payload.get_scheme() != SCHEME_EXACT:
+    if scheme != SCHEME_EXACT and not (scheme == SCHEME_UPTO and permit2 and payload.x402_version == 2):
         return "unsupported_scheme"
-    if is_permit2_payload(payload.payload):
-        # The package's Permit2 path needs x402[extensions] and on-chain
-        # allowances; the dev chain has neither.
+    if is_permit2_payload(payload.payload) and not (permit2 and payload.x402_version == 2):
         return UNSUPPORTED_PERMIT2
     network = DEV_NETWORK if payload.x402_version == 2 else DEV_NETWORK_V1
     return None if payload.get_network() == network else "invalid_network"
@@ -343,7 +375,7 @@ async def _answer(request: Request, kind: str) -> Response:
         payload, requirements = await _parse_payment_request(request)
     except BadRequest as exc:
         return _error(400, "invalid_request", str(exc))
-    reason = _unsupported_reason(payload)
+    reason = _unsupported_reason(payload, state.permit2 is not None)
     try:
         if reason is not None:
             result = _refusal(kind, reason, payload, requirements)
@@ -412,17 +444,34 @@ async def dev_faults(request: Request) -> Response:
 
 
 async def dev_ledger(request: Request) -> Response:
+    """Settlements, cancellations and call counts; ``?address=A&address=B[&asset=T]`` adds their balances.
+
+    ``permit2_settlements`` are the Permit2 proxies' (``exact`` by Permit2, ``upto``): the amount
+    moved, and ``permitted_amount``, the ceiling the payer signed.
+    """
     state = request.app.state
+    addresses = request.query_params.getlist("address")
+    asset = request.query_params.get("asset") or next(iter(state.signer.tokens))
+    try:
+        for address in (*addresses, asset):
+            _require_address(address, "address")
+    except BadRequest as exc:
+        return _error(400, "invalid_request", str(exc))
     settlements = await run_in_threadpool(state.ledger.settlements)
     cancellations = await run_in_threadpool(state.ledger.cancellations)
-    return JSONResponse(
-        {
-            "settlements": settlements,
-            "cancellations": cancellations,
-            "verify_calls": state.calls["verify"],
-            "settle_calls": state.calls["settle"],
-        }
-    )
+    content: dict[str, Any] = {
+        "settlements": settlements,
+        "cancellations": cancellations,
+        "verify_calls": state.calls["verify"],
+        "settle_calls": state.calls["settle"],
+    }
+    if state.permit2 is not None:
+        content["permit2_settlements"] = await run_in_threadpool(state.permit2.settlements)
+    if addresses:
+        balances = [await run_in_threadpool(state.signer.get_balance, a, asset) for a in addresses]
+        content["balances"] = {a: str(b) for a, b in zip(addresses, balances, strict=True)}
+        content["asset"] = asset
+    return JSONResponse(content)
 
 
 async def _chain_request(request: Request, fields: tuple[str, ...]) -> dict[str, Any]:
@@ -495,21 +544,30 @@ def create_facilitator_app(
     trust_signatures: bool = False,
     initial_balance: int = DEFAULT_INITIAL_BALANCE,
     auth_token: str | None = None,
+    permit2: bool = True,
     receiver_authorizer_key: str | None = None,
 ) -> Starlette:
     """Build the facilitator app over the SQLite ledger at ``db_path``.
 
     ``trust_signatures=True`` is the dev-trusting benchmark mode described in
     the module docstring. ``app.state.ledger`` exposes the ledger to tests.
+    ``permit2`` (the default) puts Permit2 and x402's Permit2 proxies on the chain
+    (``devnet.permit2``) and serves ``exact`` by Permit2 and ``upto`` (x402 v2).
     ``receiver_authorizer_key`` is the key the ``batch-settlement`` scheme signs claims and
     refunds with for channels that name it (``devnet.channels``).
     """
     ledger = DevLedger(db_path, initial_balance=initial_balance)
-    signer = LedgerEvmSigner(ledger, trust_signatures=trust_signatures)
+    contracts = Permit2Contracts(ledger, trust_signatures=trust_signatures) if permit2 else None
+    channel_contract = BatchSettlementContract(ledger, trust_signatures=trust_signatures, permit2=contracts)
+    signer = LedgerEvmSigner(
+        ledger, trust_signatures=trust_signatures, contracts=[*([contracts] if contracts else []), channel_contract]
+    )
     facilitator = x402FacilitatorSync()
     facilitator.register([DEV_NETWORK], ExactEvmFacilitatorScheme(signer))
     facilitator.register_v1([DEV_NETWORK_V1], ExactEvmSchemeV1Facilitator(signer))
-    channels = ChannelFacilitator(signer, receiver_authorizer_key)
+    if contracts is not None:
+        facilitator.register([DEV_NETWORK], UptoEvmFacilitatorScheme(signer))
+    channels = ChannelFacilitator(signer, channel_contract, receiver_authorizer_key)
     facilitator.register([DEV_NETWORK], channels.scheme)
 
     routes = [
@@ -528,6 +586,7 @@ def create_facilitator_app(
     app = Starlette(routes=routes, middleware=middleware, max_body_size=MAX_BODY_SIZE)
     app.state.ledger = ledger
     app.state.signer = signer
+    app.state.permit2 = contracts
     app.state.chain = ChainRpc(signer)
     app.state.facilitator = facilitator
     app.state.faults = FaultInjector()
@@ -547,6 +606,7 @@ def run(
     auth_token: str | None = None,
     receiver_authorizer_key: str | None = None,
     log_level: str = "info",
+    permit2: bool = True,
 ) -> None:
     """Serve the facilitator with uvicorn until interrupted."""
     import uvicorn
@@ -558,6 +618,7 @@ def run(
         trust_signatures=trust_signatures,
         initial_balance=initial_balance,
         auth_token=auth_token,
+        permit2=permit2,
         receiver_authorizer_key=receiver_authorizer_key,
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level)

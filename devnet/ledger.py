@@ -333,14 +333,30 @@ class DevLedger:
         with self._immediate():
             self._write_balance(network, to_checksum_address(asset), to_checksum_address(address), int(amount))
 
-    # -- other contracts' transactions (devnet.batch_settlement) ---------------
+    # -- for contracts whose state lives beside the token's (devnet.permit2) ---
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite_utils.Database]:
+        """One ``BEGIN IMMEDIATE`` transaction: what the block reads, writes and ``move``s commits together."""
+        with self._immediate():
+            yield self.db
+
+    def move(self, network: str, asset: str, from_address: str, to_address: str, value: int) -> None:
+        """ERC-20 ``transferFrom``'s balance update, inside ``transaction()``; reverts on a short balance."""
+        asset, source, target = (to_checksum_address(a) for a in (asset, from_address, to_address))
+        with self._lock:
+            balance = self._balance(network, asset, source)
+            if value < 0 or balance < value:
+                raise LedgerRevert(REVERT_INSUFFICIENT_BALANCE)
+            self._write_balance(network, asset, source, balance - value)
+            self._write_balance(network, asset, target, self._balance(network, asset, target) + value)
 
     @contextmanager
     def contract_transaction(self, *, commit: bool = True) -> Iterator[sqlite_utils.Database]:
         """One ``BEGIN IMMEDIATE`` transaction for a contract that holds tokens itself.
 
         The block reads and writes its own tables through the yielded database and moves
-        tokens with ``move`` / ``spend_nonce``; all of it commits together, or, with
+        tokens with ``move`` / ``spend_nonce`` (``devnet.batch_settlement``); all of it commits together, or, with
         ``commit=False`` (an ``eth_call`` simulation), is rolled back.
         """
         with self._lock:
@@ -352,15 +368,6 @@ class DevLedger:
                 raise
             else:
                 self.db.execute("COMMIT" if commit else "ROLLBACK")
-
-    def move(self, network: str, asset: str, from_address: str, to_address: str, amount: int) -> None:
-        """Move tokens inside ``contract_transaction``; revert like the token on a short balance."""
-        asset, source, target = (to_checksum_address(a) for a in (asset, from_address, to_address))
-        balance = self._balance(network, asset, source)
-        if amount < 0 or balance < amount:
-            raise LedgerRevert(REVERT_INSUFFICIENT_BALANCE)
-        self._write_balance(network, asset, source, balance - amount)
-        self._write_balance(network, asset, target, self._balance(network, asset, target) + amount)
 
     def spend_nonce(self, network: str, asset: str, authorizer: str, nonce: bytes | str, tx_hash: str) -> None:
         """Spend an EIP-3009 nonce inside ``contract_transaction`` (``receiveWithAuthorization``)."""

@@ -90,16 +90,19 @@ def test_new_private_key_is_a_fresh_key():
 # -- plain endpoints -----------------------------------------------------------
 
 
-def test_supported_lists_v2_and_v1_exact_and_v2_batch_settlement_on_base_sepolia(facilitator):
+def test_supported_lists_v2_and_v1_exact_and_v2_upto_and_batch_settlement_on_base_sepolia(facilitator):
     body = facilitator.http.get("/supported").json()
     kinds = {(k["x402Version"], k["scheme"], k["network"]) for k in body["kinds"]}
     assert kinds == {
         (2, "exact", "eip155:84532"),
+        (2, "upto", "eip155:84532"),
         (1, "exact", "base-sepolia"),
         (2, "batch-settlement", "eip155:84532"),
     }
     assert body["extensions"] == []
-    assert len(body["signers"]["eip155:*"]) == 1
+    [signer] = body["signers"]["eip155:*"]
+    [upto] = [k for k in body["kinds"] if k["scheme"] == "upto"]
+    assert upto["extra"] == {"facilitatorAddress": signer}  # the witness's facilitator, who alone may settle
 
 
 def test_healthz(facilitator):
@@ -332,7 +335,13 @@ def test_v1_and_v2_share_the_chains_nonces(facilitator, key):
     assert facilitator.settle(v2)["errorReason"] == NONCE_USED
 
 
-def test_permit2_payment_fails_cleanly(facilitator, key):
+def test_without_permit2_a_permit2_payment_fails_cleanly(start, key):
+    facilitator = start(permit2=False)
+    assert [k["scheme"] for k in facilitator.http.get("/supported").json()["kinds"]] == [
+        "exact",
+        "batch-settlement",
+        "exact",
+    ]
     extra = {"name": "USDC", "version": "2", "assetTransferMethod": "permit2"}
     payload = sign_payment(payment_required(extra=extra), key)
     requirements = {**PRICE, "extra": extra}
