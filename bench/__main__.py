@@ -39,7 +39,7 @@ NOISY = 0.15  # other processes using this much of a core during a window distur
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = Params()
     parser = argparse.ArgumentParser(prog="python -m bench", description="Compare a2a-gate with reference servers.")
-    parser.add_argument("--cases", default="a,b,c,d,e", help="which cases to run (default: a,b,c,d,e)")
+    parser.add_argument("--cases", default="a,b,c,d,e,f", help="which cases to run (default: a,b,c,d,e,f)")
     parser.add_argument("--duration", type=float, default=defaults.duration, help="measured seconds per server")
     parser.add_argument("--warmup", type=float, default=defaults.warmup, help="warm-up seconds per server")
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="closed-loop workers")

@@ -15,6 +15,9 @@ e. PostgreSQL: case a's principal send and case c's paid send (same facilitator)
    configuration in a schema of its own. Besides the load: round trips per request, counted
    inside each replica (`bench/roundtrips.py`), and what the backends waited on
    (`bench/postgres.py`).
+f. voucher-paid `message/send` (x402 batch-settlement): every worker pays from a channel of
+   its own, opened by the x402 package's client before the window, one voucher after
+   another; beside the API-key path of the same run.
 
 Each case returns `Row`s (one per server measured) and `Target`s (a goal and whether
 the measurement met it); `bench.__main__` prints them.
@@ -315,7 +318,22 @@ description = "Echoes the text it is sent. Free for API keys."
 [agents.paid-echo]
 description = "paid echo"
 price = {{ scheme = "exact", network = "{network}", asset = "{asset}", amount = "{amount}", pay_to = "{pay_to}" }}
+
+[agents.paid-channel]
+description = "paid echo, from a payment channel"
+
+[agents.paid-channel.price]
+scheme = "batch-settlement"
+network = "{network}"
+asset = "{asset}"
+amount = "{amount}"
+pay_to = "{pay_to}"
+receiver_authorizer = "{authorizer}"
+min_deposit = "{deposit}"
 """
+DEV_RECEIVER_AUTHORIZER = "0xE40b4B07d90d26934b21e6E463a286988E28deeF"  # the development facilitator's
+# every voucher of a run without a top-up in the window (the x402 client deposits at most 5× its $1 spend cap)
+CHANNEL_DEPOSIT = 5_000_000
 
 BIG = 1_000_000_000  # a limit the benchmark never reaches
 KEY_LINE = re.compile(r"key \(shown once, keep it secret\): (\S+)")
@@ -355,6 +373,8 @@ def gate_config(
             asset=ASSET,
             amount=AMOUNT,
             pay_to=PAY_TO,
+            authorizer=DEV_RECEIVER_AUTHORIZER,
+            deposit=CHANNEL_DEPOSIT,
         )
     )
     return config, port
@@ -760,4 +780,104 @@ def postgres_figures(
     }
 
 
-CASES = {"a": case_a, "b": case_b, "c": case_c, "d": case_d, "e": case_e}
+def open_lane(url: str, vouchers: int) -> list[str]:
+    """One payer's channel: opened with a deposit through the x402 package's own client (outside
+    the window), then `vouchers` cumulative vouchers signed ahead, as PAYMENT-SIGNATURE values."""
+    import asyncio
+
+    from eth_account import Account
+    from x402 import x402Client
+    from x402.http import x402HTTPClient
+    from x402.http.clients import x402_httpx_transport
+    from x402.mechanisms.evm.batch_settlement.client import BatchSettlementEvmScheme
+    from x402.mechanisms.evm.batch_settlement.client.voucher import sign_voucher
+    from x402.mechanisms.evm.batch_settlement.types import VoucherPayload
+    from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id
+    from x402.mechanisms.evm.signers import EthAccountSigner
+    from x402.schemas import PaymentPayload, PaymentRequired
+
+    signer = EthAccountSigner(Account.create())
+    scheme = BatchSettlementEvmScheme(signer)
+    client = x402Client().register(NETWORK, scheme)
+
+    async def deposit() -> PaymentRequired:
+        async with httpx.AsyncClient(transport=x402_httpx_transport(client), timeout=60) as http:
+            answer = await http.post(url, content=send_body(0), headers={"content-type": "application/json"})
+            if "payment-response" not in answer.headers:
+                raise RuntimeError(f"the deposit was not paid: {answer.status_code} {answer.text[:300]}")
+        asked = httpx.post(url, content=send_body(0), headers={"content-type": "application/json"})
+        return x402HTTPClient(client).get_payment_required_response(asked.headers.get, asked.json())
+
+    required = asyncio.run(deposit())
+    offer = next(a for a in required.accepts if a.scheme == "batch-settlement")
+    config = scheme.build_channel_config(offer)
+    channel_id = compute_channel_id(config, NETWORK)
+    headers = []
+    for k in range(2, vouchers + 2):  # the deposit's voucher was for one price
+        payload = VoucherPayload()
+        payload.channel_config = config
+        payload.voucher = sign_voucher(signer, channel_id, str(k * int(offer.amount)), NETWORK)
+        document = PaymentPayload(x402_version=2, payload=payload.to_dict(), accepted=offer, resource=required.resource)
+        headers.append(x402HTTPClient(client).encode_payment_signature_header(document)["PAYMENT-SIGNATURE"])
+    return headers
+
+
+def case_f(bench: Bench) -> None:
+    """Voucher-paid `message/send` (x402 batch-settlement): each worker pays from its own channel,
+    one voucher after another; the vouchers are verified by the gate itself (no facilitator call)."""
+    bench.log("case f: voucher-paid message/send (payment channels), beside the API key")
+    p = bench.params
+    trusting = bench.trusting_facilitator()
+    folder = bench.path("gate-channel")
+    config, port = gate_config(folder, facilitator=trusting.url)
+    api_key = create_key(config, bench.params.gate_src)
+    with servers.gate(config, port, folder / "log.txt", src=bench.params.gate_src, label="a2a-gate") as server:
+        requests = send_requests(port, "/a2a/echo", {"Authorization": f"Bearer {api_key}"})
+        bench.measure(
+            "f",
+            "gate-key-f",
+            server,
+            bench.spec(port, requests, expect_marker=b'"completed"'),
+            "a2a-gate (API key), same run",
+        )
+        per_lane = max(50, int(1500 * (p.duration + p.warmup) / p.concurrency))
+        started = time.perf_counter()
+        lanes = list(
+            bench.pool().map(open_lane, [f"{server.url}/a2a/paid-channel"] * p.concurrency, [per_lane] * p.concurrency)
+        )
+        bench.log(
+            f"    opened {len(lanes)} channels, signed {per_lane} vouchers each in {time.perf_counter() - started:.1f}s"
+        )
+        source = load.Source(
+            "lanes",
+            lanes=[
+                [
+                    load.build_request(port, "/a2a/paid-channel", send_body(i), {"PAYMENT-SIGNATURE": h})
+                    for i, h in enumerate(lane)
+                ]
+                for lane in lanes
+            ],
+        )
+        spec = load.Spec(
+            port=port,
+            source=source,
+            concurrency=p.concurrency,
+            duration=p.duration,
+            warmup=p.warmup,
+            expect_status=200,
+            expect_marker=b"payment-response:",
+        )
+        row = bench.measure(
+            "f",
+            "gate-channel",
+            server,
+            spec,
+            "a2a-gate voucher-paid (batch-settlement)",
+            reference=["gate-key-f"],
+            also=[trusting],
+        )
+    bench.targets.append(Target("f", "voucher-paid req/s ≥ 1000 (×1000)", row.result.rps / 1000, 1.0))
+    bench.target("f", "voucher-paid req/s ≥ 0.6× the API key's", "gate-channel", "gate-key-f", 0.6)
+
+
+CASES = {"a": case_a, "b": case_b, "c": case_c, "d": case_d, "e": case_e, "f": case_f}

@@ -14,7 +14,9 @@ Where requests come from (`Source`):
 - `once`: a list of requests each sent exactly once (paid calls: one token each); the
   window ends early when the list runs out;
 - `xff`: one request per distinct client address in `X-Forwarded-For`, generated on
-  the fly, `count` of them (no warm-up: every address is new).
+  the fly, `count` of them (no warm-up: every address is new);
+- `lanes`: one list of requests per worker, each sent once and in order (a payment channel's
+  vouchers: each is for the total its predecessor left charged).
 """
 
 from __future__ import annotations
@@ -53,8 +55,15 @@ class Source:
     tail: bytes = b""  # xff: the rest (end of headers and body)
     count: int = 0  # xff: how many addresses
     position: int = 0
+    lanes: list[list[bytes]] = field(default_factory=list)  # lanes: worker i sends lanes[i], in order
+    lane_positions: dict[int, int] = field(default_factory=dict)
 
-    def next(self) -> bytes | None:
+    def next(self, worker: int = 0) -> bytes | None:
+        if self.kind == "lanes":
+            lane = self.lanes[worker % len(self.lanes)]
+            j = self.lane_positions.get(worker, 0)
+            self.lane_positions[worker] = j + 1
+            return lane[j] if j < len(lane) and worker < len(self.lanes) else None
         i = self.position
         self.position += 1
         if self.kind == "cycle":
@@ -159,12 +168,12 @@ class Run:
         elif not self.sample:
             self.sample = f"{status} {body[:300]!r}"
 
-    async def worker(self) -> None:
+    async def worker(self, index: int = 0) -> None:
         source = self.spec.source
         writer = None
         try:
             while not self.stopping:
-                request = source.next()
+                request = source.next(index)
                 if request is None:
                     return
                 for _attempt in range(3):
@@ -188,7 +197,7 @@ class Run:
 
     async def main(self) -> Result:
         spec = self.spec
-        workers = [asyncio.create_task(self.worker()) for _ in range(spec.concurrency)]
+        workers = [asyncio.create_task(self.worker(i)) for i in range(spec.concurrency)]
         all_done = asyncio.gather(*workers)
         # warm-up: seconds, or a number of answers, whichever comes first
         if spec.warmup > 0:

@@ -32,6 +32,10 @@ AUTHORIZATION_STATE = "0xe94a0102"
 AUTHORIZATION_USED_TOPIC = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5"
 AUTHORIZATION_CANCELED_TOPIC = "0x1cdd46ff242716cdaa72d159d339a485b3438398348d68f09d7c8c0a59353d81"
 TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
+# The settlement contract of payment channels (batch-settlement): keccak("channels(bytes32)")[:4],
+# keccak("pendingWithdrawals(bytes32)")[:4].
+CHANNELS = "0x7a7ebd7b"
+PENDING_WITHDRAWALS = "0xb7f06ebe"
 
 
 def address_word(address: str) -> str:
@@ -93,6 +97,22 @@ class Chain:
             transaction=transaction,
             detail=f"nonce spent by a transaction moving {moved} (of {amount}) to payTo: front-run or spent elsewhere",
         )
+
+    async def channel(self, network: str, contract: str, channel_id: str) -> tuple[int, int, int]:
+        """A payment channel as its settlement contract holds it: (balance, total claimed, the time a
+        withdrawal was requested, 0 for none)."""
+        state = await self._words(network, contract, CHANNELS + channel_id.removeprefix("0x"), 2)
+        pending = await self._words(network, contract, PENDING_WITHDRAWALS + channel_id.removeprefix("0x"), 2)
+        return state[0], state[1], pending[1]
+
+    async def _words(self, network: str, contract: str, data: str, count: int) -> list[int]:
+        result = await self._rpc(network, "eth_call", [{"to": contract, "data": data}, "latest"])
+        if not isinstance(result, str) or not result.startswith("0x") or len(result) < 2 + 64 * count:
+            raise ChainUnavailable("malformed_eth_call_answer")
+        try:
+            return [int(result[2 + 64 * i : 2 + 64 * (i + 1)], 16) for i in range(count)]
+        except ValueError:
+            raise ChainUnavailable("malformed_eth_call_answer") from None
 
     async def _authorization_state(self, a: Authorization) -> bool:
         data = AUTHORIZATION_STATE + address_word(a.authorizer) + a.nonce.removeprefix("0x")

@@ -29,6 +29,7 @@ from gate import config as gate_config
 from gate import processes
 from gate.app import CONFIG_ENV, apply_overrides, build_app, load_settings
 from gate.config import load_config
+from gate.payment_log import ACTIONS
 from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
 from server.config import ConfigError, Settings, is_database_url
 from server.database import DatabaseRefused, DatabaseUnavailable
@@ -388,6 +389,52 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
 SUMMARY_KEYS = ("402s", "verified", "settled", "charged nothing", "settle failures", "written off", "needs attention")
 
 
+CHANNEL_COLUMNS = (
+    "channel",
+    "payer",
+    "charged",
+    "claimed",
+    "balance",
+    "in flight",
+    "failed claims",
+    "last charge (UTC)",
+)
+
+
+def cmd_channels(args: argparse.Namespace) -> int:
+    from gate.gate import PaymentGate
+
+    async def run() -> int:
+        async with _opened_services(args) as services:
+            gate = services.anonymous
+            assert isinstance(gate, PaymentGate)
+            if args.channels_command == "claim":
+                await gate.check_sealing_key()
+                outcomes = await gate.claim_channels(now=True)
+                for outcome in outcomes:
+                    print("\t".join(f"{k}={v}" for k, v in outcome.items()))
+                claimed = sum(o.get("channels", 0) for o in outcomes if o["outcome"] == "claimed")
+                print(f"{claimed} channel(s) claimed")
+                return 0 if all(o["outcome"] in ("claimed", "swept", "skipped") for o in outcomes) else 1
+            if args.channels_command == "refund":
+                await gate.check_sealing_key()
+                outcomes = await gate.refund_channels(args.idle)
+                for outcome in outcomes:
+                    print("\t".join(f"{k}={v}" for k, v in outcome.items()))
+                print(f"{sum(o['outcome'] == 'refunded' for o in outcomes)} channel(s) refunded")
+                return 0 if all(o["outcome"] in ("refunded", "swept") for o in outcomes) else 1
+            print("\t".join(CHANNEL_COLUMNS))
+            for c in await gate.parts.channels.listing(args.limit):
+                at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.charged_at)) if c.charged_at else "-"
+                print(
+                    f"{c.channel_id}\t{c.payer}\t{c.charged}\t{c.total_claimed}\t{c.balance}\t"
+                    f"{'yes' if c.reserved_by else 'no'}\t{c.claim_failures}\t{at}"
+                )
+            return 0
+
+    return asyncio.run(run())
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Create or bring up to date every table, then stop (a deployment step before replicas start)."""
 
@@ -478,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     payments.add_argument("--payer")
     payments.add_argument(
         "--action",
-        choices=["verify", "reject", "settle", "settle_failed", "write_off", "needs_attention", "replay", "release"],
+        choices=list(ACTIONS),
     )
     terminal = payments.add_mutually_exclusive_group()
     terminal.add_argument(
@@ -510,6 +557,30 @@ def build_parser() -> argparse.ArgumentParser:
         " budget, e.g. after adding the network's rpc_url",
     )
     reconcile.set_defaults(func=cmd_reconcile)
+
+    channels = command(sub, "channels", "payment channels (batch-settlement): list them, or claim them now")
+    channels_sub = channels.add_subparsers(dest="channels_command", required=True)
+    listing = command(channels_sub, "list", "every channel: charged, claimed on chain, balance, payer")
+    listing.add_argument("--limit", type=int, default=50)
+    command(
+        channels_sub,
+        "claim",
+        "claim every channel's unclaimed vouchers on chain now and sweep the funds to payTo (the schedule"
+        " does this by [channels] claim_at_amount / claim_after_seconds)",
+    )
+    refund = command(
+        channels_sub,
+        "refund",
+        "refund idle channels now: what each holds beyond its charged total goes back to its payer",
+    )
+    refund.add_argument(
+        "--idle",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="unused this long (default [channels] refund_after_seconds)",
+    )
+    channels.set_defaults(func=cmd_channels)
 
     migrate = command(sub, "migrate", "create or update the database's tables, then exit", may_create=True)
     migrate.set_defaults(func=cmd_migrate)

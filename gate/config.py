@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from gate import schemes
 from gate.price import Price
+from gate.schemes import batch_settlement
 from gate.usage_price import UsagePrice
 from server import anonymous
 from server.config import AgentConfig, Reader, Settings
@@ -40,6 +41,10 @@ PRICE_KEYS = frozenset(
         "max_timeout_seconds",
         "extra",
         "description",
+        "accepts",
+        "receiver_authorizer",
+        "withdraw_delay_seconds",
+        "min_deposit",
     }
 )
 USAGE_PRICE_KEYS = frozenset({"ceiling", "facilitator_address", "usage"})  # beside PRICE_KEYS, for `upto`
@@ -48,6 +53,7 @@ USAGE_SCHEMES = frozenset({"upto"})  # schemes whose price is a ceiling and a us
 # The development facilitator's settling address (devnet.chain.FACILITATOR_ADDRESS, which the gate
 # may not import): the example's usage-priced agent names it as its upto price's facilitator_address.
 DEV_FACILITATOR_ADDRESS = "0xFB0b6D1F8B44CAeaC383d5AC8C0b374BB08E2619"
+CHANNEL_KEYS = ("receiver_authorizer", "withdraw_delay_seconds", "min_deposit")  # batch-settlement's own
 SIGNING_ALLOWANCE_SECONDS = 30  # inside maxTimeoutSeconds: a client's time to sign a token and send it
 
 # EIP-712 domain of well-known USDC deployments, so a price needs no `extra` table.
@@ -124,11 +130,22 @@ class InBandConfig:
 
 
 @dataclass(frozen=True)
+class ChannelsConfig:
+    """When the gate collects payment channels (`[channels]`, gate/channel_jobs.py)."""
+
+    claim_interval_seconds: float = 60.0  # how often a claim pass runs
+    claim_at_amount: int = 1_000_000  # claim a channel once this much (atomic units) is charged and unclaimed
+    claim_after_seconds: float = 3600.0  # or once its oldest unclaimed charge is this old
+    refund_after_seconds: float = 7 * 86400.0  # a channel unused this long is refunded (0: never)
+
+
+@dataclass(frozen=True)
 class GateConfig:
     facilitator: FacilitatorConfig = FacilitatorConfig()
     networks: dict[str, NetworkConfig] = field(default_factory=dict)
     limits: LimitsConfig = LimitsConfig()
     in_band: InBandConfig = InBandConfig()
+    channels: ChannelsConfig = ChannelsConfig()
     reconcile_interval_seconds: float = 30.0
     claim_lease_seconds: float = 30.0  # an owner renews its claims' leases; a lapsed one is an orphan
     agents: dict[str, AgentPayment] = field(default_factory=dict)
@@ -161,11 +178,45 @@ DEMO_METERED_PRICE = replace(
 METERED_DESCRIPTION = "Echoes the text it is sent, for 0.00001 test USDC per character (at most 0.05)."
 
 
+# The development facilitator holds the receiver-authorizer key of its simulated settlement
+# contract and signs the gate's claims with it (what a hosted facilitator's /supported lists).
+DEV_RECEIVER_AUTHORIZER = "0xE40b4B07d90d26934b21e6E463a286988E28deeF"
+DEMO_CHANNEL_PRICE = replace(
+    DEMO_PRICE,
+    alternatives=(
+        replace(
+            DEMO_PRICE,
+            scheme="batch-settlement",
+            extra={
+                **DEMO_PRICE.extra,
+                "receiverAuthorizer": DEV_RECEIVER_AUTHORIZER,
+                "withdrawDelay": 900,
+                "minDeposit": "10000",
+            },
+        ),
+    ),
+)
+
+
+# As the example configuration sets them: a channel payer's hundred calls a minute get through,
+# and what they charged is claimed on chain within a minute.
+DEMO_LIMITS = LimitsConfig(per_ip_per_minute=300, per_agent_per_minute=1200)
+DEMO_CHANNELS = ChannelsConfig(claim_interval_seconds=15.0, claim_after_seconds=30.0)
+
+
 class GateSections:
     """The gate's `server.anonymous.PathConfig`: which keys it owns, and how it reads them."""
 
     keys = frozenset(
-        {"limits", "facilitator", "networks", "in_band", "reconcile_interval_seconds", "claim_lease_seconds"}
+        {
+            "limits",
+            "facilitator",
+            "networks",
+            "in_band",
+            "channels",
+            "reconcile_interval_seconds",
+            "claim_lease_seconds",
+        }
     )
     agent_keys = frozenset({"price", "allowed_payers", "per_agent_per_minute", "on_settle_failure"})
 
@@ -195,13 +246,22 @@ def default_settings(database: str = "a2a-gate.db") -> Settings:
     settings = server_defaults(database)
     paid = replace(settings.agents["paid-echo"], description="Echoes the text it is sent, for 0.001 test USDC.")
     metered = replace(settings.agents["paid-metered"], description=METERED_DESCRIPTION)
+    channel = replace(
+        paid,
+        name="paid-channel",
+        description="Echoes the text it is sent, for 0.001 test USDC: per request, or from a payment channel.",
+    )
     config = GateConfig(
+        limits=DEMO_LIMITS,
+        channels=DEMO_CHANNELS,
         agents={
             "paid-echo": AgentPayment("paid-echo", DEMO_PRICE),
             "paid-metered": AgentPayment("paid-metered", DEMO_METERED_PRICE),
-        }
+            "paid-channel": AgentPayment("paid-channel", DEMO_CHANNEL_PRICE),
+        },
     )
-    return replace(settings, agents={**settings.agents, "paid-echo": paid, "paid-metered": metered}, anonymous=config)
+    agents = {**settings.agents, "paid-echo": paid, "paid-metered": metered, "paid-channel": channel}
+    return replace(settings, agents=agents, anonymous=config)
 
 
 def of(settings: Settings) -> GateConfig:
@@ -247,6 +307,7 @@ class _GateReader:
             facilitator=facilitator,
             networks=self.networks(r.table(raw, "networks", "networks")),
             limits=self.limits(r.table(raw, "limits", "limits")),
+            channels=self.channels(r.table(raw, "channels", "channels")),
             in_band=InBandConfig(
                 max_message_bytes=r.positive(
                     in_band, "max_message_bytes", defaults.in_band.max_message_bytes, "in_band.max_message_bytes"
@@ -266,6 +327,36 @@ class _GateReader:
                 raw, "claim_lease_seconds", defaults.claim_lease_seconds, "claim_lease_seconds", float
             ),
             agents=agents,
+        )
+
+    def channels(self, raw: dict[str, Any]) -> ChannelsConfig:
+        r, d = self.r, ChannelsConfig()
+        r.unknown(
+            raw,
+            {"claim_interval_seconds", "claim_at_amount", "claim_after_seconds", "refund_after_seconds"},
+            "channels",
+        )
+        refund_after = r.get(
+            raw, "refund_after_seconds", (int, float), d.refund_after_seconds, "channels.refund_after_seconds"
+        )
+        if refund_after < 0:
+            r.problem("channels.refund_after_seconds", "must be 0 (never) or a number of seconds")
+            refund_after = d.refund_after_seconds
+        amount = raw.get("claim_at_amount", d.claim_at_amount)
+        if isinstance(amount, str) and amount.isascii() and amount.isdigit():
+            amount = int(amount)
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
+            r.problem("channels.claim_at_amount", f"must be a whole number of atomic units, got {amount!r}")
+            amount = d.claim_at_amount
+        return ChannelsConfig(
+            claim_interval_seconds=r.positive(
+                raw, "claim_interval_seconds", d.claim_interval_seconds, "channels.claim_interval_seconds", float
+            ),
+            claim_at_amount=amount,
+            claim_after_seconds=r.positive(
+                raw, "claim_after_seconds", d.claim_after_seconds, "channels.claim_after_seconds", float
+            ),
+            refund_after_seconds=float(refund_after),
         )
 
     def limits(self, raw: dict[str, Any]) -> LimitsConfig:
@@ -388,9 +479,10 @@ class _GateReader:
                         r.problem(f"{path}.allowed_payers[{i}]", "must be a 0x address (40 hex digits)")
                 allowed = tuple(p.lower() for p in payers if isinstance(p, str))
         price_raw = raw.get("price")
-        price = None if price_raw is None else self.price(price_raw, f"{path}.price")
+        price = None if price_raw is None else self.offers(price_raw, f"{path}.price")
         if price is not None:
-            price = self.fit_payment_window(agent, price, price_raw, facilitator)
+            fitted = [self.fit_payment_window(agent, offer, price_raw, facilitator) for offer in price.offers]
+            price = replace(fitted[0], alternatives=tuple(fitted[1:]))
         per_agent = raw.get("per_agent_per_minute")
         policy = r.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
         if policy not in SETTLE_FAILURE_POLICIES:
@@ -428,6 +520,25 @@ class _GateReader:
             )
             return price
         return replace(price, max_timeout_seconds=needed)
+
+    def offers(self, raw: Any, path: str) -> Price | None:
+        """A price, in one scheme or several: `accepts = [{ scheme = "exact" }, { scheme = "batch-settlement" }]`
+        lists offers that share the table's other keys (each may override them); the first is the primary."""
+        accepts = raw.get("accepts") if isinstance(raw, dict) else None
+        if accepts is None:
+            return self.price(raw, path)
+        if not isinstance(accepts, list) or not accepts or not all(isinstance(a, dict) for a in accepts):
+            self.r.problem(f"{path}.accepts", 'must be a list of tables, e.g. [{ scheme = "exact" }]')
+            return None
+        shared = {k: v for k, v in raw.items() if k != "accepts"}
+        offers = [self.price({**shared, **entry}, f"{path}.accepts[{i}]") for i, entry in enumerate(accepts)]
+        if any(offer is None for offer in offers):
+            return None
+        listed = [offer for offer in offers if offer is not None]
+        kinds = [(o.scheme, o.asset_transfer_method) for o in listed]
+        if len(set(kinds)) != len(kinds):
+            self.r.problem(f"{path}.accepts", "lists one scheme (and transfer method) twice")
+        return replace(listed[0], alternatives=tuple(listed[1:]))
 
     def price(self, raw: Any, path: str) -> Price | None:
         r = self.r
@@ -479,6 +590,14 @@ class _GateReader:
                     f" got {facilitator!r}",
                 )
             extra = {**extra, "facilitatorAddress": facilitator}
+        if isinstance(raw.get("accepts"), list):
+            r.problem(f"{path}.accepts", "an offer cannot list offers of its own")
+        if scheme == batch_settlement.SCHEME_NAME:
+            extra = {**extra, **self.channel_extra(raw, int(amount), path)}
+        else:
+            for key in CHANNEL_KEYS:
+                if key in raw:
+                    r.problem(f"{path}.{key}", f"only for scheme {batch_settlement.SCHEME_NAME!r}")
         return Price(
             scheme=scheme,
             network=network,
@@ -548,6 +667,34 @@ class _GateReader:
             path, f'must be a non-negative number of atomic units per unit, as a string ("0.25"), got {value!r}'
         )
         return Fraction(0)
+
+    def channel_extra(self, raw: dict[str, Any], amount: int, path: str) -> dict[str, Any]:
+        """A channel offer's parameters, as the binding's `extra` names them: who authorizes the
+        gate's claims and refunds, how long a payer waits to withdraw alone, the smallest deposit."""
+        r = self.r
+        authorizer = r.get(raw, "receiver_authorizer", str, "", f"{path}.receiver_authorizer")
+        if not EVM_ADDRESS.match(authorizer) or int(authorizer, 16) == 0:
+            r.problem(
+                f"{path}.receiver_authorizer",
+                "required for batch-settlement: the non-zero address that signs the gate's claims and refunds"
+                " (the facilitator's, when it holds that key), e.g. the `receiverAuthorizer` its /supported lists",
+            )
+        delay = r.get(
+            raw, "withdraw_delay_seconds", int, batch_settlement.MIN_WITHDRAW_DELAY, f"{path}.withdraw_delay_seconds"
+        )
+        if not batch_settlement.MIN_WITHDRAW_DELAY <= delay <= batch_settlement.MAX_WITHDRAW_DELAY:
+            r.problem(
+                f"{path}.withdraw_delay_seconds",
+                f"must be from {batch_settlement.MIN_WITHDRAW_DELAY} to {batch_settlement.MAX_WITHDRAW_DELAY}"
+                " (the contract's bounds)",
+            )
+        minimum = raw.get("min_deposit", str(amount * batch_settlement.MIN_DEPOSIT_MULTIPLIER))
+        if isinstance(minimum, int) and not isinstance(minimum, bool):
+            minimum = str(minimum)
+        if not isinstance(minimum, str) or not (minimum.isascii() and minimum.isdigit()) or int(minimum) < amount:
+            r.problem(f"{path}.min_deposit", f"must be a whole number of atomic units, at least the amount ({amount})")
+            minimum = str(amount)
+        return {"receiverAuthorizer": authorizer, "withdrawDelay": delay, "minDeposit": str(int(minimum))}
 
     def asset_extra(self, raw: dict[str, Any], network: str, asset: str, path: str) -> dict[str, Any]:
         """The asset's EIP-712 domain (`name`, `version`): a client cannot sign a payment without it.

@@ -55,6 +55,7 @@ class Verification:
     valid: bool
     payer: str
     reason: str  # the facilitator's invalidReason, passed through as an opaque string
+    extra: dict[str, Any] = field(default_factory=dict)  # what the scheme adds (a channel's on-chain state)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class SettleAnswer:
     payer: str
     reason: str
     receipt: dict[str, Any] = field(default_factory=dict)  # the settle response as sent
+    extra: dict[str, Any] = field(default_factory=dict)  # what the scheme adds (a channel's on-chain state)
 
 
 def _text(value: Any, limit: int = 200) -> str:
@@ -131,7 +133,10 @@ class FacilitatorClient:
         if valid and not payer:
             raise Unavailable("verify_answer_without_payer")
         reason = _text(doc.get("invalidReason")) or ("" if valid else "invalid_payment")
-        return Verification(valid=valid, payer=payer.lower(), reason=reason)
+        extra = doc.get("extra")
+        return Verification(
+            valid=valid, payer=payer.lower(), reason=reason, extra=extra if isinstance(extra, dict) else {}
+        )
 
     async def settle(self, version: int, payload: dict[str, Any], requirements: dict[str, Any]) -> SettleAnswer:
         try:
@@ -151,6 +156,7 @@ class FacilitatorClient:
             payer=_text(doc.get("payer"), 64).lower(),
             reason=_text(doc.get("errorReason")) or ("" if success else "settle_failed"),
             receipt=receipt,
+            extra=doc["extra"] if isinstance(doc.get("extra"), dict) else {},
         )
 
     async def supported(self) -> dict[str, Any]:

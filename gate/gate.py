@@ -14,12 +14,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gate import in_band, reconciler, sealing
+from gate import channel_jobs, in_band, reconciler, sealing
 from gate.chain import Chain
 from gate.claims import Claims
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.parts import GateParts
 from gate.pipeline import handle_anonymous
+from gate.price import Price
+from gate.schemes import batch_settlement
 from gate.sealing import Sealer
 from server.anonymous import Parts
 from server.cards import agent_url
@@ -27,6 +29,11 @@ from server.config import AgentConfig
 
 # What a request on the anonymous path ends as, beside the server's outcomes (request log, metrics).
 OUTCOMES = frozenset({"paid", "replay", "payment_required", "rejected", "verify_unavailable", "in_flight"})
+
+
+def offers(parts: GateParts) -> list[Price]:
+    """Every offer of every priced agent."""
+    return [o for a in parts.config.agents.values() if a.price is not None for o in a.price.offers]
 
 
 class PaymentGate:
@@ -100,6 +107,7 @@ class PaymentGate:
 
     async def open_store(self) -> None:
         await self.claims.create_tables()
+        await self.parts.channels.create_tables()
         await self.parts.log.create_tables()
         await self.claims.db.migrate("sealing", sealing.MIGRATIONS)
 
@@ -116,6 +124,8 @@ class PaymentGate:
         await reconciler.recover(parts)
         if parts.facilitator.configured:
             self.background.append(asyncio.create_task(reconciler.reconcile_loop(parts)))
+            if any(o.scheme == batch_settlement.SCHEME_NAME for o in offers(parts)):
+                self.background.append(asyncio.create_task(channel_jobs.claim_loop(parts)))
 
     async def close(self) -> None:
         for job in self.background:
@@ -124,6 +134,12 @@ class PaymentGate:
         await self.chain.aclose()
         if self.parts.shared_buckets is not None:
             await self.parts.shared_buckets.close()
+
+    async def claim_channels(self, *, now: bool = False) -> list[dict[str, Any]]:
+        return await channel_jobs.claim_due(self.parts, now=now)
+
+    async def refund_channels(self, idle_seconds: float | None = None) -> list[dict[str, Any]]:
+        return await channel_jobs.refund_idle(self.parts, idle_seconds)
 
     async def recover(self) -> None:
         await reconciler.recover(self.parts)

@@ -105,7 +105,7 @@ def card_extensions(price: Price | None, url: str) -> list[dict[str, Any]]:
     """What a priced agent's card declares: every extension URI it accepts, none required."""
     if price is None:
         return []
-    params = {"x402Version": 2, "accepts": [pricing.requirement(price, url)]}
+    params = {"x402Version": 2, "accepts": [pricing.requirement(offer, url) for offer in price.offers]}
     description = "Pay per request with x402; without a payment the agent answers HTTP 402."
     return [{"uri": uri, "description": description, "required": False, "params": params} for uri in EXTENSION_URIS]
 
@@ -228,8 +228,10 @@ class InBand:
         active: Activation | None,
         reason: str,
         payer: str = "",
+        state: dict[str, dict[str, Any]] | None = None,
     ) -> Response:
-        """A refused payment, answered on the Task: payment-failed, the code, a failure receipt; payable again."""
+        """A refused payment, answered on the Task: payment-failed, the code, a failure receipt; payable again.
+        `state`: the payer's own state for a scheme (a channel's), in the requirements it is asked again with."""
         price = offer.price
         receipt = {
             "success": False,
@@ -241,7 +243,7 @@ class InBand:
         code = error_code(reason)
         failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
         task = pending.task
-        ask(task, offer, failure, f"Payment failed ({code}); pay again to use this agent.")
+        ask(task, offer, failure, f"Payment failed ({code}); pay again to use this agent.", state, reason)
         await self.store_pending(pending)
         return task_answer(plan, task, echo(active))
 
@@ -266,10 +268,17 @@ class InBand:
 
 
 def ask(
-    task: dict[str, Any], offer: Offer, metadata: dict[str, Any], text: str = "Payment is required to use this agent."
+    task: dict[str, Any],
+    offer: Offer,
+    metadata: dict[str, Any],
+    text: str = "Payment is required to use this agent.",
+    state: dict[str, dict[str, Any]] | None = None,
+    error: str = pricing.PAYMENT_REQUIRED_ERROR,
 ) -> None:
-    """Put the task in input-required with fresh requirements and the given payment metadata."""
-    metadata = {**metadata, REQUIRED: pricing.payment_required_v1(offer.price, offer.resource, offer.description)}
+    """Put the task in input-required with fresh requirements and the given payment metadata
+    (a corrective one names why in `error` and carries the payer's `state`, a channel's)."""
+    required = pricing.payment_required_v1(offer.price, offer.resource, offer.description, error, state)
+    metadata = {**metadata, REQUIRED: required}
     set_status(task, "input-required", agent_message(task, text, metadata))
     task["metadata"] = metadata
 

@@ -53,6 +53,18 @@ class GateMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.vouchers = Counter(
+            "a2a_gate_channel_vouchers",
+            "Channel payments accepted, by who verified them (local: the gate, facilitator: a verify call)",
+            ["verified_by"],
+            registry=registry,
+        )
+        self.channel_transactions = Counter(
+            "a2a_gate_channel_transactions",
+            "The gate's channel transactions (claim, settle, refund) by outcome (ok, failed, unknown)",
+            ["action", "outcome"],
+            registry=registry,
+        )
         self.unsettled = Gauge(
             "a2a_gate_claims_unsettled", "Delivered work written off (never paid)", registry=registry
         )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from gate import config as gate_config
 from gate.chain import Chain
+from gate.channels import Channels
 from gate.charge import Charges
 from gate.claims import ClaimLost, Claims, Hold
 from gate.config import GateConfig
@@ -47,6 +48,7 @@ class GateParts:
     agent_limiters: RateLimit
     facilitator: FacilitatorClient
     claims: Claims
+    channels: Channels
     log: PaymentLog
     chain: Chain
     settler: Settler
@@ -74,6 +76,7 @@ class GateParts:
             shared_buckets, ip_limiter, agent_limiters = shared_limiters(limits, own_ip, own_agents, metrics)
         facilitator = FacilitatorClient(config.facilitator, metrics)
         claims = Claims(server.db, config.claim_lease_seconds)
+        channels = Channels(server.db)
         log = PaymentLog(server.db)
         chain = Chain(config.networks)
         settler = Settler(
@@ -84,10 +87,11 @@ class GateParts:
             metrics,
             chain,
             pass_interval=config.reconcile_interval_seconds,
+            channels=channels,
         )
         answers_402 = PaymentRequiredAnswers()
         server.metrics.before_scrape.append(lambda: metrics.read_state(claims))
-        return cls(
+        parts = cls(
             settings=settings,
             config=config,
             store=server.store,
@@ -98,6 +102,7 @@ class GateParts:
             agent_limiters=agent_limiters,
             facilitator=facilitator,
             claims=claims,
+            channels=channels,
             log=log,
             chain=chain,
             settler=settler,
@@ -106,6 +111,8 @@ class GateParts:
             in_band=InBand(server.store, server.methods, config.in_band, answers_402),
             shared_buckets=shared_buckets,
         )
+        settler.seal = lambda document, context: parts.sealer.seal(document, context)  # the key, when first needed
+        return parts
 
     @functools.cached_property
     def sealer(self) -> Sealer:

@@ -3,10 +3,11 @@
 Actions: verify, reject, release (not delivered, not charged), settle (charged; the
 transaction), settle_failed (one settle pass failed, retried later), write_off
 (terminal: delivered, not paid), needs_attention (terminal: unknown, an operator must
-look), no_charge (terminal: an upto delivery charged nothing), replay. `amount` is what the row's
-payment is charged (an upto delivery's priced usage), `authorized` what its payer signed for
-(the same, but for an upto ceiling). Each row names the token by its digest only; rows are never updated or
-deleted by the gate.
+look), no_charge (terminal: an upto delivery charged nothing), replay; and for payment channels
+channel_claim, channel_claim_failed, channel_settle and channel_refund (the gate's own
+transactions on the settlement contract). `amount` is what the row's payment is charged (an upto
+delivery's priced usage), `authorized` what its payer signed for (the same, but for an upto
+ceiling). Each row names the token by its digest only; rows are never updated or deleted by the gate.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ ACTIONS = (
     "replay",
     "release",
     "no_charge",
+    # payment channels (`batch-settlement`): the gate's own transactions on the settlement contract
+    "channel_claim",  # vouchers claimed on chain (the transaction; amount: what it added to the claimed total)
+    "channel_claim_failed",  # a claim that did not land, or whose outcome the facilitator could not say
+    "channel_settle",  # claimed funds swept to payTo
+    "channel_refund",  # an idle channel's unclaimed balance returned to its payer
 )
 
 

@@ -17,10 +17,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gate import in_band, pricing, reconciler, schemes, tokens
+from gate import in_band, pricing, reconciler, schemes, tokens, vouchers
 from gate.claims import Claim, ClaimLost, ClaimState, Hold
 from gate.config import AgentPayment, Price, payment_window_seconds
-from gate.facilitator import Unavailable
+from gate.facilitator import Unavailable, Verification
 from gate.limiter import caller_key
 from gate.parts import GateParts
 from gate.pricing import Offer
@@ -101,6 +101,7 @@ class Attempt:
     active: in_band.Activation | None  # the x402 extension the client activated, if any
     pending: in_band.Pending | None  # the in-band request this message pays for, if any
     token: tokens.Token | None = None
+    price: Price | None = None  # the offer the token pays (its scheme's), once known
     requirements: dict[str, Any] = field(default_factory=dict)
     payment: Payment | None = None
     hold: Hold | None = None  # the claim, once taken: every write to it names this
@@ -109,7 +110,7 @@ class Attempt:
     @property
     def log(self) -> dict[str, Any]:
         assert self.token is not None
-        return log_fields(self.offer, self.token)
+        return log_fields(self.price or self.offer.price, self.agent.name, self.token)
 
 
 async def paid_send(
@@ -135,12 +136,19 @@ async def paid_send(
         info.set("payment_required")
         return parts.answers_402.response(agent.name, price, resource, agent.description)
     attempt = Attempt(plan, agent, terms, offer, info, active, pending, token)
-    # 7. local checks; a retry of a claimed token is answered by its claim whatever the clock says
-    scheme = schemes.for_price(price)  # the one kind of payload this price takes
+    # 7. local checks, against the offer of the token's own scheme; a retry of a claimed token is
+    # answered by its claim whatever the clock says
+    paid_offer = tokens.offer_of(token, price)
+    if paid_offer is None:
+        return await refuse(parts, attempt, "accepted_requirements_mismatch")
+    price = attempt.price = paid_offer
+    scheme = schemes.for_price(price)  # the one kind of payload this offer takes
     try:
         attempt.requirements = tokens.check_payload(token, price, resource)
-        window = payment_window_seconds(agent.deadline_seconds, parts.config.facilitator)
-        tokens.check_window(token, min_window=window, scheme=scheme)
+        # (a channel's voucher has no window: it is claimable while the channel lives)
+        if not scheme.channel or token.payload["payload"].get("type") != "voucher":
+            window = payment_window_seconds(agent.deadline_seconds, parts.config.facilitator)
+            tokens.check_window(token, min_window=window, scheme=scheme)
     except tokens.Rejection as exc:
         # the claim is read only now: a fresh token never waits for it
         if exc.reason not in tokens.WINDOW_REASONS or await parts.claims.find(token.digest) is None:
@@ -162,6 +170,10 @@ async def paid_send(
     nonce_key = tokens.nonce_key(token, price.asset, scheme)
     outcome = await parts.claims.claim(token.digest, nonce_key, digest, agent.name, sealed)
     if outcome.kind == "conflict":
+        if scheme.channel:  # an increment already paid for: the payer's state is behind the channel's
+            checked = await vouchers.behind(parts.channels, token, price, parts.sealer.unseal)
+            if checked is not None:
+                return await channel_refusal(parts, attempt, checked)
         return await refuse(parts, attempt, outcome.reason)
     if outcome.kind == "in_flight":
         info.set("in_flight")
@@ -200,14 +212,25 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
     plan, agent, info, token, hold = attempt.plan, attempt.agent, attempt.info, attempt.token, attempt.hold
     assert token is not None and hold is not None and attempt.payment is not None
     call = plan.call
-    # 9. facilitator verify
-    try:
-        verification = await parts.facilitator.verify(token.version, token.payload, attempt.requirements)
-    except Unavailable as exc:
-        await parts.release(hold)
-        logger.warning("facilitator verify unavailable: %s", exc.reason)
-        info.set("verify_unavailable", exc.reason)
-        return error_response(call.id, verify_unavailable(exc.retry_after))
+    assert attempt.price is not None
+    # 9. facilitator verify (a channel's voucher: checked here while the mirrored chain state is fresh)
+    if schemes.for_price(attempt.price).channel:
+        checked = await vouchers.check_and_reserve(
+            parts.channels, parts.facilitator, token, attempt.requirements, attempt.price, parts.sealer.unseal
+        )
+        verification = Verification(checked.kind == "reserved", checked.payer, checked.reason)
+        if checked.kind != "reserved":
+            await parts.release(hold)
+            return await channel_refusal(parts, attempt, checked)
+        parts.metrics.vouchers.labels("local" if checked.local else "facilitator").inc()
+    else:
+        try:
+            verification = await parts.facilitator.verify(token.version, token.payload, attempt.requirements)
+        except Unavailable as exc:
+            await parts.release(hold)
+            logger.warning("facilitator verify unavailable: %s", exc.reason)
+            info.set("verify_unavailable", exc.reason)
+            return error_response(call.id, verify_unavailable(exc.retry_after))
     info.payer = verification.payer
     if not verification.valid:
         await parts.release(hold)
@@ -267,6 +290,32 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task, payment.version)})
 
 
+async def channel_refusal(parts: GateParts, attempt: Attempt, checked: vouchers.Checked) -> Response:
+    """A channel payment that cannot go on now: the binding's corrective answer, a refusal, or a retry."""
+    info, call = attempt.info, attempt.plan.call
+    info.payer = checked.payer
+    if checked.kind == "unavailable":
+        logger.warning("facilitator verify unavailable: %s", checked.reason)
+        info.set("verify_unavailable", checked.reason)
+        return error_response(call.id, verify_unavailable(checked.retry_after))
+    if checked.kind == "busy":
+        info.set("in_flight", "channel busy")
+        data = {"code": "channel_busy", "retryable": True}
+        return error_response(call.id, RpcError(INTERNAL_ERROR, "Another request of this channel is in flight", data))
+    if checked.kind == "mismatch":
+        await parts.log.append("reject", **attempt.log, payer=checked.payer, error=checked.reason)
+        info.set("rejected", checked.reason)
+        offer = attempt.offer
+        if attempt.pending is not None:
+            return await parts.in_band.refused(
+                attempt.plan, offer, attempt.pending, attempt.active, checked.reason, checked.payer, checked.state
+            )
+        return parts.answers_402.corrective(
+            offer.price, offer.resource, offer.description, checked.reason, checked.state
+        )
+    return await refuse(parts, attempt, checked.reason, checked.payer)
+
+
 async def claim_digest(
     parts: GateParts, agent: AgentConfig, plan: SendPlan, token: tokens.Token, pending: in_band.Pending | None
 ) -> str:
@@ -283,12 +332,9 @@ async def claim_digest(
     return request_digest(agent.name, plan)
 
 
-def log_fields(offer: Offer, token: tokens.Token) -> dict[str, str]:
+def log_fields(price: Price, agent: str, token: tokens.Token) -> dict[str, str]:
     """What every payment log row of this request names: the agent, the price, the token's digest."""
-    price = offer.price
-    return dict(
-        agent=offer.agent, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset
-    )
+    return dict(agent=agent, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset)
 
 
 def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:
@@ -340,7 +386,10 @@ async def prove_payer(parts: GateParts, request: Request, call: Call, agent: Age
         return f"payer:{claim.payer}"
     try:
         resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
-        requirements = tokens.check(token, price, resource)
+        offer = tokens.offer_of(token, price)
+        if offer is None:
+            return None
+        requirements = tokens.check(token, offer, resource)
         verification = await parts.facilitator.verify(token.version, token.payload, requirements)
     except (tokens.Rejection, Unavailable):
         return None

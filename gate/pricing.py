@@ -69,14 +69,26 @@ def b64_json(document: dict[str, Any]) -> str:
     return base64.b64encode(json.dumps(document, separators=(",", ":")).encode()).decode("ascii")
 
 
+def with_state(offered: dict[str, Any], state: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """An offered requirement with the payer's own state for its scheme added to its `extra`
+    (a channel's, in a corrective answer: `batch-settlement`'s `channelState`)."""
+    added = (state or {}).get(offered["scheme"])
+    return {**offered, "extra": {**offered["extra"], **added}} if added else offered
+
+
 def payment_required(
-    price: Price, resource_url: str, description: str = "", error: str = PAYMENT_REQUIRED_ERROR
+    price: Price,
+    resource_url: str,
+    description: str = "",
+    error: str = PAYMENT_REQUIRED_ERROR,
+    state: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The x402 v2 PaymentRequired document; `resource.url` names this door."""
+    """The x402 v2 PaymentRequired document, every offer of the price; `resource.url` names this door."""
     resource: dict[str, Any] = {"url": resource_url, "mimeType": "application/json"}
     if description:
         resource["description"] = description
-    return {"x402Version": 2, "error": error, "resource": resource, "accepts": [requirement(price, resource_url)]}
+    accepts = [with_state(requirement(offer, resource_url), state) for offer in price.offers]
+    return {"x402Version": 2, "error": error, "resource": resource, "accepts": accepts}
 
 
 def requirement_v1(price: Price, resource_url: str, description: str = "") -> dict[str, Any]:
@@ -96,9 +108,14 @@ def requirement_v1(price: Price, resource_url: str, description: str = "") -> di
 
 
 def payment_required_v1(
-    price: Price, resource_url: str, description: str = "", error: str = PAYMENT_REQUIRED_ERROR
+    price: Price,
+    resource_url: str,
+    description: str = "",
+    error: str = PAYMENT_REQUIRED_ERROR,
+    state: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    return {"x402Version": 1, "accepts": [requirement_v1(price, resource_url, description)], "error": error}
+    accepts = [with_state(requirement_v1(offer, resource_url, description), state) for offer in price.offers]
+    return {"x402Version": 1, "accepts": accepts, "error": error}
 
 
 class PaymentRequiredAnswers:
@@ -120,4 +137,16 @@ class PaymentRequiredAnswers:
             rendered = self.rendered[(agent, resource_url)] = (body, b64_json(document))
         return Response(
             rendered[0], status_code=402, headers={"PAYMENT-REQUIRED": rendered[1]}, media_type="application/json"
+        )
+
+    def corrective(
+        self, price: Price, resource_url: str, description: str, error: str, state: dict[str, dict[str, Any]]
+    ) -> Response:
+        """A 402 for one payer: the offers with its own state (a channel's) and the reason it must resync."""
+        document = payment_required(price, resource_url, description, error, state)
+        v1 = payment_required_v1(price, resource_url, description, error, state)
+        return JSONResponse(
+            {**v1, "detail": "Payment required", "payment_required": document},
+            status_code=402,
+            headers={"PAYMENT-REQUIRED": b64_json(document)},
         )

@@ -24,16 +24,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gate import schemes
 from gate.chain import Chain, ChainUnavailable
+from gate.channels import Channels, Mirror
 from gate.claims import Along, Claim, Claims, ClaimState, Hold
 from gate.config import FacilitatorConfig
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
+from gate.schemes import batch_settlement
 from gate.schemes.base import Scheme
 from gate.usage_price import Charge
 from server.database import commit_until_stored
@@ -227,8 +230,12 @@ class Settler:
         metrics: GateMetrics | None = None,
         chain: Chain | None = None,
         pass_interval: float = 30.0,
+        channels: Channels | None = None,
+        seal: Callable[[dict[str, Any], str], str] | None = None,
     ) -> None:
         self.metrics = metrics
+        self.channels = channels
+        self.seal = seal
         self.facilitator = facilitator
         self.claims = claims
         self.log = log
@@ -249,6 +256,8 @@ class Settler:
         passes = claim.settle_passes if claim is not None else 0
         error = "settle_failed"
         scheme = schemes.for_requirements(payment.requirements)
+        if scheme is not None and scheme.channel and payment.payload["payload"].get("type") == "voucher":
+            return await self._settled(pass_, {}, "")  # a voucher is charged here; the chain sees it when claimed
         for attempt in range(1, self.attempts + 1):
             try:
                 result = await self.facilitator.settle(payment.version, payment.payload, payment.requirements)
@@ -256,7 +265,8 @@ class Settler:
                 unknown, error = True, f"settle_unavailable: {exc.reason}"
             else:
                 if result.success:
-                    return await self._settled(pass_, result.receipt, result.transaction)
+                    answer = {**result.receipt, "extra": result.extra} if scheme and scheme.channel else result.receipt
+                    return await self._settled(pass_, answer, result.transaction)
                 verdict = classify(result.reason, scheme)
                 if verdict in ("refused", "nonce_used"):
                     if unknown:  # an earlier attempt of ours may have landed: the refusal may be its doing
@@ -278,6 +288,8 @@ class Settler:
         """Ground truth for an unknown settlement: the token contract's own record, as a transfer."""
         payment = p.payment
         scheme = schemes.for_requirements(payment.requirements)
+        if scheme is not None and scheme.channel:
+            return await self._ask_chain_for_channel(p, heard, passes)
         authorization = scheme.authorization(payment.payload, payment.requirements, payment.network) if scheme else None
         if authorization is None or not self.chain.knows(payment.network):
             why = "no rpc_url for the network" if authorization is not None else "not an EIP-3009 authorization"
@@ -306,14 +318,48 @@ class Settler:
         delay = min(jittered(self.pass_delay(passes)), left + 1.0)
         return await self._owed(p, f"{heard}; chain: authorization unused, still valid", True, passes, delay)
 
+    async def _ask_chain_for_channel(self, p: Pass, heard: str, passes: int) -> Collection:
+        """A channel deposit nobody could confirm: the settlement contract says whether the channel
+        holds the voucher's amount. It does: the delivered request is claimable, so it is charged
+        (whichever deposit put the money there). It does not, and the deposit's authorization has
+        expired: it never will, written off. Otherwise owed until it expires."""
+        payment = p.payment
+        voucher = batch_settlement.read(payment.payload["payload"])
+        if not self.chain.knows(payment.network):
+            return await self._needs_attention(p, f"{heard}; chain not asked: no rpc_url for the network")
+        try:
+            balance, claimed, withdrawal = await self.chain.channel(
+                payment.network, batch_settlement.SETTLEMENT_CONTRACT, voucher.channel_id
+            )
+        except ChainUnavailable as exc:
+            return await self._needs_attention(p, f"{heard}; chain unavailable: {exc.reason}")
+        if balance >= voucher.max_claimable:
+            state = {"balance": str(balance), "totalClaimed": str(claimed), "withdrawRequestedAt": withdrawal}
+            answer = {"transaction": "", "extra": {"channelState": state}}
+            return await self._settled(p, answer, "", note="confirmed on chain: the channel holds the voucher's amount")
+        _, valid_before = batch_settlement.SCHEME.window(payment.payload["payload"])
+        left = valid_before - await self.claims.database_time()
+        if left <= 0:
+            return await self._unsettled(p, f"{heard}; chain: the channel lacks the voucher's amount, deposit expired")
+        delay = min(jittered(self.pass_delay(passes)), left + 1.0)
+        return await self._owed(p, f"{heard}; chain: the deposit has not landed, still valid", True, passes, delay)
+
     async def _settled(self, p: Pass, answer: dict[str, Any], tx: str, note: str = "") -> Collection:
-        receipt = p.payment.receipt(answer)
+        channel = self._channel_charge(p, answer)
+        receipt = channel.receipt if channel is not None else p.payment.receipt(answer)
 
         async def write() -> None:
-            row = self._row("settle", p, transaction=tx, error=note)
+            row = self._row("settle", p, transaction=tx, error=note or (channel.note if channel else ""))
+            if channel is not None:  # first: it is the compare-and-set the whole transaction stands on
+                sql, args = channel.statement
+                if await self.claims.db.execute(sql, args) != 1:
+                    raise ChannelMoved()
             await self.claims.settled(p.hold, receipt, along=[row])
 
-        await commit_until_stored(self.claims.db, write, "a settlement", atomic=True)
+        try:  # without a channel, the claim's update and its row are one statement group: one round trip
+            await commit_until_stored(self.claims.db, write, "a settlement", atomic=channel is None)
+        except ChannelMoved:  # its charged total is not this voucher's base: it never pays for this request
+            return await self._unsettled(p, "channel_state_changed: the channel was charged past this voucher's base")
         self._count("settled")
         if self.metrics is not None:
             payment = p.payment
@@ -337,6 +383,39 @@ class Settler:
         await commit_until_stored(self.claims.db, write, "a delivery charged nothing", atomic=True)
         self._count("no_charge")
         return Collection(ClaimState.NO_CHARGE, completed_metadata(receipt))
+
+    def _channel_charge(self, p: Pass, answer: dict[str, Any]) -> ChannelCharge | None:
+        """For a channel payment: the write that advances the channel's charged total, and the receipt
+        the binding defines (`extra.chargedAmount`, `extra.channelState.chargedCumulativeAmount`)."""
+        payment = p.payment
+        scheme = schemes.for_requirements(payment.requirements)
+        if scheme is None or not scheme.channel or self.channels is None or self.seal is None:
+            return None
+        voucher = batch_settlement.read(payment.payload["payload"])
+        price = int(payment.amount)
+        base = voucher.max_claimable - price
+        mirror = Mirror.read(answer.get("extra") or {}) if voucher.kind == "deposit" else None
+        sealed = self.seal(
+            {"signature": voucher.signature, "maxClaimableAmount": str(voucher.max_claimable)}, voucher.channel_id
+        )
+        statement = self.channels.commit_statement(voucher, base, sealed, payment.token_digest, mirror)
+        state = {
+            "channelId": voucher.channel_id,
+            "chargedCumulativeAmount": str(voucher.max_claimable),
+        }
+        if mirror is not None:
+            state.update(balance=str(mirror.balance), totalClaimed=str(mirror.total_claimed))
+        receipt = {
+            "success": True,
+            "transaction": str(answer.get("transaction", "")),
+            "network": payment.network,
+            "payer": payment.payer or voucher.payer,
+            "amount": payment.amount,
+            "extra": {"chargedAmount": payment.amount, "channelState": state},
+        }
+        return ChannelCharge(
+            statement, receipt, f"channel {voucher.channel_id[:18]} charged to {voucher.max_claimable}"
+        )
 
     async def _owed(self, p: Pass, error: str, unknown: bool, passes: int, delay: float) -> Collection:
         async def write() -> None:
@@ -376,6 +455,17 @@ class Settler:
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.settlements.labels(outcome).inc()
+
+
+class ChannelMoved(Exception):
+    """The channel's charged total is no longer the base a voucher was reserved on."""
+
+
+@dataclass(frozen=True)
+class ChannelCharge:
+    statement: tuple[str, tuple[Any, ...]]
+    receipt: dict[str, Any]
+    note: str
 
 
 def jittered(seconds: float) -> float:

@@ -36,7 +36,7 @@ from gate.pricing import CAIP2_FOR_V1, V1_NETWORKS, requirement, requirement_v1
 from gate.schemes import exact_eip3009
 from gate.schemes.base import Rejection, Scheme
 
-__all__ = ["Rejection", "Token", "check", "check_payload", "check_window", "extract", "nonce_key"]
+__all__ = ["Rejection", "Token", "check", "check_payload", "check_window", "extract", "nonce_key", "offer_of"]
 
 METADATA_KEY = "x402.payment.payload"
 MAX_TOKEN_BYTES = 16_384
@@ -196,6 +196,23 @@ def check(
     required = check_payload(token, price, resource_url)
     check_window(token, now, min_window, schemes.for_price(price))
     return required
+
+
+def offer_of(token: Token, price: Price) -> Price | None:
+    """The offer of `price` this token pays: its scheme's (and transfer method's), as it says it chose."""
+    document = token.payload
+    if token.version == 2:
+        accepted = document["accepted"]
+        extra = accepted.get("extra")
+        method = extra.get("assetTransferMethod") if isinstance(extra, dict) else None
+        named = price.offer_for(
+            accepted["scheme"], method if isinstance(method, str) else schemes.DEFAULT_TRANSFER_METHOD
+        )
+        # a transfer method no offer names: its scheme's first offer reads the payload (and refuses it)
+        return named or price.offer_for(accepted["scheme"])
+    if len(price.offers) == 1:  # an x402 v1 payload names no transfer method: the one offer's
+        return price
+    return price.offer_for(str(document["scheme"]))
 
 
 def check_payload(token: Token, price: Price, resource_url: str) -> dict[str, Any]:

@@ -36,6 +36,7 @@ ROWS = {
         "gate-paid-real": "real-crypto facilitator",
     },
     "d": {},
+    "f": {"gate-key-f": "a2a-gate (API key), same run", "gate-channel": "a2a-gate voucher-paid"},
     "e": {
         "pg-free-r1": "a2a-gate on PostgreSQL, API key, one replica",
         "pg-free-r2": "a2a-gate on PostgreSQL, API key, 2 replicas behind nginx",
@@ -46,7 +47,7 @@ ROWS = {
 ADDRESSES = 1000
 # Seconds measured per server: on a busy machine the real-crypto facilitator needs seconds to answer a few,
 # and two PostgreSQL replicas behind nginx more than half a second to answer their first.
-DURATION = {"a": "0.5", "b": "0.5", "c": "3", "d": "0.5", "e": "2"}  # e: replicas behind nginx warm up slowly
+DURATION = {"a": "0.5", "b": "0.5", "c": "3", "d": "0.5", "e": "2", "f": "1"}  # e: replicas behind nginx warm up slowly
 
 
 def run_bench(tmp_path: Path, case: str, stack: str, nginx: str | None = None) -> tuple[str, dict]:

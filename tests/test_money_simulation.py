@@ -18,9 +18,13 @@ simulation picks (ok, refused, unknown after the money moved, unknown and lost).
 - usage pricing (upto): the gate never asks to settle more than the payer authorized; a
   settled upto claim moved exactly the priced usage of the work it delivered (its receipt's
   amount); one charged nothing (`no_charge`) moved nothing, and its usage priced at 0;
+- on a payment channel (`batch-settlement`, one payer's vouchers): one voucher increment is
+  delivered at most once, the channel's charged total never exceeds the price times the
+  increments delivered, and the voucher kept for it is the payer's own, for exactly that total;
 and at the end, after the world calms down for a bounded number of reconciler passes,
 every delivery is `settled` with its transfer or in a named terminal state, and nothing
-is still running, settling or owed.
+is still running, settling or owed; every delivered voucher increment is charged (or its
+deposit written off), and a claim pass brings the chain's claimed total to the charged total.
 """
 
 from __future__ import annotations
@@ -34,9 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eth_account import Account
+from eth_account.messages import encode_typed_data
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from x402.mechanisms.evm.batch_settlement.constants import VOUCHER_TYPES
+from x402.mechanisms.evm.batch_settlement.utils import coerce_bytes32, get_batch_settlement_eip712_domain
 
 from gate.sealing import Sealer, SealingKeyMismatch
 from server.engines import open_database
@@ -47,6 +55,8 @@ from tests.support.money_world import (
     MAX_DELAY,
     PASS_INTERVAL,
     PAY_TO,
+    PRICE,
+    ChannelToken,
     Replica,
     Token,
     World,
@@ -55,6 +65,7 @@ from tests.support.money_world import (
 )
 
 USAGES = st.one_of(st.just(0), st.integers(1, 100), st.integers(1, 10_000))  # a usage-priced agent's units
+CHANNEL_KEY = "|batch-settlement|"
 
 QUIET_SECONDS = 10.0  # real time a step may take to come to rest (a hang is a failure)
 CALM_ROUNDS = 14
@@ -96,7 +107,7 @@ class MoneyWorld(RuleBasedStateMachine):
         db = open_database(self.database)
         await db.open()
         try:
-            for table in ("claims", "payments", "tasks", "api_keys", "sealing", "schema_versions"):
+            for table in ("claims", "channels", "payments", "tasks", "api_keys", "sealing", "schema_versions"):
                 await db.execute(f"DROP TABLE IF EXISTS {table}")
         finally:
             await db.close()
@@ -125,7 +136,7 @@ class MoneyWorld(RuleBasedStateMachine):
             if loop.time() > deadline:
                 raise AssertionError(f"the world did not come to rest: {running} requests, {in_agents} in agents")
 
-    async def send(self, replica: Replica, token: Token) -> None:
+    async def send(self, replica: Replica, token: Token | ChannelToken) -> None:
         url = f"/a2a/{token.agent}"
         body = {
             "jsonrpc": "2.0",
@@ -144,13 +155,15 @@ class MoneyWorld(RuleBasedStateMachine):
             url, json=body, headers={"PAYMENT-SIGNATURE": token.header(f"http://gate.test{url}")}, timeout=None
         )
         assert response.status_code != 500, response.text
+        if isinstance(token, ChannelToken):
+            self.world.payer.heard(token, response)
         document = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         result = document.get("result") if isinstance(document, dict) else None
         if isinstance(result, dict) and result.get("kind") == "task":
             self.world.answers.append((token, result))
             self.check_withheld_surface(token, json.dumps(result))
 
-    def start(self, replica: Replica, token: Token) -> None:
+    def start(self, replica: Replica, token: Token | ChannelToken) -> None:
         replica.requests.append(self.loop.create_task(self.send(replica, token)))
 
     def pick_token(self, which: int, owed_first: bool = False) -> Token:
@@ -169,7 +182,7 @@ class MoneyWorld(RuleBasedStateMachine):
         nonce = nonce_key.rsplit("|", 1)[-1]
         return next((t for t in self.world.tokens if t.nonce == nonce), None)
 
-    def deliveries(self, token: Token) -> set[str]:
+    def deliveries(self, token: Token | ChannelToken) -> set[str]:
         """The tasks that showed this token's answer: to a client, or in the store."""
         answer = answer_for(token.text)
         seen = {task["id"] for t, task in self.world.answers if t is token and answer in json.dumps(task)}
@@ -181,8 +194,8 @@ class MoneyWorld(RuleBasedStateMachine):
     def stored_tasks(self) -> list[dict[str, Any]]:
         return self.rows("SELECT id, document FROM tasks")
 
-    def check_withheld_surface(self, token: Token, surface: str) -> None:
-        if token.agent == "withheld" and answer_for(token.text) in surface:
+    def check_withheld_surface(self, token: Token | ChannelToken, surface: str) -> None:
+        if isinstance(token, Token) and token.agent == "withheld" and answer_for(token.text) in surface:
             assert self.world.chain.paid_to_us(token.authorizer, token.nonce), f"withheld answer shown unpaid: {token}"
 
     # -- the payer ---------------------------------------------------------------
@@ -366,6 +379,8 @@ class MoneyWorld(RuleBasedStateMachine):
     @invariant()
     def settled_means_a_transfer_to_pay_to(self) -> None:
         for claim in self.rows("SELECT state, nonce_key FROM claims WHERE state = 'settled'"):
+            if CHANNEL_KEY in claim["nonce_key"]:
+                continue  # a channel's charge: the channel invariants below
             token = self.token_of(claim["nonce_key"])
             assert token is not None
             least = 1 if token.metered else money_world.PRICE  # an upto charge may be below the fixed price
@@ -474,10 +489,105 @@ class MoneyWorld(RuleBasedStateMachine):
             recorded = ("settled", "needs_attention") if token.metered else ("settled",)
             assert not paid or ended.get(token.nonce) in recorded, f"{token.text}: charged, no settled claim records it"
         self.an_upto_charge_is_the_priced_usage_of_the_delivered_work()
+        self.calm_channel()
         self.nothing_needs_an_operator_while_the_chain_answers()
         self.settled_means_a_transfer_to_pay_to()
         self.withheld_answers_stay_withheld_until_paid()
         self.one_signature_buys_at_most_one_delivery()
+
+    def calm_channel(self) -> None:
+        """What the world with a payment channel checks when it calms down (`MoneyWorldWithChannels`)."""
+
+
+class MoneyWorldWithChannels(MoneyWorld):
+    """The world and one payer's payment channel (`batch-settlement`): its rules and invariants."""
+
+    @rule(pick=st.integers(0, 7))
+    def pay_channel(self, pick: int) -> None:
+        """The channel's payer signs its next voucher (a deposit first) for what it believes is charged."""
+        replica = self.replica(pick)
+        if replica is None:
+            return
+        self.start(replica, self.world.new_channel_token())
+        self.run(self.quiet())
+
+    @precondition(lambda self: self.world.channel_tokens)
+    @rule(which=st.integers(0, 63), pick=st.integers(0, 7))
+    def retry_channel(self, which: int, pick: int) -> None:
+        """A voucher sent again, with its request (a client's retry), at any replica."""
+        replica = self.replica(pick)
+        if replica is None:
+            return
+        tokens = self.world.channel_tokens
+        self.start(replica, tokens[which % len(tokens)])
+        self.run(self.quiet())
+
+    def channel_increments(self) -> dict[int, set[str]]:
+        """Each voucher increment (its cumulative maximum), and the tasks that delivered it."""
+        delivered: dict[int, set[str]] = {}
+        for token in self.world.channel_tokens:
+            delivered.setdefault(token.cap, set()).update(self.deliveries(token))
+        return delivered
+
+    def channel_row(self) -> dict[str, Any] | None:
+        rows = self.rows("SELECT * FROM channels")
+        assert len(rows) <= 1, rows
+        return rows[0] if rows else None
+
+    @invariant()
+    def one_voucher_increment_buys_at_most_one_delivery(self) -> None:
+        for cap, tasks in self.channel_increments().items():
+            assert len(tasks) <= 1, f"the increment to {cap} was delivered {len(tasks)} times"
+
+    @invariant()
+    def a_channel_charges_only_delivered_increments_with_the_payers_voucher(self) -> None:
+        row = self.channel_row()
+        if row is None:
+            return
+        delivered = [cap for cap, tasks in self.channel_increments().items() if tasks]
+        charged = int(row["charged"])
+        assert charged <= PRICE * len(delivered), f"charged {charged} for {len(delivered)} delivered increments"
+        assert charged == 0 or charged in delivered, f"charged {charged}: no delivered voucher is for it"
+        if charged:
+            voucher = self.world.replicas[0].gate.sealer.unseal(row["sealed_voucher"], row["channel_id"])
+            assert int(voucher["maxClaimableAmount"]) == charged == int(row["voucher_max"])
+            signable = encode_typed_data(
+                domain_data=get_batch_settlement_eip712_domain(84532),
+                message_types=VOUCHER_TYPES,
+                message_data={"channelId": coerce_bytes32(row["channel_id"]), "maxClaimableAmount": charged},
+            )
+            signer = Account.recover_message(signable, signature=voucher["signature"])
+            assert signer == self.world.payer.account.address, "the kept voucher is not the payer's"
+
+    def calm_channel(self) -> None:
+        """Every delivered increment is charged, or its deposit written off; a claim pass puts the
+        charged total on chain, claimed for payTo."""
+        row = self.channel_row()
+        if row is None:
+            return
+        settled = {
+            int(c["nonce_key"].rsplit("|", 1)[-1])
+            for c in self.rows("SELECT state, nonce_key FROM claims")
+            if CHANNEL_KEY in c["nonce_key"] and c["state"] == "settled"
+        }
+        for cap, tasks in self.channel_increments().items():
+            assert not tasks or cap in settled or cap <= int(row["charged"]) or self.written_off(cap), (
+                f"the increment to {cap} was delivered, and neither charged nor written off"
+            )
+        charged = int(row["charged"])
+        replica = self.live()[0]
+        outcomes = self.run(replica.gate.claim_channels(now=True))
+        on_chain = self.world.chain.channels.get(row["channel_id"])
+        if charged:
+            assert on_chain is not None and on_chain.total_claimed == charged, (
+                f"a claim pass left the chain's claimed total short of the charged total {charged}: {outcomes}"
+            )
+
+    def written_off(self, cap: int) -> bool:
+        return any(
+            c["nonce_key"].endswith(f"|{cap}") and c["state"] == "unsettled"
+            for c in self.rows("SELECT state, nonce_key FROM claims")
+        )
 
 
 class UptoMoneyWorld(MoneyWorld):
@@ -518,7 +628,9 @@ def world_on(
     yield database, tmp_path
 
 
-@pytest.mark.parametrize("world", [MoneyWorld, UptoMoneyWorld], ids=["fixed price", "usage price"])
+@pytest.mark.parametrize(
+    "world", [MoneyWorldWithChannels, UptoMoneyWorld], ids=["fixed price and a channel", "usage price"]
+)
 def test_money_invariants_hold_across_replicas_clocks_and_chain_facts(
     world_on: tuple[str, Path], world: type[MoneyWorld]
 ) -> None:

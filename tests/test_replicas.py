@@ -249,6 +249,7 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
     versions = dict(line.split("\tversion ") for line in first.stdout.splitlines())
     assert versions == {
         "api_keys": "2",
+        "channels": "1",
         "claims": "2",
         "payments": "1",
         "request_counts": "1",
@@ -265,6 +266,7 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
         ).fetchall()
     assert [t[0] for t in tables] == [
         "api_keys",
+        "channels",
         "claims",
         "payments",
         "request_counts",

@@ -12,6 +12,12 @@ the violation, by the invariant that names it:
 | settle budget | a replay re-drove a settle whenever the claim was owed | a replay of an owed claim settled before it was due |
 | sealing key | a replica with another key started | every running replica holds the database's sealing key |
 | one write | the writes sent with a claim's update (the delivered task, its log row) applied even when it missed | one delivery per signature |
+| channel charge at delivery | a voucher charged its channel when it reserved it | a channel charges only delivered increments |
+
+The exact-path mutants run the world without the payment channel (`MoneyWorld`: its rules would
+spread the same search budget thinner); the channel mutant runs `MoneyWorldWithChannels`. (A
+reservation ignored is not in this list: one payer's vouchers cannot race in the simulation; the
+replica tests race two vouchers on one base, `tests/test_channels_replicas.py`.)
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from gate import chain as gate_chain
 from gate import claims as gate_claims
-from gate import sealing
+from gate import sealing, vouchers
+from gate.schemes import batch_settlement
 from tests import test_money_simulation as simulation
 
 
@@ -99,6 +106,21 @@ def with_unguarded_writes(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(gate_claims.Claims, "_ours", lambda self, hold, states: ("1 = 1", ()))
 
 
+def with_channels_charged_at_reservation(mp: pytest.MonkeyPatch) -> None:
+    check_and_reserve = vouchers.check_and_reserve
+
+    async def early(channels: Any, facilitator: Any, token: Any, requirements: Any, price: Any, unseal: Any) -> Any:
+        checked = await check_and_reserve(channels, facilitator, token, requirements, price, unseal)
+        if checked.kind == "reserved":
+            voucher = batch_settlement.read(token.payload["payload"])
+            await channels.db.execute(
+                "UPDATE channels SET charged = ? WHERE channel_id = ?", (str(voucher.max_claimable), voucher.channel_id)
+            )
+        return checked
+
+    mp.setattr(vouchers, "check_and_reserve", early)
+
+
 MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "fencing": without_fencing,
     "one clock": with_each_replicas_own_clock,
@@ -106,7 +128,9 @@ MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "settle budget": with_replays_settling_at_once,
     "sealing key": with_any_sealing_key,
     "one write": with_unguarded_writes,
+    "channel charge at delivery": with_channels_charged_at_reservation,
 }
+CHANNEL_MUTANTS = ("channel charge at delivery",)
 # a stale replica's agent must finish after the takeover, before its renewal notices: rarer
 EXAMPLES = {"one write": 300}
 # what the simulation's invariants say when they find a violation (a failure of its own
@@ -122,6 +146,11 @@ VIOLATIONS = (
     "runs with another sealing key",
     "withheld answer shown unpaid",
     "claims never ended",
+    "delivered increments",
+    "no delivered voucher is for it",
+    "neither charged nor written off",
+    "the kept voucher is not the payer's",
+    "short of the charged total",
 )
 
 
@@ -130,7 +159,8 @@ def test_the_simulation_finds_the_reverted_fix(fix: str, tmp_path: Path, monkeyp
     revert = MUTANTS[fix]
     monkeypatch.setenv("A2A_GATE_SEALING_KEY", "Vf0zQw4Jm9q8u4C7bJ9oZr2H1s0xk3L5n6p7r8t9v0w=")
     revert(monkeypatch)
-    machine = type("MutantWorld", (simulation.MoneyWorld,), {"database": "sqlite", "workdir": tmp_path})
+    world = simulation.MoneyWorldWithChannels if fix in CHANNEL_MUTANTS else simulation.MoneyWorld
+    machine = type("MutantWorld", (world,), {"database": "sqlite", "workdir": tmp_path})
     with pytest.raises(BaseException) as found:
         run_state_machine_as_test(
             machine,

@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from gate.price import Price
-from gate.schemes import exact_eip3009, exact_permit2, upto_permit2
+from gate.schemes import batch_settlement, exact_eip3009, exact_permit2, upto_permit2
 from gate.schemes.base import Rejection, Scheme
 
 __all__ = ["SCHEMES", "Rejection", "Scheme", "for_price", "for_requirements", "named"]
 
 SCHEMES: dict[tuple[str, str], Scheme] = {
-    (s.scheme, s.transfer_method): s for s in (exact_eip3009.SCHEME, exact_permit2.SCHEME, upto_permit2.SCHEME)
+    (s.scheme, s.transfer_method): s
+    for s in (exact_eip3009.SCHEME, exact_permit2.SCHEME, upto_permit2.SCHEME, batch_settlement.SCHEME)
 }
 DEFAULT_TRANSFER_METHOD = "eip3009"
 

@@ -55,6 +55,7 @@ class Scheme(Protocol):
 
     scheme: str  # x402's scheme name (`accepts[].scheme`)
     transfer_method: str  # how the asset moves (`extra.assetTransferMethod`; "eip3009" when absent)
+    channel: bool  # a payment channel: each payload is a voucher on a channel the gate keeps (`gate.channels`)
     definitive_reasons: frozenset[str]  # settle refusals that mean "never": written off, not retried
     nonce_used_reasons: frozenset[str]  # settle refusals that mean "this nonce is spent"
 

@@ -43,6 +43,7 @@ def _authorization(inner: dict[str, Any]) -> dict[str, Any]:
 class ExactEip3009:
     scheme = "exact"
     transfer_method = "eip3009"
+    channel = False
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS
 

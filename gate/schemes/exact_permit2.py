@@ -54,6 +54,7 @@ def _authorization(inner: dict[str, Any]) -> dict[str, Any]:
 class ExactPermit2:
     scheme = "exact"
     transfer_method = "permit2"
+    channel = False
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS
 

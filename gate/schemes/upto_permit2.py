@@ -46,6 +46,7 @@ UPTO_NONCE_USED_REASONS = NONCE_USED_REASONS | {"permit2_invalid_nonce"}
 class UptoPermit2:
     scheme = "upto"
     transfer_method = "permit2"
+    channel = False
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = UPTO_NONCE_USED_REASONS
 

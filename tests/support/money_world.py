@@ -34,6 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from eth_account import Account
+from x402.mechanisms.evm.batch_settlement.client.voucher import sign_voucher
+from x402.mechanisms.evm.batch_settlement.types import ChannelConfig
+from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id
+from x402.mechanisms.evm.signers import EthAccountSigner
 
 from gate import chain as gate_chain
 from gate.config import load_config
@@ -116,13 +121,33 @@ class Spend:
     value: int = 0
 
 
+@dataclass
+class OnChainChannel:
+    """A channel on the settlement contract: what was deposited, what the receiver claimed."""
+
+    balance: int = 0
+    total_claimed: int = 0
+
+    def state(self, channel_id: str) -> dict[str, Any]:
+        return {
+            "channelId": channel_id,
+            "balance": str(self.balance),
+            "totalClaimed": str(self.total_claimed),
+            "withdrawRequestedAt": 0,
+            "refundNonce": "0",
+        }
+
+
 class Chain:
-    """The token contract: one spend per (authorizer, nonce), and who was paid by it."""
+    """The token contract: one spend per (authorizer, nonce), and who was paid by it; and the
+    settlement contract's channels, with the deposits that landed (one per deposit salt)."""
 
     def __init__(self, world: World) -> None:
         self.world = world
         self.spends: dict[tuple[str, str], Spend] = {}
         self.receipts: dict[str, dict[str, Any]] = {}
+        self.channels: dict[str, OnChainChannel] = {}
+        self.deposits: dict[str, str] = {}  # deposit salt -> the transaction that landed it
 
     def spend(self, authorizer: str, nonce: str, kind: str, to: str = "", value: int = 0) -> Spend | None:
         key = (authorizer.lower(), nonce.lower())
@@ -156,7 +181,12 @@ class Chain:
         body = json.loads(request.content)
         method, params = body["method"], body["params"]
         result: Any = None
-        if method == "eth_call":
+        if method == "eth_call" and params[0]["to"].lower() == SETTLEMENT_CONTRACT:
+            data = params[0]["data"]
+            channel = self.channels.get("0x" + data[10:74].lower(), OnChainChannel())
+            words = (channel.balance, channel.total_claimed) if data.startswith(gate_chain.CHANNELS) else (0, 0)
+            result = "0x" + "".join(format(w, "064x") for w in words)
+        elif method == "eth_call":
             data = params[0]["data"]
             authorizer, nonce = "0x" + data[10 + 24 : 10 + 64], "0x" + data[10 + 64 :]
             result = word(1 if (authorizer, nonce) in self.spends else 0)
@@ -185,6 +215,8 @@ class Facilitator:
         body = json.loads(request.content)
         if "permit2Authorization" in body["paymentPayload"]["payload"]:
             return self.handle_upto(request, body)
+        if "type" in body["paymentPayload"]["payload"]:
+            return self.handle_channel(request, body["paymentPayload"]["payload"])
         auth = body["paymentPayload"]["payload"]["authorization"]
         authorizer, nonce = auth["from"], auth["nonce"]
         spent = (authorizer.lower(), nonce.lower()) in self.chain.spends
@@ -242,6 +274,54 @@ class Facilitator:
         if self.mode == "unknown_landed":
             return httpx.Response(504, text="timeout")
         answer = {"success": True, "transaction": spend.tx, "network": NETWORK, "payer": owner, "amount": str(amount)}
+        return httpx.Response(200, json=answer)
+
+    def handle_channel(self, request: httpx.Request, inner: dict[str, Any]) -> httpx.Response:
+        """batch-settlement as the binding's facilitator answers it (signatures are the gate's to
+        check: this one trusts them, as the exact side does). A deposit settled again answers as the
+        first time (the package's facilitator caches deposit settlements)."""
+        chain = self.chain
+        kind = inner["type"]
+        if kind in ("deposit", "voucher"):
+            channel_id = inner["voucher"]["channelId"].lower()
+            channel = chain.channels.setdefault(channel_id, OnChainChannel())
+            payer = inner["channelConfig"]["payer"].lower()
+            cap = int(inner["voucher"]["maxClaimableAmount"])
+        if request.url.path.endswith("/verify"):
+            deposit = int(inner["deposit"]["amount"]) if kind == "deposit" else 0
+            if cap > channel.balance + deposit or cap <= channel.total_claimed:
+                reason = "invalid_batch_settlement_evm_cumulative_exceeds_balance"
+                return httpx.Response(200, json={"isValid": False, "invalidReason": reason, "payer": payer})
+            return httpx.Response(200, json={"isValid": True, "payer": payer, "extra": channel.state(channel_id)})
+        self.settles += 1
+        if self.mode == "refused":
+            return httpx.Response(200, json={"success": False, "errorReason": "insufficient_funds"})
+        if self.mode == "unknown_lost":
+            return httpx.Response(503, text="down")
+        if kind == "deposit":
+            salt = inner["deposit"]["authorization"]["erc3009Authorization"]["salt"]
+            if salt not in chain.deposits:
+                chain.deposits[salt] = "0x" + secrets.token_hex(32)
+                channel.balance += int(inner["deposit"]["amount"])
+            answer = {
+                "success": True,
+                "transaction": chain.deposits[salt],
+                "network": NETWORK,
+                "payer": payer,
+                "extra": {"channelState": channel.state(channel_id)},
+            }
+        elif kind == "claim":
+            for entry in inner["claims"]:
+                config = ChannelConfig.from_dict(entry["voucher"]["channel"])
+                claimed = chain.channels.setdefault(compute_channel_id(config, NETWORK).lower(), OnChainChannel())
+                total = int(entry["totalClaimed"])
+                assert total <= int(entry["voucher"]["maxClaimableAmount"]) and total <= claimed.balance, entry
+                claimed.total_claimed = max(claimed.total_claimed, total)
+            answer = {"success": True, "transaction": "0x" + secrets.token_hex(32), "network": NETWORK, "payer": ""}
+        else:  # the sweep of claimed funds to the receiver
+            answer = {"success": True, "transaction": "0x" + secrets.token_hex(32), "network": NETWORK, "payer": ""}
+        if self.mode == "unknown_landed":
+            return httpx.Response(504, text="timeout")
         return httpx.Response(200, json=answer)
 
 
@@ -326,6 +406,98 @@ class Token:
         return base64.b64encode(json.dumps(payload).encode()).decode()
 
 
+CHANNEL_AUTHORIZER = "0x" + "a5" * 20
+SETTLEMENT_CONTRACT = "0x4020074e9df2ce1dee5a9c1b5c3f541d02a10003"
+DEPOSIT = 20 * PRICE
+
+
+@dataclass
+class ChannelToken:
+    """One channel payment the payer signed: a deposit (with its voucher) or a voucher, for `cap`."""
+
+    index: int
+    kind: str
+    cap: int
+    payload: dict[str, Any]
+    agent: str = "channel"
+
+    @property
+    def text(self) -> str:
+        return f"voucher {self.index}"
+
+    def header(self, resource: str) -> str:
+        accepted = {
+            "scheme": "batch-settlement",
+            "network": NETWORK,
+            "asset": ASSET,
+            "amount": str(PRICE),
+            "payTo": PAY_TO,
+            "maxTimeoutSeconds": WINDOW,
+            "extra": {"name": "USDC", "version": "2", "receiverAuthorizer": CHANNEL_AUTHORIZER, "withdrawDelay": 900},
+        }
+        document = {"x402Version": 2, "resource": {"url": resource}, "accepted": accepted, "payload": self.payload}
+        return base64.b64encode(json.dumps(document).encode()).decode()
+
+
+class ChannelPayer:
+    """One payer with one channel, and what it believes the channel has charged (from its answers)."""
+
+    def __init__(self) -> None:
+        self.account = Account.create()
+        self.config = {
+            "payer": self.account.address,
+            "payerAuthorizer": self.account.address,
+            "receiver": PAY_TO,
+            "receiverAuthorizer": CHANNEL_AUTHORIZER,
+            "token": ASSET,
+            "withdrawDelay": 900,
+            "salt": "0x" + "00" * 32,
+        }
+        self.channel_id = compute_channel_id(ChannelConfig.from_dict(self.config), NETWORK).lower()
+        self.charged = 0  # what the payer believes
+        self.balance = 0  # what it believes it deposited
+
+    def sign(self, index: int, now: float) -> ChannelToken:
+        cap = self.charged + PRICE
+        voucher = sign_voucher(EthAccountSigner(self.account), self.channel_id, str(cap), NETWORK).to_dict()
+        payload: dict[str, Any] = {"type": "voucher", "channelConfig": self.config, "voucher": voucher}
+        kind = "voucher"
+        if cap > self.balance:  # a deposit first (and again when it runs out)
+            kind = "deposit"
+            payload = {
+                **payload,
+                "type": "deposit",
+                "deposit": {
+                    "amount": str(DEPOSIT),
+                    "authorization": {
+                        "erc3009Authorization": {
+                            "validAfter": "0",
+                            "validBefore": str(int(now) + WINDOW),
+                            "salt": "0x" + secrets.token_hex(32),
+                            "signature": "0x" + "22" * 65,
+                        }
+                    },
+                },
+            }
+        return ChannelToken(index, kind, cap, payload)
+
+    def heard(self, token: ChannelToken, response: httpx.Response) -> None:
+        """What the answer tells the payer: a receipt (charged, and its deposit counted), or a
+        corrective 402 (where the channel stands)."""
+        if "PAYMENT-RESPONSE" in response.headers:
+            receipt = json.loads(base64.b64decode(response.headers["PAYMENT-RESPONSE"]))
+            self.charged = int(receipt["extra"]["channelState"]["chargedCumulativeAmount"])
+            if token.kind == "deposit":
+                self.balance += DEPOSIT
+        elif response.status_code == 402 and "PAYMENT-REQUIRED" in response.headers:
+            document = json.loads(base64.b64decode(response.headers["PAYMENT-REQUIRED"]))
+            offer = next((a for a in document["accepts"] if a["scheme"] == "batch-settlement"), {})
+            state = offer.get("extra", {}).get("channelState")
+            if state is not None:
+                self.charged = int(state["chargedCumulativeAmount"])
+                self.balance = max(self.balance, int(state["balance"]))
+
+
 # -- replicas ------------------------------------------------------------------------
 
 
@@ -369,6 +541,12 @@ backend = "python"
 callable = "tests.support.money_world:held"
 deadline_seconds = 60
 price = {{ scheme = "upto", network = "{network}", asset = "{asset}", ceiling = "{large}", pay_to = "{pay_to}", facilitator_address = "{facilitator}", usage = {{ unit = "units", unit_price = "{unit_price}" }} }}
+
+[agents.channel]
+backend = "python"
+callable = "tests.support.money_world:held"
+deadline_seconds = 60
+price = {{ network = "{network}", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}", scheme = "batch-settlement", receiver_authorizer = "{authorizer}" }}
 
 [agents.withheld]
 backend = "python"
@@ -429,6 +607,7 @@ class World:
                 large=CEILINGS["metered-large"],
                 facilitator=FACILITATOR_ADDRESS,
                 unit_price=UNIT_PRICE,
+                authorizer=CHANNEL_AUTHORIZER,
             )
         )
         self.settings = load_config(str(config))
@@ -437,8 +616,15 @@ class World:
         self.replicas: list[Replica] = []
         self.tokens: list[Token] = []
         self.indexes = itertools.count()
-        self.answers: list[tuple[Token, dict[str, Any]]] = []  # every Task a client was answered
         self.priced: dict[str, int] = {}  # task id -> what its usage priced at, when its agent completed
+        self.answers: list[tuple[Token | ChannelToken, dict[str, Any]]] = []  # every Task a client was answered
+        self.payer = ChannelPayer()
+        self.channel_tokens: list[ChannelToken] = []
+
+    def new_channel_token(self) -> ChannelToken:
+        token = self.payer.sign(next(self.indexes), self.now)
+        self.channel_tokens.append(token)
+        return token
 
     def clock_property(self) -> property:
         return property(lambda db: repr(float(self.now)))

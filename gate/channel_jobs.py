@@ -1,0 +1,334 @@
+"""Collecting payment channels: vouchers claimed on chain in batches, claimed funds swept to payTo.
+
+Delivered requests only advance a channel's charged total (`gate.channels`); the money moves
+when the gate claims the channel's latest voucher on the settlement contract. A pass claims
+every channel whose charged total runs `claim_at_amount` ahead of what is claimed, or whose
+oldest unclaimed charge is `claim_after_seconds` old (both configurable, `[channels]`), one
+facilitator `settle` call (`type: "claim"`) per receiver, then sweeps the claimed funds to the
+receiver (`type: "settle"`). The facilitator signs the claims with the receiver-authorizer key
+it holds (the offer's `receiverAuthorizer`).
+
+A claim is fenced like a settlement (a channel's `claim_fence` and lease, by the database's
+clock): one replica claims a channel at a time. A claim's outcome is classified like an
+`exact` settle: success raises the claimed total; a refusal, or an answer nobody has (timeout,
+5xx), leaves the channel claimable again after a backoff. A claim is cumulative (it raises the
+claimed total to the voucher's maximum), so sending it again after an unknown outcome can
+never claim twice: the chain decides. Every claim, failure and sweep is a payment log row
+(`channel_claim`, `channel_claim_failed`, `channel_settle`) and a metric.
+
+A channel idle for `refund_after_seconds` is refunded cooperatively: what it holds beyond its
+charged total goes back to its payer, its unclaimed vouchers claimed in the same transaction
+(`channel_refund`). It is closed to vouchers from the moment its refund is taken (so no request
+can be charged against money on its way back); a deposit opens it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import defaultdict
+from typing import Any
+
+from gate.chain import ChainUnavailable
+from gate.channels import Channel, Mirror
+from gate.facilitator import Unavailable
+from gate.parts import GateParts
+from gate.schemes import batch_settlement
+from server.database import commit_until_stored
+
+logger = logging.getLogger("a2a_gate.channels")
+
+CLAIM_LEASE_SECONDS = 60.0
+MAX_CLAIMS_PER_BATCH = 100
+
+
+def requirements(network: str, asset: str, receiver: str) -> dict[str, Any]:
+    """The requirements a claim or sweep is sent with (the binding's channel manager's)."""
+    return {
+        "scheme": batch_settlement.SCHEME_NAME,
+        "network": network,
+        "asset": asset,
+        "amount": "0",
+        "payTo": receiver,
+        "maxTimeoutSeconds": 0,
+        "extra": {},
+    }
+
+
+async def watch(parts: GateParts) -> list[dict[str, Any]]:
+    """Where the chain can be asked (`[networks] rpc_url`), read every channel with unclaimed charges:
+    a claim whose answer was lost is settled by what the chain says it claimed, and a payer's
+    withdrawal request makes its channel due now (it may take the unclaimed balance once the
+    withdraw delay runs out)."""
+    outcomes = []
+    for channel in await parts.channels.claimable(0, 0.0):  # (a claim in flight is its claimer's to record)
+        if not parts.chain.knows(channel.network):
+            continue
+        try:
+            balance, claimed, withdrawal = await parts.chain.channel(
+                channel.network, batch_settlement.SETTLEMENT_CONTRACT, channel.channel_id
+            )
+        except ChainUnavailable as exc:
+            logger.warning("the chain cannot say where channel %s stands: %s", channel.channel_id[:18], exc.reason)
+            continue
+        mirror = Mirror(balance, claimed, withdrawal, channel.refund_nonce)
+        landed = claimed > channel.total_claimed
+        await parts.channels.mirror(channel.channel_id, mirror)
+        if landed:
+            await parts.log.append(
+                "channel_claim",
+                agent="",
+                token_digest=channel.voucher_digest,
+                payer=channel.payer,
+                amount=str(claimed - channel.total_claimed),
+                network=channel.network,
+                asset=channel.asset,
+                error=f"confirmed on chain: channel {channel.channel_id[:18]} claimed to {claimed}",
+            )
+            outcomes.append(
+                {
+                    "outcome": "confirmed",
+                    "channel": channel.channel_id,
+                    "claimed": claimed,
+                    "receiver": (channel.network, channel.asset, channel.receiver),
+                }
+            )
+        if withdrawal:
+            outcomes.append({"outcome": "withdrawal_requested", "channel": channel.channel_id})
+    return outcomes
+
+
+async def claim_due(parts: GateParts, *, now: bool = False) -> list[dict[str, Any]]:
+    """One pass: claim what is due (everything unclaimed, with `now`), then sweep; returns what happened."""
+    terms = parts.config.channels
+    watched = await watch(parts)
+    min_amount, max_age = (0, 0.0) if now else (terms.claim_at_amount, terms.claim_after_seconds)
+    due = await parts.channels.claimable(min_amount, max_age)
+    batches: dict[tuple[str, str, str], list[Channel]] = defaultdict(list)
+    for channel in due:
+        batches[(channel.network, channel.asset, channel.receiver)].append(channel)
+    outcomes: list[dict[str, Any]] = [{k: v for k, v in o.items() if k != "receiver"} for o in watched]
+    confirmed = {o["receiver"] for o in watched if o["outcome"] == "confirmed"}
+    for key in confirmed - set(batches):  # claims the chain confirmed, for receivers with nothing else due
+        outcomes.append(await sweep(parts, *key))
+    for (network, asset, receiver), channels in batches.items():
+        claimed = (network, asset, receiver) in confirmed
+        for start in range(0, len(channels), MAX_CLAIMS_PER_BATCH):
+            batch = channels[start : start + MAX_CLAIMS_PER_BATCH]
+            outcome = await claim_batch(parts, network, asset, receiver, batch)
+            claimed = claimed or outcome["outcome"] == "claimed"
+            outcomes.append(outcome)
+        if claimed:
+            outcomes.append(await sweep(parts, network, asset, receiver))
+    return outcomes
+
+
+async def claim_batch(
+    parts: GateParts, network: str, asset: str, receiver: str, channels: list[Channel]
+) -> dict[str, Any]:
+    fence = secrets.token_hex(8)
+    taken = [c for c in channels if await parts.channels.take_claim(c, fence, CLAIM_LEASE_SECONDS)]
+    if not taken:
+        return {"outcome": "skipped", "channels": 0, "receiver": receiver}
+    entries = []
+    for channel in taken:
+        voucher = parts.sealer.unseal(channel.sealed_voucher, channel.channel_id)
+        entries.append(
+            {
+                "voucher": {"channel": channel.config, "maxClaimableAmount": voucher["maxClaimableAmount"]},
+                "signature": voucher["signature"],
+                "totalClaimed": voucher["maxClaimableAmount"],
+            }
+        )
+    wanted = requirements(network, asset, receiver)
+    payload = {"x402Version": 2, "payload": {"type": "claim", "claims": entries}, "accepted": wanted}
+    try:
+        answer = await parts.facilitator.settle(2, payload, wanted)
+    except Unavailable as exc:
+        return await claim_failed(parts, taken, fence, f"claim_unavailable: {exc.reason}", unknown=True)
+    if not answer.success:
+        return await claim_failed(parts, taken, fence, answer.reason, unknown=False)
+    statements = [parts.channels.claimed_statement(c.channel_id, fence, None) for c in taken]
+
+    async def write() -> None:
+        for sql, args in statements:
+            await parts.channels.db.execute(sql, args)
+        for channel in taken:
+            await parts.log.append(
+                "channel_claim",
+                agent="",
+                token_digest=channel.voucher_digest,
+                payer=channel.payer,
+                amount=str(channel.voucher_max - channel.total_claimed),
+                network=network,
+                asset=asset,
+                transaction=answer.transaction,
+                error=f"channel {channel.channel_id[:18]} claimed to {channel.voucher_max}",
+            )
+
+    await commit_until_stored(parts.channels.db, write, "a channel claim")
+    parts.metrics.channel_transactions.labels("claim", "ok").inc()
+    added = sum(c.voucher_max - c.total_claimed for c in taken)
+    logger.info(
+        "claimed %d voucher(s) on chain, %d atomic units, transaction %s", len(taken), added, answer.transaction
+    )
+    return {"outcome": "claimed", "channels": len(taken), "amount": added, "transaction": answer.transaction}
+
+
+async def claim_failed(
+    parts: GateParts, taken: list[Channel], fence: str, reason: str, *, unknown: bool
+) -> dict[str, Any]:
+    retry_in = parts.config.channels.claim_interval_seconds
+    for channel in taken:
+        await parts.channels.claim_failed(channel.channel_id, fence, unknown, retry_in)
+        await parts.log.append(
+            "channel_claim_failed",
+            agent="",
+            token_digest=channel.voucher_digest,
+            payer=channel.payer,
+            amount=str(channel.voucher_max - channel.total_claimed),
+            network=channel.network,
+            asset=channel.asset,
+            error=reason,
+        )
+    parts.metrics.channel_transactions.labels("claim", "unknown" if unknown else "failed").inc()
+    logger.warning("a channel claim did not land (%s); claimable again in %gs", reason, retry_in)
+    return {"outcome": "unknown" if unknown else "failed", "channels": len(taken), "error": reason}
+
+
+async def sweep(parts: GateParts, network: str, asset: str, receiver: str) -> dict[str, Any]:
+    """Move what is claimed for `receiver` on the contract to `receiver` itself."""
+    wanted = requirements(network, asset, receiver)
+    payload = {
+        "x402Version": 2,
+        "payload": {"type": "settle", "receiver": receiver, "token": asset},
+        "accepted": wanted,
+    }
+    try:
+        answer = await parts.facilitator.settle(2, payload, wanted)
+    except Unavailable as exc:
+        parts.metrics.channel_transactions.labels("settle", "unknown").inc()
+        return {"outcome": "sweep_unknown", "error": exc.reason}  # claimed funds wait on the contract: the next pass
+    amount = str(answer.receipt.get("amount", "")) if answer.success else ""
+    await parts.log.append(
+        "channel_settle",
+        agent="",
+        token_digest="",
+        payer="",
+        amount=amount,
+        network=network,
+        asset=asset,
+        transaction=answer.transaction,
+        error="" if answer.success else answer.reason,
+    )
+    parts.metrics.channel_transactions.labels("settle", "ok" if answer.success else "failed").inc()
+    return {"outcome": "swept" if answer.success else "sweep_failed", "transaction": answer.transaction}
+
+
+async def refund_idle(parts: GateParts, idle_seconds: float | None = None) -> list[dict[str, Any]]:
+    """Return what idle channels hold beyond their charged total to their payers (cooperatively,
+    `refundWithSignature`, with the unclaimed vouchers claimed in the same transaction)."""
+    idle = parts.config.channels.refund_after_seconds if idle_seconds is None else idle_seconds
+    outcomes = []
+    claimed_for: set[tuple[str, str, str]] = set()
+    for channel in await parts.channels.idle(idle):
+        fence = secrets.token_hex(8)
+        if not await parts.channels.take_refund(channel, fence, CLAIM_LEASE_SECONDS):
+            continue
+        outcome = await refund(parts, channel, fence)
+        outcomes.append(outcome)
+        if outcome["outcome"] == "refunded" and channel.voucher_max > channel.total_claimed:
+            claimed_for.add((channel.network, channel.asset, channel.receiver))
+    for network, asset, receiver in sorted(claimed_for):  # what the refunds claimed, to payTo
+        outcomes.append(await sweep(parts, network, asset, receiver))
+    return outcomes
+
+
+async def refund(parts: GateParts, channel: Channel, fence: str) -> dict[str, Any]:
+    voucher = parts.sealer.unseal(channel.sealed_voucher, channel.channel_id)
+    claims = []
+    if channel.voucher_max > channel.total_claimed:
+        claims.append(
+            {
+                "voucher": {"channel": channel.config, "maxClaimableAmount": voucher["maxClaimableAmount"]},
+                "signature": voucher["signature"],
+                "totalClaimed": voucher["maxClaimableAmount"],
+            }
+        )
+    inner = {
+        "type": "refund",
+        "channelConfig": channel.config,
+        "voucher": {
+            "channelId": channel.channel_id,
+            "maxClaimableAmount": voucher["maxClaimableAmount"],
+            "signature": voucher["signature"],
+        },
+        "amount": str(channel.balance - channel.charged),
+        "refundNonce": str(channel.refund_nonce),
+        "claims": claims,
+    }
+    wanted = requirements(channel.network, channel.asset, channel.receiver)
+    payload = {"x402Version": 2, "payload": inner, "accepted": wanted}
+    retry_in = parts.config.channels.claim_interval_seconds
+    try:
+        answer = await parts.facilitator.settle(2, payload, wanted)
+    except Unavailable as exc:
+        await parts.channels.refund_failed(channel.channel_id, fence, unknown=True, retry_in=retry_in)
+        await refund_log(parts, channel, "", f"refund_unavailable: {exc.reason}")
+        parts.metrics.channel_transactions.labels("refund", "unknown").inc()
+        return {"outcome": "unknown", "channel": channel.channel_id, "error": exc.reason}
+    mirror = Mirror.read(answer.extra) if answer.success else None
+    if mirror is None:
+        await parts.channels.refund_failed(channel.channel_id, fence, unknown=False, retry_in=retry_in)
+        await refund_log(parts, channel, "", answer.reason or "refund answer without the channel's state")
+        parts.metrics.channel_transactions.labels("refund", "failed").inc()
+        return {"outcome": "failed", "channel": channel.channel_id, "error": answer.reason}
+    refunded = str(answer.receipt.get("amount", "")) or str(channel.balance - mirror.balance)
+    sql, args = parts.channels.refunded_statement(channel.channel_id, fence, mirror)
+
+    async def write() -> None:
+        await parts.channels.db.execute(sql, args)
+        await parts.log.append(
+            "channel_refund",
+            agent="",
+            token_digest=channel.voucher_digest,
+            payer=channel.payer,
+            amount=refunded,
+            network=channel.network,
+            asset=channel.asset,
+            transaction=answer.transaction,
+            error=f"channel {channel.channel_id[:18]} refunded; claimed to {mirror.total_claimed}",
+        )
+
+    await commit_until_stored(parts.channels.db, write, "a channel refund")
+    parts.metrics.channel_transactions.labels("refund", "ok").inc()
+    return {"outcome": "refunded", "channel": channel.channel_id, "amount": refunded, "transaction": answer.transaction}
+
+
+async def refund_log(parts: GateParts, channel: Channel, transaction: str, error: str) -> None:
+    await parts.log.append(
+        "channel_claim_failed",
+        agent="",
+        token_digest=channel.voucher_digest,
+        payer=channel.payer,
+        amount=str(channel.balance - channel.charged),
+        network=channel.network,
+        asset=channel.asset,
+        transaction=transaction,
+        error=f"refund: {error}",
+    )
+
+
+async def claim_loop(parts: GateParts) -> None:
+    """The schedule: a pass every `claim_interval_seconds`, whatever a pass meets (claims, then refunds)."""
+    while True:
+        await asyncio.sleep(parts.config.channels.claim_interval_seconds)
+        try:
+            await claim_due(parts)
+            if parts.config.channels.refund_after_seconds > 0:
+                await refund_idle(parts)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug of ours or an outage: the next pass tries again
+            logger.exception("channel claim pass failed")

@@ -1,0 +1,395 @@
+"""Payment channels (x402 `batch-settlement`): the state every replica shares, one row per channel.
+
+A row holds the channel's configuration, its on-chain state as last read (balance, total
+claimed, withdrawal, refund nonce, and when: `synced_at`, by the database's clock), what the
+gate has charged on it (`charged`: the cumulative of every delivered request), the latest
+voucher that pays for that total (sealed: a voucher is a signature and claims the money on
+chain), and the one request in flight (`reserved_by`: its claim's token digest).
+
+Every write is a compare-and-set on what it read, so two replicas never count one voucher
+twice or lose one:
+- a voucher reserves the channel only when `charged` is its base (maxClaimableAmount minus the
+  price) and no live claim holds it; the reservation is that claim's (`gate.claims`): when the
+  claim is released (undelivered work), or its owner's lease lapses and the reconciler ends it,
+  the channel is free again, whatever crashed where;
+- `charged` advances only at delivery, from that base to the voucher's maximum, in the same
+  transaction as the claim's `settled` and its payment log row.
+The x402 package's own server storage does the same in one process (a dict or a file and a
+lock); this is that, in SQLite or PostgreSQL, for replicas.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gate.schemes.batch_settlement import Voucher
+from server.database import Database, Migration
+
+HOLDING_STATES = ("running", "settling", "settle_failed")  # a claim in these holds its channel's reservation
+
+_COLUMNS = (
+    "channel_id TEXT PRIMARY KEY, network TEXT NOT NULL, asset TEXT NOT NULL, payer TEXT NOT NULL,"
+    " receiver TEXT NOT NULL, config TEXT NOT NULL,"
+    # on-chain state, as last read, and when (the database's clock)
+    " balance TEXT NOT NULL DEFAULT '0', total_claimed TEXT NOT NULL DEFAULT '0',"
+    " withdraw_requested_at BIGINT NOT NULL DEFAULT 0, refund_nonce TEXT NOT NULL DEFAULT '0',"
+    " synced_at DOUBLE PRECISION NOT NULL DEFAULT 0,"
+    # the gate's side: what delivered work has charged, the voucher for it (sealed), the request in flight
+    " charged TEXT NOT NULL DEFAULT '0', voucher_max TEXT NOT NULL DEFAULT '0',"
+    " voucher_digest TEXT NOT NULL DEFAULT '',"
+    " sealed_voucher TEXT NOT NULL DEFAULT '', reserved_by TEXT NOT NULL DEFAULT '',"
+    " charged_at DOUBLE PRECISION NOT NULL DEFAULT 0,"
+    # the claim job: a claim on chain in flight (its fence and lease), and what it claims
+    " claim_fence TEXT NOT NULL DEFAULT '', claim_until DOUBLE PRECISION NOT NULL DEFAULT 0,"
+    " claim_max TEXT NOT NULL DEFAULT '0', claim_unknown INTEGER NOT NULL DEFAULT 0,"
+    " claim_failures INTEGER NOT NULL DEFAULT 0,"  # claims that did not land since the last one that did
+    " refunded INTEGER NOT NULL DEFAULT 0,"
+    " created_at DOUBLE PRECISION NOT NULL DEFAULT 0, updated_at DOUBLE PRECISION NOT NULL DEFAULT 0"
+)
+_STATEMENTS = (
+    f"CREATE TABLE IF NOT EXISTS channels ({_COLUMNS})",
+    "CREATE INDEX IF NOT EXISTS channels_charged_at ON channels (charged_at)",
+)
+MIGRATIONS = (Migration(sqlite=_STATEMENTS, postgresql=_STATEMENTS),)
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One channel row, typed (amounts as integers: uint128 values, stored as decimal text)."""
+
+    channel_id: str
+    network: str
+    asset: str
+    payer: str
+    receiver: str
+    config: dict[str, Any]
+    balance: int
+    total_claimed: int
+    withdraw_requested_at: int
+    refund_nonce: int
+    synced_at: float
+    charged: int
+    voucher_max: int
+    voucher_digest: str
+    sealed_voucher: str
+    reserved_by: str
+    charged_at: float
+    claim_fence: str = ""
+    claim_until: float = 0.0
+    claim_max: int = 0
+    claim_unknown: bool = False
+    claim_failures: int = 0
+    refunded: bool = False
+    now: float = 0.0  # the database's clock when the row was read
+
+    @classmethod
+    def from_row(cls, row: Any) -> Channel:
+        return cls(
+            channel_id=row["channel_id"],
+            network=row["network"],
+            asset=row["asset"],
+            payer=row["payer"],
+            receiver=row["receiver"],
+            config=json.loads(row["config"]),
+            balance=int(row["balance"]),
+            total_claimed=int(row["total_claimed"]),
+            withdraw_requested_at=int(row["withdraw_requested_at"]),
+            refund_nonce=int(row["refund_nonce"]),
+            synced_at=float(row["synced_at"]),
+            charged=int(row["charged"]),
+            voucher_max=int(row["voucher_max"]),
+            voucher_digest=row["voucher_digest"],
+            sealed_voucher=row["sealed_voucher"],
+            reserved_by=row["reserved_by"],
+            charged_at=float(row["charged_at"]),
+            claim_fence=row["claim_fence"],
+            claim_until=float(row["claim_until"]),
+            claim_max=int(row["claim_max"]),
+            claim_unknown=bool(row["claim_unknown"]),
+            claim_failures=int(row["claim_failures"]),
+            refunded=bool(row["refunded"]),
+            now=float(row["now"]) if "now" in row else 0.0,
+        )
+
+    def fresh(self, ttl_seconds: float) -> bool:
+        """The mirrored on-chain state is recent enough to verify a voucher against it locally."""
+        return self.synced_at > 0 and self.now - self.synced_at <= ttl_seconds
+
+    def state(self) -> dict[str, Any]:
+        """The binding's `channelState`, as receipts and corrective answers carry it."""
+        return {
+            "channelId": self.channel_id,
+            "balance": str(self.balance),
+            "totalClaimed": str(self.total_claimed),
+            "withdrawRequestedAt": self.withdraw_requested_at,
+            "refundNonce": str(self.refund_nonce),
+            "chargedCumulativeAmount": str(self.charged),
+        }
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """On-chain channel state as a facilitator answer reports it (its `extra` or `extra.channelState`)."""
+
+    balance: int
+    total_claimed: int
+    withdraw_requested_at: int
+    refund_nonce: int
+
+    @classmethod
+    def read(cls, extra: dict[str, Any]) -> Mirror | None:
+        """The state in a verify answer's `extra` (or a settle answer's `extra.channelState`); None if absent or odd."""
+        nested = extra.get("channelState")
+        state: dict[str, Any] = nested if isinstance(nested, dict) else extra
+        try:
+            values = [int(str(state[k])) for k in ("balance", "totalClaimed")]
+            withdraw = int(str(state.get("withdrawRequestedAt", 0)))
+            nonce = int(str(state.get("refundNonce", 0)))
+        except (KeyError, TypeError, ValueError):
+            return None
+        if min(*values, withdraw, nonce) < 0:
+            return None
+        return cls(values[0], values[1], withdraw, nonce)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What `reserve` found: "reserved", "busy" (another live request holds the channel) or
+    "mismatch" (the voucher's base is not the channel's charged total: the payer must resync)."""
+
+    kind: str
+    channel: Channel | None  # as found, when it could not be reserved
+
+
+class Channels:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @property
+    def now(self) -> str:
+        return self.db.clock_sql
+
+    async def create_tables(self) -> None:
+        await self.db.migrate("channels", MIGRATIONS)
+
+    async def find(self, channel_id: str) -> Channel | None:
+        row = await self.db.fetchrow(
+            f"SELECT *, {self.now} AS now FROM channels WHERE channel_id = ?", (channel_id.lower(),)
+        )
+        return None if row is None else Channel.from_row(row)
+
+    async def open(self, voucher: Voucher, network: str, asset: str, charged: int, mirror: Mirror | None) -> None:
+        """A channel the gate has not seen: its row, charged from what the chain says was claimed."""
+        m = mirror or Mirror(0, 0, 0, 0)
+        await self.db.execute(
+            "INSERT INTO channels (channel_id, network, asset, payer, receiver, config, balance, total_claimed,"
+            " withdraw_requested_at, refund_nonce, synced_at, charged, voucher_max, created_at, updated_at)"
+            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {self.now if mirror else '0'}, ?, ?, {self.now}, {self.now})"
+            " ON CONFLICT DO NOTHING",
+            (
+                voucher.channel_id,
+                network,
+                asset.lower(),
+                voucher.payer,
+                str(voucher.config["receiver"]).lower(),
+                json.dumps(voucher.config, sort_keys=True, separators=(",", ":")),
+                str(m.balance),
+                str(m.total_claimed),
+                m.withdraw_requested_at,
+                str(m.refund_nonce),
+                str(charged),
+                str(charged),
+            ),
+        )
+
+    async def mirror(self, channel_id: str, mirror: Mirror) -> None:
+        """The chain's state as a facilitator (or the chain itself) just read it."""
+        await self.db.execute(
+            f"UPDATE channels SET balance = ?, total_claimed = ?, withdraw_requested_at = ?, refund_nonce = ?,"
+            f" synced_at = {self.now}, updated_at = {self.now} WHERE channel_id = ?",
+            (
+                str(mirror.balance),
+                str(mirror.total_claimed),
+                mirror.withdraw_requested_at,
+                str(mirror.refund_nonce),
+                channel_id,
+            ),
+        )
+
+    def _free(self) -> str:
+        marks = ", ".join(f"'{s}'" for s in HOLDING_STATES)
+        return (
+            "(reserved_by = '' OR NOT EXISTS (SELECT 1 FROM claims WHERE claims.token_digest = channels.reserved_by"
+            f" AND claims.state IN ({marks})))"
+        )
+
+    async def reserve(self, channel_id: str, base: int, token_digest: str, *, deposit: bool) -> Reservation:
+        """Hold the channel for the request claimed under `token_digest`, if its charged total is `base`
+        (and, for a voucher, the channel is not being or has not been refunded: only a deposit reopens it)."""
+        open_ = "" if deposit else " AND refunded = 0"
+        # a reservation in this token's name is this request's: its earlier claim was released
+        # (a restart, an outage) and the claim it holds now is the one just taken
+        taken = await self.db.execute(
+            f"UPDATE channels SET reserved_by = ?, updated_at = {self.now}"
+            f" WHERE channel_id = ? AND charged = ? AND (reserved_by = ? OR {self._free()}){open_}",
+            (token_digest, channel_id, str(base), token_digest),
+        )
+        if taken == 1:
+            return Reservation("reserved", None)
+        channel = await self.find(channel_id)
+        assert channel is not None, channel_id
+        if channel.charged != base:
+            return Reservation("mismatch", channel)
+        return Reservation("refunded" if channel.refunded and not deposit else "busy", channel)
+
+    def commit_statement(
+        self, voucher: Voucher, base: int, sealed_voucher: str, voucher_digest: str, mirror: Mirror | None
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The write that charges a delivered request: `charged` from `base` to the voucher's maximum,
+        the voucher kept (sealed) to claim it; one row or none (then someone else moved the channel)."""
+        mirrored, args = "", tuple[Any, ...]()
+        if mirror is not None:
+            mirrored = f", balance = ?, total_claimed = ?, withdraw_requested_at = ?, synced_at = {self.now}"
+            args = (str(mirror.balance), str(mirror.total_claimed), mirror.withdraw_requested_at)
+        return (
+            f"UPDATE channels SET charged = ?, voucher_max = ?, sealed_voucher = ?, voucher_digest = ?,"
+            f" reserved_by = ''{', refunded = 0' if voucher.kind == 'deposit' else ''},"
+            f" charged_at = {self.now}, updated_at = {self.now}{mirrored}"
+            " WHERE channel_id = ? AND charged = ?",
+            (
+                str(voucher.max_claimable),
+                str(voucher.max_claimable),
+                sealed_voucher,
+                voucher_digest,
+                *args,
+                voucher.channel_id,
+                str(base),
+            ),
+        )
+
+    async def let_go(self, channel_id: str, token_digest: str) -> None:
+        """The request's work was not delivered: the channel is free now (its claim's end frees it too)."""
+        await self.db.execute(
+            f"UPDATE channels SET reserved_by = '', updated_at = {self.now} WHERE channel_id = ? AND reserved_by = ?",
+            (channel_id, token_digest),
+        )
+
+    # -- the claim job -------------------------------------------------------------------
+
+    async def claimable(
+        self, min_amount: int, max_age_seconds: float, limit: int = 100, *, max_failures: int | None = None
+    ) -> list[Channel]:
+        """Channels whose charged total runs ahead of what is claimed on chain by `min_amount`, or
+        whose oldest unclaimed charge is `max_age_seconds` old, or whose payer asked to withdraw;
+        none with a claim in flight, nor (with `max_failures`) one whose claims failed that often."""
+        failures = "" if max_failures is None else f" AND claim_failures < {int(max_failures)}"
+        rows = await self.db.fetch(
+            f"SELECT *, {self.now} AS now FROM channels WHERE charged != total_claimed AND sealed_voucher != ''"
+            f" AND (claim_fence = '' OR claim_until < {self.now}){failures} ORDER BY charged_at LIMIT ?",
+            (limit,),
+        )
+        channels = [Channel.from_row(r) for r in rows]
+        return [
+            c
+            for c in channels
+            if c.charged > c.total_claimed
+            and (
+                c.charged - c.total_claimed >= min_amount
+                or c.now - c.charged_at >= max_age_seconds
+                or c.withdraw_requested_at > 0
+            )
+        ]
+
+    async def take_claim(self, channel: Channel, fence: str, lease_seconds: float) -> bool:
+        """This process claims `channel`'s voucher on chain now, unless another took it first."""
+        taken = await self.db.execute(
+            f"UPDATE channels SET claim_fence = ?, claim_until = {self.now} + ?, claim_max = voucher_max,"
+            f" updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ? AND voucher_max = ?",
+            (fence, lease_seconds, channel.channel_id, channel.claim_fence, str(channel.voucher_max)),
+        )
+        return taken == 1
+
+    def claimed_statement(self, channel_id: str, fence: str, mirror: Mirror | None) -> tuple[str, tuple[Any, ...]]:
+        """A claim landed (or the chain says it did): the claimed total, the claim no longer in flight."""
+        if mirror is None:
+            return (
+                "UPDATE channels SET total_claimed = claim_max, claim_fence = '', claim_unknown = 0,"
+                f" claim_failures = 0, updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ?",
+                (channel_id, fence),
+            )
+        return (
+            f"UPDATE channels SET balance = ?, total_claimed = ?, withdraw_requested_at = ?, synced_at = {self.now},"
+            f" claim_fence = '', claim_unknown = 0, claim_failures = 0, updated_at = {self.now}"
+            " WHERE channel_id = ? AND claim_fence = ?",
+            (str(mirror.balance), str(mirror.total_claimed), mirror.withdraw_requested_at, channel_id, fence),
+        )
+
+    async def claims_landed(self, channel_id: str) -> None:
+        """The chain shows a claim of ours landed: the failures counted since are history."""
+        await self.db.execute(
+            f"UPDATE channels SET claim_unknown = 0, claim_failures = 0, updated_at = {self.now} WHERE channel_id = ?",
+            (channel_id,),
+        )
+
+    async def claim_failed(self, channel_id: str, fence: str, unknown: bool, retry_in: float) -> None:
+        """The claim did not land (or nobody knows): free to try again after `retry_in` seconds."""
+        await self.db.execute(
+            f"UPDATE channels SET claim_until = {self.now} + ?, claim_unknown = ?, claim_failures = claim_failures + 1,"
+            f" updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ?",
+            (retry_in, int(unknown), channel_id, fence),
+        )
+
+    # -- refunds of idle channels ------------------------------------------------------------
+
+    async def idle(self, idle_seconds: float, limit: int = 100) -> list[Channel]:
+        """Channels holding more than they charged, unused for `idle_seconds`, with nothing in flight."""
+        rows = await self.db.fetch(
+            f"SELECT *, {self.now} AS now FROM channels WHERE refunded = 0 AND sealed_voucher != ''"
+            f" AND charged_at < {self.now} - ? AND (claim_fence = '' OR claim_until < {self.now})"
+            f" AND {self._free()} LIMIT ?",
+            (idle_seconds, limit),
+        )
+        return [c for c in (Channel.from_row(r) for r in rows) if c.balance > c.charged]
+
+    async def take_refund(self, channel: Channel, fence: str, lease_seconds: float) -> bool:
+        """Close `channel` to vouchers and hold it for its refund, unless a request or a claim came first."""
+        taken = await self.db.execute(
+            f"UPDATE channels SET refunded = 1, claim_fence = ?, claim_until = {self.now} + ?, claim_max = voucher_max,"
+            f" updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ? AND voucher_max = ? AND {self._free()}",
+            (fence, lease_seconds, channel.channel_id, channel.claim_fence, str(channel.voucher_max)),
+        )
+        return taken == 1
+
+    def refunded_statement(self, channel_id: str, fence: str, mirror: Mirror) -> tuple[str, tuple[Any, ...]]:
+        """The refund landed: what is left on chain (its claims batched with it), no longer in flight."""
+        return (
+            f"UPDATE channels SET balance = ?, total_claimed = ?, refund_nonce = ?, synced_at = {self.now},"
+            f" claim_fence = '', updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ?",
+            (str(mirror.balance), str(mirror.total_claimed), str(mirror.refund_nonce), channel_id, fence),
+        )
+
+    async def refund_failed(self, channel_id: str, fence: str, *, unknown: bool, retry_in: float) -> None:
+        """Refused: open to vouchers again. Unknown: still closed, tried again after `retry_in` (the chain decides)."""
+        reopened = "" if unknown else ", refunded = 0"
+        await self.db.execute(
+            f"UPDATE channels SET claim_until = {self.now} + ?{reopened}, updated_at = {self.now}"
+            " WHERE channel_id = ? AND claim_fence = ?",
+            (retry_in, channel_id, fence),
+        )
+
+    async def listing(self, limit: int = 50) -> list[Channel]:
+        rows = await self.db.fetch(
+            f"SELECT *, {self.now} AS now FROM channels ORDER BY updated_at DESC LIMIT ?", (limit,)
+        )
+        return [Channel.from_row(r) for r in rows]
+
+    async def totals(self) -> dict[str, int]:
+        """Sums over every channel: charged by delivered work, claimed on chain, deposited."""
+        rows = await self.db.fetch("SELECT charged, total_claimed, balance FROM channels")
+        return {
+            "charged": sum(int(r["charged"]) for r in rows),
+            "claimed": sum(int(r["total_claimed"]) for r in rows),
+            "balance": sum(int(r["balance"]) for r in rows),
+        }

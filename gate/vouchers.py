@@ -1,0 +1,142 @@
+"""A channel payment's verify step (DESIGN 4.9 for `batch-settlement`): check it, then reserve its channel.
+
+A voucher must be for the channel's charged total plus the price. One that is not gets the
+binding's corrective answer carrying the channel's state, so the client resynchronises; the
+last voucher's own signature rides along (`voucherState`) only when the request's voucher is
+signed by the channel's payer authorizer, so only the payer learns it back. An EOA voucher
+is verified here (ecrecover) while the mirrored on-chain state is fresh: its signer, and a
+maximum within the balance and above what is claimed. A deposit, a contract wallet's voucher,
+a channel the gate has not seen and a stale mirror go to the facilitator, whose answer
+refreshes the mirror. Then the channel is reserved for this request's claim (`gate.channels`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gate.channels import Channel, Channels, Mirror
+from gate.facilitator import FacilitatorClient, Unavailable
+from gate.price import Price
+from gate.schemes import batch_settlement
+from gate.schemes.batch_settlement import Voucher
+from gate.tokens import Token
+
+# How long a mirrored channel state is trusted for local verification, as the binding's server
+# derives it: a third of the withdraw delay, from 30 s to 5 min (a payer's withdrawal request
+# then still leaves the gate most of the delay to claim).
+MIN_FRESH_SECONDS, MAX_FRESH_SECONDS = 30.0, 300.0
+
+
+def fresh_seconds(withdraw_delay: int) -> float:
+    return min(MAX_FRESH_SECONDS, max(MIN_FRESH_SECONDS, withdraw_delay / 3))
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The outcome: "reserved" (go on), "refused" (`reason`), "mismatch" (resync: `state`),
+    "busy" (another request holds the channel), or "unavailable" (the facilitator: `reason`)."""
+
+    kind: str
+    payer: str = ""
+    reason: str = ""
+    state: dict[str, dict[str, Any]] = field(default_factory=dict)  # the corrective answer's, per scheme
+    local: bool = False  # verified by the gate itself, no facilitator call
+    retry_after: float = 0.0
+
+
+async def check_and_reserve(
+    channels: Channels,
+    facilitator: FacilitatorClient,
+    token: Token,
+    requirements: dict[str, Any],
+    price: Price,
+    unseal: Any,
+) -> Checked:
+    inner = token.payload["payload"]
+    voucher = batch_settlement.read(inner)
+    amount = int(price.amount)
+    base = voucher.max_claimable - amount
+    # an EOA's voucher (in a deposit too) is checked here first: a forgery never costs a facilitator call
+    eoa = batch_settlement.local_verifiable(voucher.config)
+    if eoa and not batch_settlement.voucher_signer_matches(voucher.config, inner["voucher"], price.network):
+        return Checked("refused", payer=voucher.payer, reason=batch_settlement.INVALID_VOUCHER_SIGNATURE)
+    channel = await channels.find(voucher.channel_id)
+    verified_by_facilitator = False
+    if channel is None:  # a channel the gate has not seen: the chain (through the facilitator) says what it holds
+        try:
+            verification = await facilitator.verify(token.version, token.payload, requirements)
+        except Unavailable as exc:
+            return Checked("unavailable", reason=exc.reason, retry_after=exc.retry_after)
+        if not verification.valid:
+            return Checked("refused", payer=verification.payer, reason=verification.reason)
+        mirror = Mirror.read(verification.extra)
+        await channels.open(voucher, price.network, price.asset, mirror.total_claimed if mirror else 0, mirror)
+        channel = await channels.find(voucher.channel_id)
+        assert channel is not None
+        verified_by_facilitator = True
+    if channel.charged != base:
+        return mismatch(channel, voucher, price.network, unseal, signed_by_payer=eoa)
+    local = False
+    if not verified_by_facilitator:
+        local = voucher.kind == "voucher" and eoa and channel.fresh(fresh_seconds(int(voucher.config["withdrawDelay"])))
+        if local:
+            if voucher.max_claimable > channel.balance:
+                return Checked("refused", payer=voucher.payer, reason=batch_settlement.EXCEEDS_BALANCE)
+            if voucher.max_claimable <= channel.total_claimed:
+                return Checked("refused", payer=voucher.payer, reason=batch_settlement.BELOW_CLAIMED)
+        else:
+            try:
+                verification = await facilitator.verify(token.version, token.payload, requirements)
+            except Unavailable as exc:
+                return Checked("unavailable", reason=exc.reason, retry_after=exc.retry_after)
+            if not verification.valid:
+                return Checked("refused", payer=verification.payer, reason=verification.reason)
+            mirror = Mirror.read(verification.extra)
+            if mirror is not None:
+                await channels.mirror(voucher.channel_id, mirror)
+    reservation = await channels.reserve(voucher.channel_id, base, token.digest, deposit=voucher.kind == "deposit")
+    if reservation.kind == "mismatch":
+        assert reservation.channel is not None
+        return mismatch(reservation.channel, voucher, price.network, unseal, signed_by_payer=eoa)
+    if reservation.kind == "refunded":  # its balance went back to the payer: a deposit opens it again
+        return Checked("refused", payer=voucher.payer, reason=batch_settlement.EXCEEDS_BALANCE)
+    if reservation.kind == "busy":
+        return Checked("busy", payer=voucher.payer, reason=batch_settlement.CHANNEL_BUSY)
+    return Checked("reserved", payer=voucher.payer, local=local)
+
+
+async def behind(channels: Channels, token: Token, price: Price, unseal: Any) -> Checked | None:
+    """For a voucher whose increment is claimed already: the corrective answer when the channel
+    has moved past its base (a client that lost its state resyncs); None otherwise."""
+    voucher = batch_settlement.read(token.payload["payload"])
+    channel = await channels.find(voucher.channel_id)
+    if channel is None or channel.charged == voucher.max_claimable - int(price.amount):
+        return None
+    return mismatch(channel, voucher, price.network, unseal)
+
+
+def mismatch(
+    channel: Channel, voucher: Voucher, network: str, unseal: Any, *, signed_by_payer: bool | None = None
+) -> Checked:
+    """The corrective answer's channel state; with the last voucher only for the payer's own signer."""
+    extra: dict[str, Any] = {"channelState": channel.state()}
+    if signed_by_payer is None:
+        signed_by_payer = batch_settlement.local_verifiable(voucher.config) and batch_settlement.voucher_signer_matches(
+            voucher.config,
+            {
+                "channelId": voucher.channel_id,
+                "maxClaimableAmount": str(voucher.max_claimable),
+                "signature": voucher.signature,
+            },
+            network,
+        )
+    if signed_by_payer and channel.sealed_voucher:
+        last = unseal(channel.sealed_voucher, channel.channel_id)
+        extra["voucherState"] = {"signedMaxClaimable": last["maxClaimableAmount"], "signature": last["signature"]}
+    return Checked(
+        "mismatch",
+        payer=voucher.payer,
+        reason=batch_settlement.CUMULATIVE_MISMATCH,
+        state={batch_settlement.SCHEME_NAME: extra},
+    )
