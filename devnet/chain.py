@@ -21,8 +21,10 @@ from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.messages import encode_typed_data
+from eth_account.typed_transactions import TypedTransaction
 from eth_keys import keys
 from eth_utils import keccak, to_checksum_address
+from hexbytes import HexBytes
 from x402.mechanisms.evm.constants import (
     AUTHORIZATION_STATE_ABI,
     BALANCE_OF_ABI,
@@ -257,10 +259,9 @@ class LedgerEvmSigner:
     def wait_for_transaction_receipt(self, tx_hash: str) -> TransactionReceipt:
         row = self.ledger.settlement(tx_hash)
         if row is None:
-            for contract in set(self.contracts.values()):
-                found = contract.receipt(tx_hash)
-                if found is not None:
-                    return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=found[1])
+            found = self.contract_receipt(tx_hash)
+            if found is not None:
+                return TransactionReceipt(status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=found[1])
             raise RuntimeError(f"transaction {tx_hash} not found in the dev ledger")
         return TransactionReceipt(
             status=TX_STATUS_SUCCESS, block_number=1, tx_hash=tx_hash, logs=transfer_logs(row, row["tx_hash"])
@@ -325,6 +326,14 @@ class LedgerEvmSigner:
             raise LedgerRevert(f"{transfer.asset} has no contract code in the dev ledger")
         self._authorize(token, transfer, signature)
         return self.ledger.transfer_with_authorization(transfer)
+
+    def contract_receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """``(to, logs)`` of a transaction one of the simulated contracts made, or None."""
+        for contract in set(self.contracts.values()):
+            found = contract.receipt(tx_hash)
+            if found is not None:
+                return found
+        return None
 
     # -- the simulated contracts ---------------------------------------------
 
@@ -483,7 +492,38 @@ class ChainRpc:
             return self._logs(params[0] if params else None)
         if method == "eth_getTransactionReceipt":
             return self._receipt(params[0] if params else None)
+        if method == "eth_sendRawTransaction":
+            return self._send_raw(params[0] if params else None)
         raise JsonRpcError(-32601, "method not found")
+
+    def _send_raw(self, raw_hex: Any) -> str:
+        """A typed (EIP-1559 or EIP-2930) transaction signed by its sender (a payer invalidating its
+        Permit2 nonces, anyone calling x402's exact Permit2 proxy): run as from the recovered sender;
+        its hash is the chain's own for what it did.
+
+        Account nonces, gas and value mean nothing here. A transaction that would revert is refused
+        with its revert reason (as a node's gas estimate refuses it); nothing is mined for it.
+        """
+        try:
+            raw = HexBytes(bytes.fromhex(str(raw_hex).removeprefix("0x")))
+            sender = Account.recover_transaction(raw)
+            fields = TypedTransaction.from_bytes(raw).as_dict()
+            chain_id, to, data = fields.get("chainId"), fields.get("to"), bytes(fields.get("data", b""))
+            name, input_types, _ = self.signer.functions[data[:4]]
+            args = tuple(abi_decode(input_types, data[4:]))
+            target = to_checksum_address(to)
+        except Exception:  # noqa: BLE001 -- anything undecodable is one invalid-params answer
+            message = "eth_sendRawTransaction needs a signed typed transaction calling a known function"
+            raise JsonRpcError(-32602, message) from None
+        if chain_id != self.signer.chain_id:
+            raise JsonRpcError(-32000, "invalid chain id")
+        try:
+            contract = self.signer.contracts.get(target)
+            if contract is not None:
+                return contract.transact(target, name, args, sender)
+            return self.signer.write_contract(target, [], name, *args)  # a token's, sender-blind
+        except LedgerRevert as exc:
+            raise JsonRpcError(3, str(exc)) from None
 
     def _call(self, tx: Any) -> str:
         if not isinstance(tx, dict) or not isinstance(tx.get("to"), str) or not isinstance(tx.get("data"), str):
@@ -527,7 +567,7 @@ class ChainRpc:
         tx_hash = tx_hash.lower()
         ledger = self.signer.ledger
         transfer = ledger.settlement(tx_hash)
-        found = None if transfer is not None else self._contract_receipt(tx_hash)
+        found = None if transfer is not None else self.signer.contract_receipt(tx_hash)
         if transfer is not None:
             asset = transfer["asset"]
             logs = transfer_logs(transfer, tx_hash)
@@ -580,13 +620,6 @@ class ChainRpc:
             and len(topics) <= len(log["topics"])
             and all(matches(t, v) for t, v in zip(topics, log["topics"], strict=False))
         ]
-
-    def _contract_receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
-        for contract in set(self.signer.contracts.values()):
-            found = contract.receipt(tx_hash)
-            if found is not None:
-                return found
-        return None
 
 
 _HASH = re.compile(r"0x[0-9a-fA-F]{64}")

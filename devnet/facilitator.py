@@ -2,17 +2,21 @@
 
 It speaks the standard facilitator HTTP API (``POST /verify``, ``POST /settle``,
 ``GET /supported``) and decides every payment with the x402 package's own
-exact-EVM schemes (v2 and v1). Only the blockchain is fake: the schemes talk to
-``LedgerEvmSigner`` (``devnet.chain``), which answers the contract calls they
-make (``balanceOf``, ``authorizationState``, ``transferWithAuthorization`` and
-so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC node.
+EVM schemes: ``exact`` (v2 and v1; EIP-3009, and Permit2 in v2) and ``upto`` (v2,
+Permit2). Only the blockchain is fake: the schemes talk to ``LedgerEvmSigner``
+(``devnet.chain``), which answers the contract calls they make (``balanceOf``,
+``authorizationState``, ``transferWithAuthorization``, the x402 Permit2 proxies'
+``settle`` and so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC
+node; Permit2 and the proxies are ``devnet.permit2`` (``permit2=False`` leaves
+them off the chain, and Permit2 payments are refused as unsupported).
 
 ``trust_signatures=True`` is a development-only mode for benchmarks: signature
 recovery is skipped, everything else (amounts, recipient, time window, nonces,
 balances) is still checked. Never point real money at it.
 
 Tests can make the facilitator misbehave through ``POST /dev/faults``
-(``devnet.faults``) and count charges through ``GET /dev/ledger``. The simulated chain
+(``devnet.faults``; they apply to every scheme alike) and count charges and read
+balances through ``GET /dev/ledger``. The simulated chain
 answers Ethereum JSON-RPC at ``POST /rpc`` and takes the transactions anyone may send
 to the token without the facilitator: ``POST /dev/chain/cancelAuthorization`` (a payer
 gives up an authorization it signed) and ``POST /dev/chain/transferWithAuthorization``
@@ -316,12 +320,12 @@ def _unsupported_reason(payload: PaymentPayload | PaymentPayloadV1, permit2: boo
     The network is checked here because x402's registry widens
     ``eip155:84532`` to ``eip155:*``, and the simulated chain is Base Sepolia only.
     ``upto`` is Permit2 only and x402 v2 only; without Permit2 (``permit2=False``) the chain
-    has no Permit2 contract, and a Permit2 payment is refused as unsupported.
+    has no Permit2 contract, and a Permit2 payment is refused as unsupported, as it is in x402 v1.
     """
     scheme = payload.get_scheme()
     if scheme != SCHEME_EXACT and not (scheme == SCHEME_UPTO and permit2 and payload.x402_version == 2):
         return "unsupported_scheme"
-    if is_permit2_payload(payload.payload) and not permit2:
+    if is_permit2_payload(payload.payload) and not (permit2 and payload.x402_version == 2):
         return UNSUPPORTED_PERMIT2
     network = DEV_NETWORK if payload.x402_version == 2 else DEV_NETWORK_V1
     return None if payload.get_network() == network else "invalid_network"

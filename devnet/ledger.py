@@ -336,13 +336,24 @@ class DevLedger:
     # -- for contracts whose state lives beside the token's (devnet.permit2) ---
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite_utils.Database]:
-        """One ``BEGIN IMMEDIATE`` transaction: what the block reads, writes and ``move``s commits together."""
-        with self._immediate():
-            yield self.db
+    def contract_transaction(self, *, commit: bool = True) -> Iterator[sqlite_utils.Database]:
+        """One ``BEGIN IMMEDIATE`` transaction for a contract whose state lives beside the token's.
+
+        What the block reads, writes and ``move``s commits together, or, with ``commit=False``
+        (an ``eth_call``: checked to the end, changing nothing), is rolled back.
+        """
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.rollback()
+                raise
+            else:
+                self.db.execute("COMMIT" if commit else "ROLLBACK")
 
     def move(self, network: str, asset: str, from_address: str, to_address: str, value: int) -> None:
-        """ERC-20 ``transferFrom``'s balance update, inside ``transaction()``; reverts on a short balance."""
+        """ERC-20 ``transferFrom``'s balance update, inside ``contract_transaction``; reverts on a short balance."""
         asset, source, target = (to_checksum_address(a) for a in (asset, from_address, to_address))
         with self._lock:
             balance = self._balance(network, asset, source)

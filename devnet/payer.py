@@ -7,7 +7,10 @@ payment produced here is byte-for-byte what a real x402 buyer would send.
 A payer can also spend its own authorization without the facilitator, as on a real
 chain: give it up (``sign_cancel_authorization``) or sign the same nonce over to
 someone else (``sign_transfer_authorization``). The simulated chain takes both at
-``/dev/chain/...`` (``devnet.facilitator``).
+``/dev/chain/...`` (``devnet.facilitator``). Permit2 nonces are spent by transactions
+sent to ``eth_sendRawTransaction`` at ``/rpc``: the payer's own
+``invalidateUnorderedNonces`` (``invalidate_permit2_nonce``), or anyone's call of x402's
+exact Permit2 proxy with the payer's signature (``settle_exact_permit2``).
 """
 
 from __future__ import annotations
@@ -16,22 +19,27 @@ import base64
 import json
 from typing import Any
 
+from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.messages import encode_typed_data
-from eth_utils import to_checksum_address
+from eth_utils import keccak, to_checksum_address
 from x402 import x402ClientSync
 from x402.mechanisms.evm.exact import register_exact_evm_client
 from x402.mechanisms.evm.upto import UptoEvmClientScheme
 from x402.schemas import PaymentRequired, PaymentRequiredV1
 
 from devnet.chain import DEV_CHAIN_ID, DEV_NETWORK, default_tokens
+from devnet.permit2 import EXACT_PROXY, PERMIT2
 
 __all__ = [
     "encode_header",
+    "invalidate_permit2_nonce",
     "new_private_key",
+    "settle_exact_permit2",
     "sign_cancel_authorization",
     "sign_payment",
     "sign_payment_v1",
+    "sign_transaction",
     "sign_transfer_authorization",
 ]
 
@@ -147,3 +155,45 @@ def sign_transfer_authorization(
         "nonce": nonce,
         "signature": signature,
     }
+
+
+def sign_transaction(private_key: str, to: str, data: bytes) -> str:
+    """An EIP-1559 transaction to ``to`` for the development chain, signed: the hex that
+    ``eth_sendRawTransaction`` takes (its account nonce and gas mean nothing there)."""
+    tx = {
+        "type": 2,
+        "chainId": DEV_CHAIN_ID,
+        "nonce": 0,
+        "to": to,
+        "value": 0,
+        "data": data,
+        "gas": 200_000,
+        "maxFeePerGas": 1,
+        "maxPriorityFeePerGas": 1,
+    }
+    return "0x" + bytes(Account.sign_transaction(tx, private_key).raw_transaction).hex()
+
+
+def invalidate_permit2_nonce(private_key: str, nonce: int | str) -> str:
+    """The payer gives up a Permit2 authorization it signed: Permit2's
+    ``invalidateUnorderedNonces(nonce >> 8, 1 << (nonce & 255))``, sent by the payer (signed raw hex)."""
+    value = int(nonce)
+    data = _calldata(
+        "invalidateUnorderedNonces(uint256,uint256)", ["uint256", "uint256"], [value >> 8, 1 << (value & 255)]
+    )
+    return sign_transaction(private_key, PERMIT2, data)
+
+
+def settle_exact_permit2(private_key: str, payload: dict[str, Any]) -> str:
+    """x402's exact Permit2 proxy ``settle`` with a payer's signed Permit2 authorization, sent by
+    whoever holds ``private_key`` (the proxy lets anyone; it pays only the witness's ``to``)."""
+    auth, signature = payload["payload"]["permit2Authorization"], payload["payload"]["signature"]
+    permit = ((auth["permitted"]["token"], int(auth["permitted"]["amount"])), int(auth["nonce"]), int(auth["deadline"]))
+    witness = (auth["witness"]["to"], int(auth["witness"]["validAfter"]))
+    types = ["((address,uint256),uint256,uint256)", "address", "(address,uint256)", "bytes"]
+    args = [permit, auth["from"], witness, bytes.fromhex(signature.removeprefix("0x"))]
+    return sign_transaction(private_key, EXACT_PROXY, _calldata(f"settle({','.join(types)})", types, args))
+
+
+def _calldata(signature: str, types: list[str], args: list[Any]) -> bytes:
+    return keccak(text=signature)[:4] + abi_encode(types, args)

@@ -26,7 +26,10 @@ What the contracts check, in the order the deployed ones do:
 
 A settlement emits what the deployed contracts emit: the token's ERC-20 ``Transfer(owner,
 witness.to, amount)`` and the proxy's ``Settled()`` (``SettledWithPermit()``); Permit2 itself
-emits nothing for a spent nonce, which ``nonceBitmap(owner, wordPos)`` reports.
+emits nothing for a spent nonce, which ``nonceBitmap(owner, wordPos)`` reports. An owner may
+also spend its own nonces with Permit2's ``invalidateUnorderedNonces(wordPos, mask)`` (sent as a
+raw transaction, ``devnet.chain.ChainRpc``), which emits ``UnorderedNonceInvalidation``; the exact
+proxy's ``settle`` may be sent by anyone, the upto proxy's only by the witness's facilitator.
 """
 
 from __future__ import annotations
@@ -58,8 +61,10 @@ from .ledger import DevLedger, LedgerRevert
 
 __all__ = [
     "EXACT_PROXY",
+    "INVALIDATE_UNORDERED_NONCES_ABI",
     "MAX_UINT256",
     "NONCE_BITMAP_ABI",
+    "NONCE_INVALIDATION_TOPIC",
     "PERMIT2",
     "SETTLED_TOPIC",
     "SETTLED_WITH_PERMIT_TOPIC",
@@ -88,6 +93,19 @@ NONCE_BITMAP_ABI: list[dict[str, Any]] = [
         "stateMutability": "view",
     }
 ]
+#: Permit2's ``invalidateUnorderedNonces(uint256 wordPos, uint256 mask)``: the sender spends its own
+#: nonces (the set bits of ``mask`` in word ``wordPos``) without moving anything.
+INVALIDATE_UNORDERED_NONCES_ABI: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "name": "invalidateUnorderedNonces",
+        "inputs": [{"name": "wordPos", "type": "uint256"}, {"name": "mask", "type": "uint256"}],
+        "outputs": [],
+        "stateMutability": "nonpayable",
+    }
+]
+#: ``event UnorderedNonceInvalidation(address indexed owner, uint256 word, uint256 mask)``.
+NONCE_INVALIDATION_TOPIC = "0x" + keccak(text="UnorderedNonceInvalidation(address,uint256,uint256)").hex()
 _PERMIT2_ADDRESS_ABI: list[dict[str, Any]] = [
     {"type": "function", "name": "PERMIT2", "inputs": [], "outputs": [{"type": "address"}], "stateMutability": "view"}
 ]
@@ -150,9 +168,10 @@ class Permit2Contracts:
         self.tokens = {to_checksum_address(a) for a in (tokens or default_tokens(network))}
         self.trust_signatures = trust_signatures
         self.addresses: frozenset[str] = frozenset({PERMIT2, EXACT_PROXY, UPTO_PROXY})
-        abis = [NONCE_BITMAP_ABI, _PERMIT2_ADDRESS_ABI] + [abi for abi, _ in _PROXIES.values()]
+        abis = [NONCE_BITMAP_ABI, INVALIDATE_UNORDERED_NONCES_ABI, _PERMIT2_ADDRESS_ABI]
+        abis += [abi for abi, _ in _PROXIES.values()]
         self.functions = _selectors(abis)
-        with ledger.transaction() as db:
+        with ledger.contract_transaction() as db:
             db.table("permit2_nonces").create(
                 {"network": str, "owner": str, "word_pos": str, "bit": int, "nonce": str, "tx_hash": str},
                 pk=("network", "owner", "nonce"),
@@ -178,6 +197,11 @@ class Permit2Contracts:
                 pk="tx_hash",
                 if_not_exists=True,
             )
+            db.table("permit2_invalidations").create(
+                {"tx_hash": str, "network": str, "owner": str, "word_pos": str, "mask": str, "created_at": str},
+                pk="tx_hash",
+                if_not_exists=True,
+            )
 
     # -- what the signer asks ------------------------------------------------
 
@@ -200,27 +224,63 @@ class Permit2Contracts:
     def transact(self, target: str, function_name: str, args: tuple[Any, ...], sender: str) -> str:
         """A transaction from ``sender``: a proxy's settle, applied; returns its hash or reverts."""
         target = to_checksum_address(target)
+        if target == PERMIT2 and function_name == "invalidateUnorderedNonces":
+            return self._invalidate(to_checksum_address(sender), int(args[0]), int(args[1]))
         if target not in _PROXIES or function_name not in ("settle", "settleWithPermit"):
             raise LedgerRevert(f"dev chain cannot execute {function_name} on {target}")
         return self._settle(target, function_name, args, sender, apply=True)
 
     def receipt(self, tx_hash: str) -> tuple[str, list[dict[str, Any]]] | None:
-        """``(to, logs)`` of a settlement this made, or None."""
+        """``(to, logs)`` of a transaction this made, or None."""
         row = self.settlement(tx_hash)
-        return None if row is None else (row["proxy"], settlement_logs(row))
+        if row is not None:
+            return row["proxy"], settlement_logs(row)
+        with self.ledger.contract_transaction() as db:
+            rows = list(db["permit2_invalidations"].rows_where("tx_hash = ?", [tx_hash.lower()]))
+        return (PERMIT2, invalidation_logs(rows[0])) if rows else None
 
     def logs(self) -> list[dict[str, Any]]:
-        """Every log of every settlement, oldest first."""
-        return [log for row in self.settlements() for log in settlement_logs(row)]
+        """Every log of every transaction, settlements first."""
+        logs = [log for row in self.settlements() for log in settlement_logs(row)]
+        with self.ledger.contract_transaction() as db:
+            invalidations = list(db["permit2_invalidations"].rows_where(order_by="rowid"))
+        return logs + [log for row in invalidations for log in invalidation_logs(row)]
 
     # -- state ---------------------------------------------------------------
 
     def nonce_bitmap(self, owner: str, word_pos: int) -> int:
-        with self.ledger.transaction() as db:
+        with self.ledger.contract_transaction() as db:
             return self._bitmap(db, to_checksum_address(owner), word_pos)
 
     def nonce_used(self, owner: str, nonce: int) -> bool:
         return bool(self.nonce_bitmap(owner, nonce >> 8) >> (nonce & 0xFF) & 1)
+
+    def _invalidate(self, owner: str, word_pos: int, mask: int) -> str:
+        """``invalidateUnorderedNonces``: set the bits of ``mask`` (already set ones stay set)."""
+        created_at = datetime.now(UTC).isoformat()
+        with self.ledger.contract_transaction() as db:
+            count = db.execute("SELECT count(*) FROM permit2_invalidations").fetchone()[0]
+            tx_hash = "0x" + keccak(text=f"a2a-gate-dev-permit2-invalidate|{self.network}|{owner}|{count}").hex()
+            spent = self._bitmap(db, owner, word_pos)
+            for bit in range(256):
+                if mask >> bit & 1 and not spent >> bit & 1:
+                    nonce = (word_pos << 8) | bit
+                    db.execute(
+                        "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        [self.network, owner, str(word_pos), bit, str(nonce), tx_hash],
+                    )
+            db.table("permit2_invalidations").insert(
+                {
+                    "tx_hash": tx_hash,
+                    "network": self.network,
+                    "owner": owner,
+                    "word_pos": str(word_pos),
+                    "mask": str(mask),
+                    "created_at": created_at,
+                }
+            )
+        return tx_hash
 
     def _bitmap(self, db: Database, owner: str, word_pos: int) -> int:
         rows = db.execute(
@@ -230,13 +290,13 @@ class Permit2Contracts:
         return sum(1 << bit for (bit,) in rows)
 
     def settlement(self, tx_hash: str) -> dict[str, Any] | None:
-        with self.ledger.transaction() as db:
+        with self.ledger.contract_transaction() as db:
             rows = list(db["permit2_settlements"].rows_where("tx_hash = ?", [tx_hash.lower()]))
         return rows[0] if rows else None
 
     def settlements(self) -> list[dict[str, Any]]:
         """Every Permit2 settlement, oldest first."""
-        with self.ledger.transaction() as db:
+        with self.ledger.contract_transaction() as db:
             return list(db["permit2_settlements"].rows_where(order_by="rowid"))
 
     # -- the contracts -------------------------------------------------------
@@ -274,39 +334,33 @@ class Permit2Contracts:
         if not self.trust_signatures and _recover_eoa(self._digest(s), s.signature) != s.owner:
             raise LedgerRevert("InvalidSigner()")
         tx_hash = "0x" + keccak(text=f"a2a-gate-dev-permit2|{self.network}|{s.owner}|{s.nonce}").hex()
-        try:
-            with self.ledger.transaction() as db:
-                if self._bitmap(db, s.owner, s.nonce >> 8) >> (s.nonce & 0xFF) & 1:
-                    raise LedgerRevert("InvalidNonce()")
-                self.ledger.move(self.network, s.token, s.owner, s.to, s.amount)  # the token's transferFrom
-                if not apply:
-                    raise _Simulated
-                db.execute(
-                    "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    [self.network, s.owner, str(s.nonce >> 8), s.nonce & 0xFF, str(s.nonce), tx_hash],
-                )
-                db.table("permit2_settlements").insert(
-                    {
-                        "tx_hash": tx_hash,
-                        "network": self.network,
-                        "asset": s.token,
-                        "from_address": s.owner,
-                        "to_address": s.to,
-                        "amount": str(s.amount),
-                        "permitted_amount": str(s.permitted),
-                        "nonce": str(s.nonce),
-                        "deadline": str(s.deadline),
-                        "valid_after": str(s.valid_after),
-                        "proxy": proxy,
-                        "facilitator": s.facilitator,
-                        "with_permit": int(s.permit2612_value is not None),
-                        "created_at": datetime.now(UTC).isoformat(),
-                    }
-                )
-        except _Simulated:
-            return ""
-        return tx_hash
+        with self.ledger.contract_transaction(commit=apply) as db:  # an eth_call rolls back
+            if self._bitmap(db, s.owner, s.nonce >> 8) >> (s.nonce & 0xFF) & 1:
+                raise LedgerRevert("InvalidNonce()")
+            self.ledger.move(self.network, s.token, s.owner, s.to, s.amount)  # the token's transferFrom
+            db.execute(
+                "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash) VALUES (?, ?, ?, ?, ?, ?)",
+                [self.network, s.owner, str(s.nonce >> 8), s.nonce & 0xFF, str(s.nonce), tx_hash],
+            )
+            db.table("permit2_settlements").insert(
+                {
+                    "tx_hash": tx_hash,
+                    "network": self.network,
+                    "asset": s.token,
+                    "from_address": s.owner,
+                    "to_address": s.to,
+                    "amount": str(s.amount),
+                    "permitted_amount": str(s.permitted),
+                    "nonce": str(s.nonce),
+                    "deadline": str(s.deadline),
+                    "valid_after": str(s.valid_after),
+                    "proxy": proxy,
+                    "facilitator": s.facilitator,
+                    "with_permit": int(s.permit2612_value is not None),
+                    "created_at": datetime.now(UTC).isoformat(),
+                }
+            )
+        return tx_hash if apply else ""
 
     def _digest(self, s: _Settle) -> bytes:
         """The EIP-712 digest Permit2 checks: its own domain (no version), the proxy as spender, its witness."""
@@ -374,8 +428,11 @@ class _Settle:
         )
 
 
-class _Simulated(Exception):
-    """Raised inside an eth_call's transaction so that everything it did rolls back."""
+def invalidation_logs(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """What ``invalidateUnorderedNonces`` emits: ``UnorderedNonceInvalidation(owner, word, mask)``."""
+    data = "0x" + int(row["word_pos"]).to_bytes(32, "big").hex() + int(row["mask"]).to_bytes(32, "big").hex()
+    topics = [NONCE_INVALIDATION_TOPIC, address_topic(row["owner"])]
+    return [log_entry(PERMIT2, topics, data, row["tx_hash"], 0)]
 
 
 def settlement_logs(row: dict[str, Any]) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ calls the chain through the package's facilitator scheme directly, without HTTP.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,14 +32,45 @@ from x402.mechanisms.evm.upto import UptoEvmFacilitatorScheme
 from x402.schemas import PaymentPayload, PaymentRequirements
 
 from devnet.chain import DEV_NETWORK, FACILITATOR_ADDRESS, TRANSFER_TOPIC, ChainRpc, JsonRpcError, LedgerEvmSigner
+from devnet.facilitator import create_facilitator_app
 from devnet.ledger import DEFAULT_INITIAL_BALANCE, DevLedger, LedgerRevert
-from devnet.payer import new_private_key, sign_payment
-from devnet.permit2 import EXACT_PROXY, MAX_UINT256, PERMIT2, SETTLED_TOPIC, UPTO_PROXY, Permit2Contracts
+from devnet.payer import (
+    invalidate_permit2_nonce,
+    new_private_key,
+    settle_exact_permit2,
+    sign_payment,
+    sign_transaction,
+)
+from devnet.permit2 import (
+    EXACT_PROXY,
+    MAX_UINT256,
+    NONCE_INVALIDATION_TOPIC,
+    PERMIT2,
+    SETTLED_TOPIC,
+    UPTO_PROXY,
+    Permit2Contracts,
+)
 from tests.support import dev_facilitator_helpers as helpers
 from tests.support.chain_moves import rpc
-from tests.support.dev_facilitator_helpers import OTHER_ADDRESS, PAY_TO, PRICE, TX_HASH, USDC_BASE_SEPOLIA, request_body
+from tests.support.dev_facilitator_helpers import (
+    OTHER_ADDRESS,
+    PAY_TO,
+    PRICE,
+    PRICE_V1,
+    TX_HASH,
+    USDC_BASE_SEPOLIA,
+    request_body,
+)
 from tests.support.dev_facilitator_helpers import payment_required as exact_payment_required
-from tests.support.permit2_payments import balances, charge, resign_permit2, sign_upto, upto_kind, upto_offer
+from tests.support.permit2_payments import (
+    balances,
+    charge,
+    payment_required,
+    resign_permit2,
+    sign_upto,
+    upto_kind,
+    upto_offer,
+)
 
 start, facilitator = helpers.start, helpers.facilitator
 key, payer = helpers.key, helpers.payer
@@ -121,6 +153,16 @@ def test_a_second_settle_of_the_same_nonce_is_refused_and_moves_nothing(facilita
     assert balances(facilitator.url, payer, PAY_TO) == after_first
     assert facilitator.verify(signed, upto)["isValid"] is False  # the package simulates the settle
     assert len(facilitator.ledger()["permit2_settlements"]) == 1
+
+
+def test_the_devnet_payer_signs_upto_too_above_the_clients_default_cap(facilitator, key, payer):
+    """`devnet.payer.sign_payment` (the x402 client with its spend controls off) signs any upto offer."""
+    ceiling = 25_000_000  # 25 USDC: the x402 client's default spend controls stop at 1
+    offer = upto_offer(upto_kind(facilitator.url), ceiling)
+    signed = sign_payment(payment_required(offer), key)
+    assert signed["payload"]["permit2Authorization"]["permitted"]["amount"] == str(ceiling)
+    assert facilitator.settle(signed, charge(offer, 24_999_999))["amount"] == "24999999"
+    assert balances(facilitator.url, payer)[0] == DEFAULT_INITIAL_BALANCE - 24_999_999
 
 
 def test_concurrent_settles_of_one_authorization_move_money_once(facilitator, upto, key, payer):
@@ -209,6 +251,62 @@ def test_upto_is_not_served_without_permit2(start, key):
     assert bare.verify(signed, offer)["invalidReason"] == "unsupported_scheme"
 
 
+# -- what a payer, or anyone, can send the chain itself -------------------------------
+
+
+def send_raw(url: str, raw: str) -> dict[str, Any]:
+    return httpx.post(
+        f"{url}/rpc", json={"jsonrpc": "2.0", "id": 1, "method": "eth_sendRawTransaction", "params": [raw]}
+    ).json()
+
+
+def test_a_payer_who_invalidates_its_permit2_nonce_is_never_charged(facilitator, upto, key, payer):
+    signed = sign_upto(upto, key)
+    nonce = int(signed["payload"]["permit2Authorization"]["nonce"])
+    tx = send_raw(facilitator.url, invalidate_permit2_nonce(key, nonce))["result"]
+    assert eth_call(facilitator.url, PERMIT2, "nonceBitmap(address,uint256)", payer, nonce >> 8) == 1 << (nonce & 255)
+    [event] = rpc(facilitator.url, "eth_getTransactionReceipt", tx)["logs"]
+    assert event["topics"] == [NONCE_INVALIDATION_TOPIC, topic(payer)] and event["address"] == PERMIT2.lower()
+    assert rpc(facilitator.url, "eth_getLogs", {"topics": [NONCE_INVALIDATION_TOPIC, topic(payer)]}) == [event]
+    refused = facilitator.settle(signed, charge(upto, 10))
+    assert (refused["success"], refused["errorReason"]) == (False, NONCE_USED)
+    assert balances(facilitator.url, payer)[0] == DEFAULT_INITIAL_BALANCE
+
+
+def test_anyone_may_settle_an_exact_permit2_signature_but_only_to_its_pay_to(facilitator, key, payer):
+    requirements = {**PRICE, "extra": PERMIT2_EXTRA}
+    signed = sign_payment(exact_payment_required(extra=PERMIT2_EXTRA), key)
+    stranger = new_private_key()
+    tx = send_raw(facilitator.url, settle_exact_permit2(stranger, signed))["result"]
+    assert balances(facilitator.url, payer, PAY_TO) == [DEFAULT_INITIAL_BALANCE - 1000, DEFAULT_INITIAL_BALANCE + 1000]
+    assert rpc(facilitator.url, "eth_getTransactionReceipt", tx)["logs"][0]["topics"][2] == topic(PAY_TO)
+    late = facilitator.settle(signed, requirements)  # the facilitator comes second
+    assert (late["success"], late["errorReason"]) == (False, NONCE_USED)
+    assert balances(facilitator.url, payer)[0] == DEFAULT_INITIAL_BALANCE - 1000
+
+
+def test_no_one_but_the_witness_facilitator_may_settle_upto(facilitator, upto, key, payer):
+    signed = sign_upto(upto, key)
+    args = settle_args(signed, 10)
+    types = ["((address,uint256),uint256,uint256)", "uint256", "address", "(address,address,uint256)", "bytes"]
+    data = keccak(text=f"settle({','.join(types)})")[:4] + abi_encode(types, list(args))
+    answer = send_raw(facilitator.url, sign_transaction(new_private_key(), UPTO_PROXY, data))
+    assert answer["error"]["code"] == 3 and "UnauthorizedFacilitator" in answer["error"]["message"]
+    assert balances(facilitator.url, payer)[0] == DEFAULT_INITIAL_BALANCE
+    assert facilitator.settle(signed, charge(upto, 10))["success"] is True  # the authorization is intact
+
+
+def test_a_raw_transaction_the_chain_cannot_read_is_an_invalid_params_error(facilitator, key):
+    assert send_raw(facilitator.url, "0xdeadbeef")["error"]["code"] == -32602
+    assert send_raw(facilitator.url, sign_transaction(key, PERMIT2, b"\x01\x02\x03\x04"))["error"]["code"] == -32602
+    invalidate = keccak(text="invalidateUnorderedNonces(uint256,uint256)")[:4] + abi_encode(["uint256"] * 2, [0, 1])
+    tx = {"type": 2, "chainId": 1, "nonce": 0, "to": PERMIT2, "value": 0, "data": invalidate}
+    other_chain = Account.sign_transaction({**tx, "gas": 1, "maxFeePerGas": 1, "maxPriorityFeePerGas": 1}, key)
+    answer = send_raw(facilitator.url, "0x" + bytes(other_chain.raw_transaction).hex())
+    assert answer["error"] == {"code": -32000, "message": "invalid chain id"}
+    assert eth_call(facilitator.url, PERMIT2, "nonceBitmap(address,uint256)", Account.from_key(key).address, 0) == 0
+
+
 # -- exact by Permit2 ---------------------------------------------------------------
 
 
@@ -236,6 +334,14 @@ def test_a_permit2_nonce_is_spent_once_across_both_proxies(facilitator, upto, ke
     assert facilitator.settle(exact, {**PRICE, "extra": PERMIT2_EXTRA})["success"] is True
     assert facilitator.settle(same_nonce, charge(upto, 10))["errorReason"] == NONCE_USED
     assert balances(facilitator.url, payer)[0] == DEFAULT_INITIAL_BALANCE - 1000
+
+
+def test_x402_v1_has_no_permit2(facilitator, key):
+    signed = sign_payment(exact_payment_required(extra=PERMIT2_EXTRA), key)
+    v1 = {"x402Version": 1, "scheme": "exact", "network": "base-sepolia", "payload": signed["payload"]}
+    body = {"x402Version": 1, "paymentPayload": v1, "paymentRequirements": {**PRICE_V1, "extra": PERMIT2_EXTRA}}
+    assert facilitator.http.post("/verify", json=body).json()["invalidReason"] == "unsupported_asset_transfer_method"
+    assert facilitator.http.post("/settle", json=body).json()["errorReason"] == "unsupported_asset_transfer_method"
 
 
 # -- the contracts on their own ----------------------------------------------------
@@ -356,3 +462,121 @@ def test_dev_ledger_balance_query_refuses_a_bad_address(facilitator):
     answer = facilitator.http.get("/dev/ledger", params={"address": "nope"})
     assert (answer.status_code, answer.json()["error"]) == (400, "invalid_request")
     assert "balances" not in httpx.get(f"{facilitator.url}/dev/ledger").json()
+
+
+# -- a2a-gate-devnet pay, against the x402 package's own upto resource server ---------
+
+
+def test_devnet_pay_pays_an_upto_priced_resource_the_actual_charge(facilitator):
+    """`a2a-gate-devnet pay` (the x402 httpx client with its upto scheme) against the x402 package's
+    own resource server (its Starlette middleware, an upto route that settles 10 per character)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from x402 import x402ResourceServer
+    from x402.http import FacilitatorConfig, HTTPFacilitatorClient
+    from x402.http.middleware.fastapi import PaymentMiddlewareASGI, set_settlement_overrides
+    from x402.mechanisms.evm.upto import UptoEvmServerScheme
+
+    from tests.support.serve import serve_app
+
+    async def metered(request: Request) -> JSONResponse:
+        text = (await request.json())["params"]["message"]["parts"][0]["text"]
+        response = JSONResponse({"jsonrpc": "2.0", "id": 1, "result": {"echo": text}})
+        set_settlement_overrides(response, {"amount": str(10 * len(text))})  # the actual charge
+        return response
+
+    server = x402ResourceServer(HTTPFacilitatorClient(FacilitatorConfig(url=facilitator.url)))
+    server.register(DEV_NETWORK, UptoEvmServerScheme())
+    price = {"amount": str(CEILING), "asset": USDC_BASE_SEPOLIA}
+    accepts = {"scheme": "upto", "payTo": PAY_TO, "price": price, "network": DEV_NETWORK}
+    app = Starlette(routes=[Route("/metered", metered, methods=["POST"])])
+    app.add_middleware(PaymentMiddlewareASGI, routes={"POST /metered": {"accepts": accepts}}, server=server)
+    with serve_app(app) as url:
+        outcomes = [run_pay(f"{url}/metered", text) for text in ("short", "a somewhat longer answer")]
+    for outcome, text in zip(outcomes, ("short", "a somewhat longer answer"), strict=True):
+        assert outcome["http_status"] == 200 and outcome["answer"]["result"] == {"echo": text}
+        receipt = outcome["payment_response"]
+        assert receipt["success"] is True and receipt["amount"] == str(10 * len(text))
+        [payer_balance] = balances(facilitator.url, outcome["payer"])
+        assert payer_balance == DEFAULT_INITIAL_BALANCE - 10 * len(text) > DEFAULT_INITIAL_BALANCE - CEILING
+    rows = facilitator.ledger()["permit2_settlements"]
+    assert [(r["amount"], r["permitted_amount"]) for r in rows] == [("50", "5000"), ("240", "5000")]
+
+
+def run_pay(url: str, text: str) -> dict[str, Any]:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "devnet", "pay", url, text], capture_output=True, text=True, timeout=60, check=True
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(("flags", "schemes"), [([], {"exact", "upto"}), (["--no-permit2"], {"exact"})])
+def test_the_facilitator_serve_starts_serves_upto_unless_told_not_to(tmp_path, flags, schemes):
+    """What `a2a-gate serve --dev-facilitator PORT` runs (`python -m devnet facilitator`) serves upto."""
+    import subprocess
+    import sys
+
+    from gate.processes import wait_for
+    from tests.support.gate_process import free_port
+
+    port = free_port()
+    command = [sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", str(tmp_path / "l.db")]
+    process = subprocess.Popen([*command, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/healthz", process)
+        kinds = httpx.get(f"http://127.0.0.1:{port}/supported").json()["kinds"]
+        assert {k["scheme"] for k in kinds if k["x402Version"] == 2} == schemes
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+FIELDS = [
+    ("from",),
+    ("spender",),
+    ("nonce",),
+    ("deadline",),
+    ("permitted", "token"),
+    ("permitted", "amount"),
+    ("witness", "to"),
+    ("witness", "facilitator"),
+    ("witness", "validAfter"),
+]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=80) | st.sampled_from(["0x", "0x" + "ab" * 20, "1e3"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[helpers.Facilitator]:
+    """One facilitator for every example of a property (hypothesis reruns the test, not its fixtures)."""
+    from tests.support.serve import serve_app
+
+    app = create_facilitator_app(str(tmp_path_factory.mktemp("fuzz") / "ledger.db"))
+    with serve_app(app, wait_on_exit=False) as url:
+        facilitator = helpers.Facilitator(url, app)
+        yield facilitator
+        facilitator.http.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(path=st.sampled_from(FIELDS), value=json_values, settle=st.booleans())
+def test_property_no_permit2_field_value_is_a_500(served, offer, path, value, settle):
+    """Whatever a field of an upto authorization holds, verify and settle answer a verdict or a 400."""
+    signed = sign_upto(offer, new_private_key())
+    target = signed["payload"]["permit2Authorization"]
+    for name in path[:-1]:
+        target = target[name]
+    target[path[-1]] = value
+    answer = served.http.post("/settle" if settle else "/verify", json=request_body(signed, charge(offer, 10)))
+    assert answer.status_code in (200, 400), answer.text
+    verdict = answer.json()
+    assert ("success" in verdict or "isValid" in verdict) if answer.status_code == 200 else "error" in verdict
