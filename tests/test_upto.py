@@ -477,3 +477,55 @@ def test_a_crash_after_two_streamed_chunks_leaves_them_owed_and_they_are_settled
     assert claim["state"] == "settled" and json.loads(claim["receipt"])["amount"] == str(chunk_price(delivered))
     subprocess.run(command, capture_output=True, text=True, check=True, timeout=60)
     assert len(upto.transfers()) == 1  # once
+
+
+def test_an_in_band_stream_of_an_upto_agent_is_charged_chunk_by_chunk(upto):
+    import httpx
+
+    from tests.support.in_band import ACTIVATE, offer_v1, paying_body, sse_results, task_of
+    from tests.support.upto import sign_upto
+
+    payer = Payer()
+    before = upto.balance(payer.address)
+    asked = httpx.post(upto.url("paid-metered-chunks"), json=send_body("ib"), headers=ACTIVATE).json()["result"]
+    offer = offer_v1(task_of(asked))
+    requirements = {
+        "scheme": "upto",
+        "network": "eip155:84532",
+        "asset": offer["asset"],
+        "amount": offer["maxAmountRequired"],
+        "payTo": offer["payTo"],
+        "maxTimeoutSeconds": offer["maxTimeoutSeconds"],
+        "extra": offer["extra"],
+    }
+    payload = sign_upto(
+        {"x402Version": 2, "resource": {"url": offer["resource"]}, "accepts": [requirements]}, payer.key
+    )
+    body = paying_body("pay", asked["id"], payload, method="message/stream")
+    answer = httpx.post(upto.url("paid-metered-chunks"), json=body, headers=ACTIVATE, timeout=30)
+    events = [r["result"] for r in sse_results(answer)]
+    chunks = [e["artifact"]["parts"][0]["text"] for e in events if e.get("kind") == "artifact-update"]
+    expected = [f"chunk {i} of ib; " for i in range(5)]
+    assert chunks[:5] == expected
+    final = events[-1]
+    assert final["status"]["state"] == "completed"
+    [receipt] = final["status"]["message"]["metadata"]["x402.payment.receipts"]
+    assert receipt["amount"] == str(chunk_price(expected))
+    assert upto.balance(payer.address) == before - chunk_price(expected)
+
+
+def test_an_x402_v1_payment_for_an_upto_agent_is_refused_not_a_500(upto):
+    """x402 v1 has no upto: a v1 payload (X-PAYMENT) shaped like one is refused with a reason."""
+    import httpx
+
+    from devnet.payer import encode_header
+    from tests.support.upto import sign_upto
+
+    signed = sign_upto(upto.offer("paid-metered"), Payer().key)
+    v1 = {"x402Version": 1, "scheme": "upto", "network": "base-sepolia", "payload": signed["payload"]}
+    answer = httpx.post(
+        upto.url("paid-metered"), json=send_body("v1"), headers={"X-PAYMENT": encode_header(v1)}, timeout=30
+    )
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["detail"] == "Payment verification failed" and answer.json()["error"]
+    assert upto.transfers() == []
