@@ -16,6 +16,10 @@ claimed total to the voucher's maximum), so sending it again after an unknown ou
 never claim twice: the chain decides. Every claim, failure and sweep is a payment log row
 (`channel_claim`, `channel_claim_failed`, `channel_settle`) and a metric.
 
+After as many failed claims in a row as an owed settle gets passes (`settle_passes`), backing off
+each time, the schedule stops claiming that channel and says so (`needs_attention`);
+`a2a-gate channels claim` tries it again.
+
 A channel idle for `refund_after_seconds` is refunded cooperatively: what it holds beyond its
 charged total goes back to its payer, its unclaimed vouchers claimed in the same transaction
 (`channel_refund`). It is closed to vouchers from the moment its refund is taken (so no request
@@ -104,7 +108,10 @@ async def claim_due(parts: GateParts, *, now: bool = False) -> list[dict[str, An
     terms = parts.config.channels
     watched = await watch(parts)
     min_amount, max_age = (0, 0.0) if now else (terms.claim_at_amount, terms.claim_after_seconds)
-    due = await parts.channels.claimable(min_amount, max_age)
+    # the schedule gives up on a channel after as many failed claims as an owed settle gets passes;
+    # `a2a-gate channels claim` (now) tries every one again
+    budget = None if now else parts.config.facilitator.settle_passes
+    due = await parts.channels.claimable(min_amount, max_age, max_failures=budget)
     batches: dict[tuple[str, str, str], list[Channel]] = defaultdict(list)
     for channel in due:
         batches[(channel.network, channel.asset, channel.receiver)].append(channel)
@@ -179,19 +186,23 @@ async def claim_batch(
 async def claim_failed(
     parts: GateParts, taken: list[Channel], fence: str, reason: str, *, unknown: bool
 ) -> dict[str, Any]:
-    retry_in = parts.config.channels.claim_interval_seconds
+    interval, passes = parts.config.channels.claim_interval_seconds, parts.config.facilitator.settle_passes
+    retry_in = interval
     for channel in taken:
+        retry_in = min(parts.config.facilitator.settle_max_delay_seconds, interval * 2**channel.claim_failures)
         await parts.channels.claim_failed(channel.channel_id, fence, unknown, retry_in)
-        await parts.log.append(
-            "channel_claim_failed",
+        fields = dict(
             agent="",
             token_digest=channel.voucher_digest,
             payer=channel.payer,
             amount=str(channel.voucher_max - channel.total_claimed),
             network=channel.network,
             asset=channel.asset,
-            error=reason,
         )
+        await parts.log.append("channel_claim_failed", **fields, error=reason)
+        if channel.claim_failures + 1 >= passes:  # the schedule stops here: an operator's now
+            error = f"channel {channel.channel_id[:18]}: {passes} claims failed ({reason}); a2a-gate channels claim"
+            await parts.log.append("needs_attention", **fields, error=error)
     parts.metrics.channel_transactions.labels("claim", "unknown" if unknown else "failed").inc()
     logger.warning("a channel claim did not land (%s); claimable again in %gs", reason, retry_in)
     return {"outcome": "unknown" if unknown else "failed", "channels": len(taken), "error": reason}

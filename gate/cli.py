@@ -228,12 +228,12 @@ def _with_database(args: argparse.Namespace, work: Callable[[Database], Awaitabl
 
 
 @contextlib.asynccontextmanager
-async def _opened_services(args: argparse.Namespace) -> AsyncIterator[Services]:
+async def _opened_services(args: argparse.Namespace, settings: Settings | None = None) -> AsyncIterator[Services]:
     """The server and its gate on the configured database, every table up to date; nothing served."""
     from gate.gate import PaymentGate
     from server.app import Services
 
-    services = Services(_settings(args), PaymentGate.from_parts)
+    services = Services(settings or _settings(args), PaymentGate.from_parts)
     try:
         await services.open_store()
         yield services
@@ -404,8 +404,19 @@ CHANNEL_COLUMNS = (
 def cmd_channels(args: argparse.Namespace) -> int:
     from gate.gate import PaymentGate
 
+    settings = _settings(args)
+    if getattr(args, "facilitator", None):
+        settings = gate_config.with_facilitator_url(settings, args.facilitator)
+    if args.channels_command in ("claim", "refund") and not gate_config.of(settings).facilitator.url:
+        print(
+            "error: no facilitator to send the claims to: set [facilitator] url, or pass --facilitator URL"
+            " (the one `serve` uses: http://127.0.0.1:8402 with --dev-facilitator 8402)",
+            file=sys.stderr,
+        )
+        return 2
+
     async def run() -> int:
-        async with _opened_services(args) as services:
+        async with _opened_services(args, settings) as services:
             gate = services.anonymous
             assert isinstance(gate, PaymentGate)
             if args.channels_command == "claim":
@@ -562,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     channels_sub = channels.add_subparsers(dest="channels_command", required=True)
     listing = command(channels_sub, "list", "every channel: charged, claimed on chain, balance, payer")
     listing.add_argument("--limit", type=int, default=50)
-    command(
+    claim = command(
         channels_sub,
         "claim",
         "claim every channel's unclaimed vouchers on chain now and sweep the funds to payTo (the schedule"
@@ -580,6 +591,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="unused this long (default [channels] refund_after_seconds)",
     )
+    for child in (claim, refund):
+        child.add_argument(
+            "--facilitator", metavar="URL", help="the facilitator to send them to (default: [facilitator] url)"
+        )
     channels.set_defaults(func=cmd_channels)
 
     migrate = command(sub, "migrate", "create or update the database's tables, then exit", may_create=True)

@@ -242,6 +242,8 @@ def check_payload(token: Token, price: Price, resource_url: str) -> dict[str, An
     else:
         if not set(document) <= V1_KEYS:
             raise Rejection("invalid_payload")
+        if schemes.for_price(price).channel:  # payment channels are x402 v2 only
+            raise Rejection("unsupported_payload")
         if document["scheme"] != price.scheme or document["network"] != V1_NETWORKS.get(price.network, price.network):
             raise Rejection("accepted_requirements_mismatch")
         required = requirement_v1(price, resource_url)

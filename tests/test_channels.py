@@ -479,3 +479,12 @@ def test_the_schedule_gives_up_on_a_channel_whose_claims_fail_and_the_command_tr
         assert int(row["total_claimed"]) == int(row["charged"]) == 2 * PRICE and row["claim_failures"] == 0
         (on_chain,) = chain.channels.values()
         assert on_chain.total_claimed == 2 * PRICE
+
+
+def test_the_claim_command_without_a_facilitator_says_how_to_name_one(tmp_path: Path) -> None:
+    from tests.support.gate_helpers import cli
+
+    assert cli("migrate", "--database", str(tmp_path / "gate.db")).returncode == 0
+    done = cli("channels", "claim", "--database", str(tmp_path / "gate.db"), check=False)
+    assert done.returncode == 2
+    assert "--facilitator URL" in done.stderr and "Traceback" not in done.stderr

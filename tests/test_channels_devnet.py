@@ -75,13 +75,15 @@ class Devnet:
 def devnet(tmp_path: Path) -> Iterator[Devnet]:
     shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
     config = tmp_path / "gate.toml"
-    port = free_port()
+    port, facilitator_port = free_port(), free_port()  # two ports of their own (never port + 1)
     # the file's facilitator.url names the port `--dev-facilitator` serves on (8402 as shipped)
-    shipped = shipped.replace('url = "http://127.0.0.1:8402"', f'url = "http://127.0.0.1:{port + 1}"')
+    shipped = shipped.replace('url = "http://127.0.0.1:8402"', f'url = "http://127.0.0.1:{facilitator_port}"')
     config.write_text(shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"'))
-    process = GateProcess(config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(port + 1)])
+    process = GateProcess(
+        config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(facilitator_port)]
+    )
     with process:
-        yield Devnet(process, f"http://127.0.0.1:{port + 1}", config)
+        yield Devnet(process, f"http://127.0.0.1:{facilitator_port}", config)
 
 
 def fresh_client(devnet: Devnet) -> x402Client:
@@ -295,8 +297,17 @@ def test_an_idle_channel_is_refunded_to_its_payer_with_its_vouchers_claimed(devn
 def test_the_first_readme_command_serves_paid_channel_with_the_dev_facilitators_authorizer(tmp_path: Path) -> None:
     """`a2a-gate serve --dev-facilitator PORT` on the embedded defaults: `paid-channel`'s 402 lists
     batch-settlement beside exact, naming the receiver authorizer the facilitator advertises."""
-    port = free_port()
-    command = [sys.executable, "-m", "gate.cli", "serve", "--port", str(port), "--dev-facilitator", str(port + 1)]
+    port, facilitator_port = free_port(), free_port()  # two ports of their own (never port + 1)
+    command = [
+        sys.executable,
+        "-m",
+        "gate.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--dev-facilitator",
+        str(facilitator_port),
+    ]
     with open(tmp_path / "serve.log", "wb") as out:
         serve = subprocess.Popen(command, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -315,7 +326,7 @@ def test_the_first_readme_command_serves_paid_channel_with_the_dev_facilitators_
         assert [a["scheme"] for a in document["accepts"]] == ["exact", "batch-settlement"]
         extra = document["accepts"][1]["extra"]
         assert {"receiverAuthorizer", "withdrawDelay", "name", "version", "minDeposit"} <= set(extra)
-        kinds = httpx.get(f"http://127.0.0.1:{port + 1}/supported").json()["kinds"]
+        kinds = httpx.get(f"http://127.0.0.1:{facilitator_port}/supported").json()["kinds"]
         advertised = {k["extra"]["receiverAuthorizer"] for k in kinds if k["scheme"] == "batch-settlement"}
         assert extra["receiverAuthorizer"] in advertised
     finally:
@@ -327,18 +338,20 @@ def test_the_first_readme_command_serves_paid_channel_with_the_dev_facilitators_
 def devnet_with_chain(tmp_path: Path) -> Iterator[Devnet]:
     """The shipped example, with the development chain's JSON-RPC as the network's ground truth, a
     facilitator timeout of 2 s and a claim pass every second."""
-    port = free_port()
+    port, facilitator_port = free_port(), free_port()  # two ports of their own (never port + 1)
     shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
-    shipped = shipped.replace('url = "http://127.0.0.1:8402"', f'url = "http://127.0.0.1:{port + 1}"')
+    shipped = shipped.replace('url = "http://127.0.0.1:8402"', f'url = "http://127.0.0.1:{facilitator_port}"')
     shipped = shipped.replace("timeout_seconds = 10\nmax_in_flight", "timeout_seconds = 2\nmax_in_flight")
     shipped = shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"')
     shipped = shipped.replace("claim_interval_seconds = 15", "claim_interval_seconds = 1", 1)
-    shipped += f'\n[networks."eip155:84532"]\nrpc_url = "http://127.0.0.1:{port + 1}/rpc"\n'
+    shipped += f'\n[networks."eip155:84532"]\nrpc_url = "http://127.0.0.1:{facilitator_port}/rpc"\n'
     config = tmp_path / "gate.toml"
     config.write_text(shipped)
-    process = GateProcess(config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(port + 1)])
+    process = GateProcess(
+        config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(facilitator_port)]
+    )
     with process:
-        yield Devnet(process, f"http://127.0.0.1:{port + 1}", config)
+        yield Devnet(process, f"http://127.0.0.1:{facilitator_port}", config)
 
 
 def test_a_claim_whose_answer_is_lost_is_settled_by_the_chain_never_claimed_twice(devnet_with_chain: Devnet) -> None:
