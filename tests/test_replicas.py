@@ -251,7 +251,7 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
         "api_keys": "2",
         "channels": "1",
         "claims": "2",
-        "payments": "1",
+        "payments": "2",
         "request_counts": "1",
         "sealing": "1",
         "tasks": "2",
