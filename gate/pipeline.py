@@ -239,7 +239,7 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
     if not payer_allowed(attempt.terms, verification.payer):
         await parts.release(hold)
         return await refuse(parts, attempt, "payer_not_allowed", verification.payer)
-    price = attempt.offer.price
+    price = attempt.price  # the offer this token pays, not the price's first
     parts.metrics.authorized.labels(price.network, price.asset).inc(int(price.amount))
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
     payment = attempt.payment = replace(attempt.payment, payer=verification.payer)

@@ -93,6 +93,19 @@ def test_a_blocking_send_settles_the_priced_usage_once_below_the_ceiling(upto):
     assert (columns["amount"], columns["authorized"]) == (str(charged), str(CEILING))
 
 
+def test_an_upto_offer_after_a_fixed_one_charges_the_priced_usage(upto):
+    """The price's first offer is `exact`: an upto payment is still charged by its own offer's usage."""
+    assert [a["scheme"] for a in upto.offer("paid-metered-second")["accepts"]] == ["exact", "upto"]
+    payer = Payer()
+    before = upto.balance(payer.address)
+    text = "second offer"
+    answer = pay_with_x402(upto.url("paid-metered-second"), send_body(text), payer.key)
+    assert answer.status_code == 200, answer.text
+    charged = UNIT_PRICE * len(text)
+    assert receipts(answer)[0]["amount"] == str(charged) and charged < CEILING
+    assert upto.balance(payer.address) == before - charged
+
+
 def test_a_longer_answer_costs_more(upto):
     payer = Payer()
     before = upto.balance(payer.address)

@@ -49,6 +49,13 @@ settle_backoff_seconds = 0.05
 description = "the echo, per character"
 price = {upto_price(PER_CHARACTER)}
 
+[agents.paid-metered-second]
+description = "the echo: a fixed price first, or per character by upto"
+price = {{ network = "eip155:84532", asset = "{ASSET}", pay_to = "{PAY_TO}", accepts = [
+  {{ scheme = "exact", amount = "{CEILING}" }},
+  {{ scheme = "upto", ceiling = "{CEILING}", facilitator_address = "{DEV_FACILITATOR}", usage = {PER_CHARACTER} }},
+] }}
+
 [agents.paid-metered-raising]
 description = "the echo, priced by a callable that raises"
 price = {upto_price('{ callable = "tests.support.pricing:raises" }')}
