@@ -68,7 +68,7 @@ class Charges:
         settled = [payment]  # what the delivery settles: the payment, or its upto charge
         marked: list[bool] = []  # the claim is marked delivered (a first chunk, or the whole answer)
 
-        async def record(
+        async def mark_delivered(
             task: dict[str, Any], withheld: dict[str, Any] | None, used: Counts, save: Statement | None
         ) -> None:
             along = [] if save is None else [only_if(save)]  # the work is saved only if the delivery is ours
@@ -89,13 +89,8 @@ class Charges:
                 raise OwnershipLost(str(lost)) from None
             marked.append(True)
 
-        async def mark_delivered(
-            task: dict[str, Any], withheld: dict[str, Any] | None, used: Counts, save: Statement | None
-        ) -> None:
-            await record(task, withheld, used, save)
-
         async def deliver_part(task: dict[str, Any], used: Counts, save: Statement) -> None:
-            await record(task, None, used, save)
+            await mark_delivered(task, None, used, save)
 
         async def delivered(task: dict[str, Any]) -> Collected:
             if usage_price is not None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from gate.price import Price
-from gate.schemes.base import GENERIC_DEFINITIVE_REASONS, NONCE_USED_REASONS, Authorization, Rejection
+from gate.schemes.base import GENERIC_DEFINITIVE_REASONS, NONCE_USED_REASONS, Rejection
 from gate.schemes.exact_permit2 import DEFINITIVE_REASONS as PERMIT2_REASONS
-from gate.schemes.exact_permit2 import check_permit2, permit2_nonce_key, permit2_window
+from gate.schemes.exact_permit2 import ExactPermit2, check_permit2
 
 # x402UptoPermit2Proxy: the one spender x402's upto clients sign for.
 PROXY = "0x4020a4f3b7b90cca423b9fabcc0ce57c6c240002"
@@ -43,32 +43,19 @@ DEFINITIVE_REASONS = (
 UPTO_NONCE_USED_REASONS = NONCE_USED_REASONS | {"permit2_invalid_nonce"}
 
 
-class UptoPermit2:
+class UptoPermit2(ExactPermit2):
+    """`exact` by Permit2 with another spender and witness: its extra, window, nonce key and chain
+    reading are the same (one Permit2 nonce, one claim)."""
+
     scheme = "upto"
-    transfer_method = "permit2"
-    channel = False
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = UPTO_NONCE_USED_REASONS
-
-    def extra(self) -> dict[str, Any]:
-        return {"assetTransferMethod": "permit2"}  # x402's upto server sets it always
 
     def check(self, inner: dict[str, Any], price: Price) -> None:
         auth = check_permit2(inner, price, PROXY, WITNESS_KEYS)
         offered = str(price.extra.get("facilitatorAddress", ""))
         if auth["witness"]["facilitator"].lower() != offered.lower():
             raise Rejection("upto_facilitator_mismatch")
-
-    def window(self, inner: dict[str, Any]) -> tuple[int, int]:
-        return permit2_window(inner)
-
-    def nonce_key(self, inner: dict[str, Any], network: str, asset: str) -> str:
-        return permit2_nonce_key(inner, network)
-
-    def authorization(
-        self, payload: dict[str, Any], requirements: dict[str, Any], network: str
-    ) -> Authorization | None:
-        return None  # see the module's docstring: the chain is not asked for Permit2
 
 
 SCHEME = UptoPermit2()
