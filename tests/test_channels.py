@@ -27,6 +27,7 @@ from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id
 from x402.mechanisms.evm.signers import EthAccountSigner
 
 from tests.support.channel_facilitator import RECEIVER_AUTHORIZER, ChannelChain, create_app
+from tests.support.channels import assert_charged_in_turn, receipt_of
 from tests.support.gate_process import GateProcess
 from tests.support.paid import ASSET, PAY_TO, decode_header, send_body
 from tests.support.serve import serve_app
@@ -121,10 +122,6 @@ def channel_rows(database: Path) -> list[dict[str, Any]]:
         conn.close()
 
 
-def receipt_of(response: httpx.Response) -> dict[str, Any]:
-    return json.loads(base64.b64decode(response.headers["PAYMENT-RESPONSE"]))
-
-
 def test_the_402_offers_batch_settlement_beside_exact_with_the_bindings_extra(gate: GateProcess) -> None:
     answer = httpx.post(f"{gate.url}/a2a/paid-channel", json=send_body("price?"))
     assert answer.status_code == 402
@@ -157,14 +154,7 @@ def test_the_package_client_pays_a_hundred_requests_from_one_channel(
 ) -> None:
     client, _ = channel_client()
     answers = asyncio.run(pay_many(f"{gate.url}/a2a/paid-channel", 100, client))
-    for i, answer in enumerate(answers, start=1):
-        assert answer.status_code == 200, answer.text
-        task = answer.json()["result"]
-        assert task["status"]["state"] == "completed"
-        receipt = receipt_of(answer)
-        assert receipt["extra"]["chargedAmount"] == str(PRICE)
-        assert receipt["extra"]["channelState"]["chargedCumulativeAmount"] == str(i * PRICE)
-        assert task["status"]["message"]["metadata"]["x402.payment.receipts"] == [receipt]
+    assert_charged_in_turn(answers, PRICE)
     (row,) = channel_rows(tmp_path / "gate.db")
     assert int(row["charged"]) == 100 * PRICE == int(row["voucher_max"])
     assert row["sealed_voucher"] and not re.search("[0-9a-fA-F]{130}", json.dumps(row))  # sealed, never in plain

@@ -29,6 +29,7 @@ from x402.http.clients import x402_httpx_transport
 from x402.mechanisms.evm.batch_settlement.client import BatchSettlementEvmScheme
 from x402.mechanisms.evm.signers import EthAccountSignerWithRPC
 
+from tests.support.channels import assert_charged_in_turn, receipt_of
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import ASSET, PAY_TO, send_body
 
@@ -91,10 +92,6 @@ def fresh_client(devnet: Devnet) -> x402Client:
     return x402Client().register("eip155:84532", BatchSettlementEvmScheme(signer))
 
 
-def receipt_of(response: httpx.Response) -> dict[str, Any]:
-    return json.loads(base64.b64decode(response.headers["PAYMENT-RESPONSE"]))
-
-
 def test_a_fresh_payer_opens_a_channel_pays_a_hundred_requests_and_the_claim_pays_pay_to(devnet: Devnet) -> None:
     url = f"{devnet.gate.url}/a2a/paid-channel"
     client = fresh_client(devnet)
@@ -106,16 +103,7 @@ def test_a_fresh_payer_opens_a_channel_pays_a_hundred_requests_and_the_claim_pay
             return [await http.post(url, json=send_body(f"hello {i}")) for i in range(100)]
 
     answers = asyncio.run(run())
-    channel_id = ""
-    for i, answer in enumerate(answers, start=1):
-        assert answer.status_code == 200, answer.text
-        task = answer.json()["result"]
-        assert task["status"]["state"] == "completed"
-        receipt = receipt_of(answer)
-        assert receipt["extra"]["chargedAmount"] == str(PRICE)
-        assert receipt["extra"]["channelState"]["chargedCumulativeAmount"] == str(i * PRICE)
-        assert task["status"]["message"]["metadata"]["x402.payment.receipts"] == [receipt]
-        channel_id = receipt["extra"]["channelState"]["channelId"]
+    channel_id = assert_charged_in_turn(answers, PRICE)["extra"]["channelState"]["channelId"]
     verify_calls = httpx.get(f"{devnet.facilitator}/dev/ledger").json()["verify_calls"] - verify_calls_before
     assert verify_calls < 100 / 4  # deposits (every ten requests here) and stale mirrors only
     balance, claimed = devnet.channel(channel_id)

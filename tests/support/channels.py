@@ -36,6 +36,7 @@ from x402.schemas import PaymentPayload, PaymentRequired, PaymentRequirements
 
 from devnet.chain import DEV_CHAIN_ID, DEV_NETWORK
 from tests.support.dev_facilitator_helpers import PAY_TO, USDC_BASE_SEPOLIA
+from tests.support.paid import decode_header
 
 __all__ = [
     "BATCH_SETTLEMENT_ADDRESS",
@@ -217,3 +218,23 @@ def rpc(http: httpx.Client, method: str, *params: Any) -> dict[str, Any]:
     response = http.post("/rpc", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": list(params)})
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def receipt_of(response: httpx.Response) -> dict[str, Any]:
+    """The receipt a paid answer carries (`PAYMENT-RESPONSE`)."""
+    return decode_header(response.headers["PAYMENT-RESPONSE"])
+
+
+def assert_charged_in_turn(answers: list[httpx.Response], price: int) -> dict[str, Any]:
+    """Each answer a completed Task whose receipt charges `price` on top of the one before (the
+    same receipt on the Task); the last receipt."""
+    receipt: dict[str, Any] = {}
+    for i, answer in enumerate(answers, start=1):
+        assert answer.status_code == 200, answer.text
+        task = answer.json()["result"]
+        assert task["status"]["state"] == "completed"
+        receipt = receipt_of(answer)
+        assert receipt["extra"]["chargedAmount"] == str(price)
+        assert receipt["extra"]["channelState"]["chargedCumulativeAmount"] == str(i * price)
+        assert task["status"]["message"]["metadata"]["x402.payment.receipts"] == [receipt]
+    return receipt
