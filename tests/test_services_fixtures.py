@@ -8,7 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.gate_process import free_port
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from tests.support.gate_process import GateProcess, free_port
+from tests.support.serve import serve_app
 
 REPO = Path(__file__).parents[1]
 
@@ -105,3 +111,21 @@ def test_postgres_schema_is_the_tests_own_and_is_dropped(postgres_schema):
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (postgres_schema.schema,)
         ).fetchone()
     assert found == (1,)
+
+
+def test_a_gate_whose_port_another_server_answers_on_is_not_taken_for_started(tmp_path):
+    """Another server's /healthz on the port is not this gate starting (the port race of a parallel suite)."""
+    config = tmp_path / "gate.toml"
+    config.write_text(f'database = "{tmp_path / "gate.db"}"\n[agents.echo]\n')
+    other = Starlette(routes=[Route("/healthz", lambda request: PlainTextResponse("ok"))])
+    with serve_app(other) as url:
+        gate = GateProcess(config, tmp_path / "gate.log", port=int(url.rsplit(":", 1)[1]))
+        with pytest.raises(RuntimeError, match=r"another process|exited with"):
+            gate.start(timeout=30)
+        gate.stop()
+
+
+def test_free_ports_come_from_the_workers_own_slice_below_the_ephemeral_range():
+    ports = {free_port() for _ in range(50)}
+    assert len(ports) == 50
+    assert all(20000 <= port < 32000 for port in ports)

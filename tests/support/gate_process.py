@@ -7,6 +7,7 @@ output goes to a log file the secret-leak tests read.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -34,10 +35,73 @@ def reap_stopped(timeout: float = 15.0) -> None:
             process.wait()
 
 
+def _own_ports() -> itertools.cycle[int]:
+    """This test process's own slice of 20000-31999, below the kernel's ephemeral range.
+
+    A port the kernel hands out for `bind(0)` is free only until the caller lets it go:
+    another pytest worker asking next may be handed the same one, and the first server to
+    bind it answers both workers' health checks. Each worker takes ports from a slice of
+    its own, in turn, and the kernel never picks from below 32768 for outgoing connections.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = 12000 // max(workers, 1)
+    first = 20000 + size * (worker % max(workers, 1))
+    start = os.getpid() % size
+    return itertools.cycle([*range(first + start, first + size), *range(first, first + start)])
+
+
+_ports = _own_ports()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on now, from this worker's own slice."""
+    for _ in range(1000):
+        port = next(_ports)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in this worker's slice")
+
+
+def _listener_inodes(port: int) -> set[str]:
+    """The socket inodes listening on `port` in this network namespace (/proc/net/tcp)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def _holds_any(pid: int, inodes: set[str]) -> bool:
+    """Whether `pid` or one of its children (uvicorn's workers) holds one of the sockets."""
+    pids = [pid]
+    try:
+        pids += [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        pass
+    for each in pids:
+        try:
+            fds = list(Path(f"/proc/{each}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                return True
+    return False
 
 
 class GateProcess:
@@ -95,13 +159,28 @@ class GateProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"a2a-gate exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200 and self._answers_itself():
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"a2a-gate did not start:\n{self.log.read_text()[-3000:]}")
+
+    def _answers_itself(self) -> bool:
+        """Whether the health check was answered by this process, not another on the same port.
+
+        Only checkable where the listener is in this network namespace and on loopback; a
+        process under a namespace wrapper (`prefix`) is taken at its word.
+        """
+        if self.prefix or self.process is None:
+            return True
+        inodes = _listener_inodes(self.port)
+        if not inodes:
+            return True
+        if _holds_any(self.process.pid, inodes):
+            return True
+        raise RuntimeError(f"port {self.port} is held by another process, not this a2a-gate")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         if self.process is None or self.process.poll() is not None:
