@@ -19,6 +19,8 @@ touched, written out): a write outside a transaction is therefore committed toge
 the other such writes issued in the same turn of the event loop (group commit), one
 ``BEGIN IMMEDIATE ... COMMIT`` for all, and its caller resumes only once that commit is
 done. Each keeps its own outcome (rowcount or error); none waits longer than the loop's turn.
+A `write_together` group joins the same commit as one unit, inside a savepoint of its own:
+its statements apply all together or not at all, whatever the others in the commit do.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ CHECKPOINT_COMMITS = 500  # commits between two checkpoints, at most (about 1,00
 CHECKPOINT_SECONDS = 1.0  # and at least this often while anything was committed
 WAL_LIMIT_BYTES = 64 * 1024 * 1024  # what a checkpointed WAL is truncated back to
 WRITES = ("INSERT", "UPDATE", "DELETE", "insert", "update", "delete")  # statements committed in groups
+
+# One write waiting for the group commit: its statements, whether they stand or fall together
+# (a `write_together` group, in a savepoint), and the future its caller awaits: a rowcount,
+# or a group's list of them.
+Write = tuple[list[tuple[str, tuple[Any, ...]]], bool, "asyncio.Future[Any]"]
 
 
 class Checkpointer:
@@ -94,7 +101,7 @@ class SQLiteDatabase(Database):
         self._db: sqlite_utils.Database | None = None
         self._checkpointer: Checkpointer | None = None
         self._transaction = asyncio.Lock()
-        self._batch: list[tuple[str, tuple[Any, ...], asyncio.Future[int]]] = []  # writes to commit together
+        self._batch: list[Write] = []  # writes to commit together
         self._later: set[asyncio.Future[None]] = set()  # batches waiting for a transaction to end
         self._inside: ContextVar[bool] = ContextVar(f"sqlite-transaction-{id(self)}", default=False)
 
@@ -140,9 +147,17 @@ class SQLiteDatabase(Database):
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
         if self._inside.get() or not sql.lstrip().startswith(WRITES):
             return self._run(sql, tuple(args))
+        return await self._in_next_commit([(sql, tuple(args))], together=False)
+
+    async def write_together(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+        if self._inside.get():  # joined to the caller's transaction
+            return [self._run(sql, tuple(args)) for sql, args in statements]
+        return await self._in_next_commit([(sql, tuple(args)) for sql, args in statements], together=True)
+
+    async def _in_next_commit(self, statements: list[tuple[str, tuple[Any, ...]]], *, together: bool) -> Any:
         self.conn  # noqa: B018 -- raises DatabaseUnavailable when closed, as a statement would
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._batch.append((sql, tuple(args), future))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._batch.append((statements, together, future))
         if len(self._batch) == 1:
             asyncio.get_running_loop().call_soon(self._commit_batch)
         return await future  # a write issued is committed, even if its caller is cancelled meanwhile
@@ -166,23 +181,31 @@ class SQLiteDatabase(Database):
             return
         self._commit(batch)
 
-    async def _commit_after_transaction(self, batch: list[tuple[str, tuple[Any, ...], asyncio.Future[int]]]) -> None:
+    async def _commit_after_transaction(self, batch: list[Write]) -> None:
         async with self._transaction:
             self._commit(batch)
 
-    def _commit(self, batch: list[tuple[str, tuple[Any, ...], asyncio.Future[int]]]) -> None:
-        """One transaction for `batch`: each statement's rowcount or error to its own future."""
-        outcomes: list[int | BaseException] = []
+    def _commit(self, batch: list[Write]) -> None:
+        """One transaction for `batch`: each write's rowcount (a group's list of them) or error to its own future."""
+        outcomes: list[Any] = []
         try:
             conn = self.conn
             conn.execute("BEGIN IMMEDIATE")
-            for sql, args, _ in batch:
+            for statements, together, _ in batch:
+                if together:
+                    conn.execute("SAVEPOINT together")
                 try:
-                    outcomes.append(conn.execute(sql, args).rowcount)
-                except sqlite3.OperationalError as exc:
-                    outcomes.append(DatabaseUnavailable(f"sqlite: {exc}"))
-                except sqlite3.Error as exc:  # a constraint: this statement alone is undone
-                    outcomes.append(exc)
+                    counts = [conn.execute(sql, args).rowcount for sql, args in statements]
+                except sqlite3.Error as exc:  # a constraint, a lock: this write alone is undone
+                    if together and conn.in_transaction:
+                        conn.execute("ROLLBACK TO together")
+                        conn.execute("RELEASE together")
+                    unavailable = isinstance(exc, sqlite3.OperationalError)
+                    outcomes.append(DatabaseUnavailable(f"sqlite: {exc}") if unavailable else exc)
+                else:
+                    if together:
+                        conn.execute("RELEASE together")
+                    outcomes.append(counts if together else counts[0])
                 if not conn.in_transaction:  # SQLite gave the whole transaction up (full, I/O)
                     raise DatabaseUnavailable("sqlite: the transaction was rolled back")
             conn.execute("COMMIT")

@@ -654,6 +654,33 @@ def test_sqlite_commits_the_writes_of_one_loop_turn_together(tmp_path: Path) -> 
     with_db(str(tmp_path / "store.db"), body)
 
 
+def test_sqlite_commits_groups_written_together_in_the_loop_turns_commit_each_whole(tmp_path: Path) -> None:
+    """`write_together` groups of one loop turn join its group commit, each in a savepoint of its own:
+    a group that fails is undone whole, and the writes beside it in the same commit stand."""
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        await db.execute("INSERT INTO t (id, n) VALUES ('taken', 0)")
+        statements: list[str] = []
+        db.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        insert = "INSERT INTO t (id, n) VALUES (?, ?)"
+        writes = [
+            db.write_together([(insert, ("g1a", 1)), (insert, ("g1b", 1))]),
+            db.write_together([(insert, ("g2a", 2)), (insert, ("taken", 2))]),  # its second fails: none of it
+            db.execute(insert, ("single", 3)),
+            db.write_together([(insert, ("g3a", 3)), ("UPDATE t SET n = 9 WHERE id = 'nobody'", ())]),
+        ]
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        assert outcomes[0] == [1, 1] and outcomes[2] == 1 and outcomes[3] == [1, 0]
+        assert isinstance(outcomes[1], Exception) and "UNIQUE" in str(outcomes[1])
+        assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+        rows = await db.fetch("SELECT id FROM t ORDER BY id")
+        assert [r["id"] for r in rows] == ["g1a", "g1b", "g3a", "single", "taken"]
+
+    with_db(str(tmp_path / "store.db"), body)
+
+
 def test_writes_together_commit_whole_or_not_at_all(location: str) -> None:
     """`write_together`: one transaction for independent writes, their rowcounts in order; a
     failing one leaves none of them. Inside a transaction they join it."""
