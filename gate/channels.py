@@ -269,6 +269,13 @@ class Channels:
             ),
         )
 
+    def charged_condition(self, voucher: Voucher, voucher_digest: str) -> tuple[str, tuple[Any, ...]]:
+        """The condition "the channel is charged to this voucher" (`commit_statement` applied)."""
+        return (
+            "EXISTS (SELECT 1 FROM channels WHERE channel_id = ? AND charged = ? AND voucher_digest = ?)",
+            (voucher.channel_id, str(voucher.max_claimable), voucher_digest),
+        )
+
     async def let_go(self, channel_id: str, token_digest: str) -> None:
         """The request's work was not delivered: the channel is free now (its claim's end frees it too)."""
         await self.db.execute(

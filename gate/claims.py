@@ -86,6 +86,10 @@ class Hold:
     fence: str
 
 
+class Unmet(Exception):
+    """A fenced write's own condition (`provided`) did not hold; the claim is still ours, unchanged."""
+
+
 class ClaimLost(Exception):
     """A fenced write changed no row: the claim was taken over (or ended) elsewhere."""
 
@@ -320,7 +324,17 @@ class Claims:
 
     # -- settlement outcomes (callers wrap them in one transaction with the log row) --
 
-    async def settled(self, hold: Hold, receipt: dict[str, Any], along: Sequence[Along] = ()) -> None:
+    async def settled(
+        self,
+        hold: Hold,
+        receipt: dict[str, Any],
+        along: Sequence[Along] = (),
+        *,
+        first: Sequence[Along] = (),
+        provided: Statement | None = None,
+    ) -> None:
+        """Settled. `first` and `provided`: a write this outcome stands on (a channel's charge), sent
+        ahead of it on the condition that the claim is ours, and the condition that it applied."""
         await self._write(
             hold,
             "settled",
@@ -331,6 +345,8 @@ class Claims:
             receipt=json.dumps(receipt, separators=(",", ":")),
             task_outdated=1,
             along=along,
+            first=first,
+            provided=provided,
         )
 
     async def owed(
@@ -367,7 +383,7 @@ class Claims:
     async def terminal(self, hold: Hold, state: ClaimState, error: str, along: Sequence[Along] = ()) -> None:
         assert state in (ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION), state
         # needs_attention keeps its sealed payment: an operator may re-open it (`reopen`)
-        sealed = {"sealed_payment": ""} if state == ClaimState.UNSETTLED else {}
+        sealed: dict[str, Any] = {"sealed_payment": ""} if state == ClaimState.UNSETTLED else {}
         await self._write(
             hold,
             str(state),
@@ -382,7 +398,7 @@ class Claims:
     async def task_synced(self, hold: Hold, *, final: bool, along: Sequence[Along] = ()) -> None:
         """The stored task now shows the claim's outcome; a final one needs no withheld answer any more."""
         self.held.pop(hold.token_digest, None)
-        extra = {"withheld": ""} if final else {}
+        extra: dict[str, Any] = {"withheld": ""} if final else {}
         await self._write(hold, "task_synced", RECORDED_STATES, task_outdated=0, along=along, **extra)
 
     def let_go(self, hold: Hold) -> None:
@@ -551,6 +567,8 @@ class Claims:
         expected: tuple[ClaimState, ...],
         *,
         along: Sequence[Along] = (),
+        first: Sequence[Along] = (),
+        provided: Statement | None = None,
         **values: Any,
     ) -> None:
         """One fenced update: names the fence and the states it expects; no row changed is `ClaimLost`.
@@ -559,15 +577,28 @@ class Claims:
         that many seconds from now, both by the database's clock. `along`: writes that belong
         with it (the task it delivers, its payment log row), sent in the same transaction and,
         on PostgreSQL, the same round trip; each applies only if this update did, so a lost
-        claim writes nothing at all."""
+        claim writes nothing at all. `first`: writes sent ahead of it, each applying only while
+        the claim is ours in `expected`; `provided`: one more condition of the update (that they
+        applied, say), whose failing, the claim still ours, is `Unmet`."""
         update = self._update(hold, expected, values)
-        if not along:
+        if provided is not None:
+            update = (f"{update[0]} AND {provided[0]}", (*update[1], *provided[1]))
+        if not along and not first:
             changed = await self.db.execute(*update)
         else:
+            ahead = [statement(self._ours(hold, expected)) for statement in first]
             ours = self._ours(hold, (values["state"],) if "state" in values else expected)
-            changed = (await self.db.write_together([update, *(statement(ours) for statement in along)]))[0]
+            statements = [*ahead, update, *(statement(ours) for statement in along)]
+            changed = (await self.db.write_together(statements))[len(ahead)]
         if changed != 1:
+            if provided is not None and await self._still(hold, expected):
+                raise Unmet(write)
             self._lost(hold, write)
+
+    async def _still(self, hold: Hold, states: tuple[ClaimState, ...]) -> bool:
+        """Whether the claim is ours, in one of `states`, now."""
+        claim = await self.find(hold.token_digest)
+        return claim is not None and claim.fence == hold.fence and claim.state in states
 
     def _ours(self, hold: Hold, states: tuple[ClaimState, ...]) -> tuple[str, tuple[Any, ...]]:
         """The condition "this claim is still ours, in one of `states`", for writes sent with its update."""

@@ -31,7 +31,7 @@ from typing import Any
 from gate import schemes
 from gate.chain import Chain, ChainUnavailable
 from gate.channels import Channels, Mirror
-from gate.claims import Along, Claim, Claims, ClaimState, Hold
+from gate.claims import Along, Claim, Claims, ClaimState, Hold, Unmet
 from gate.config import FacilitatorConfig
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.metrics import GateMetrics
@@ -39,7 +39,7 @@ from gate.payment_log import PaymentLog
 from gate.schemes import batch_settlement
 from gate.schemes.base import Scheme
 from gate.usage_price import Charge
-from server.database import commit_until_stored
+from server.database import Statement, commit_until_stored
 from server.tasks import agent_message, set_status
 
 logger = logging.getLogger("a2a_gate.settlement")
@@ -350,15 +350,15 @@ class Settler:
 
         async def write() -> None:
             row = self._row("settle", p, transaction=tx, error=note or (channel.note if channel else ""))
-            if channel is not None:  # first: it is the compare-and-set the whole transaction stands on
-                sql, args = channel.statement
-                if await self.claims.db.execute(sql, args) != 1:
-                    raise ChannelMoved()
-            await self.claims.settled(p.hold, receipt, along=[row])
+            if channel is None:
+                await self.claims.settled(p.hold, receipt, along=[row])
+                return
+            # the channel's compare-and-set first, and the claim settled only if it applied: one statement group
+            await self.claims.settled(p.hold, receipt, along=[row], first=[channel.charge], provided=channel.charged)
 
-        try:  # without a channel, the claim's update and its row are one statement group: one round trip
-            await commit_until_stored(self.claims.db, write, "a settlement", atomic=channel is None)
-        except ChannelMoved:  # its charged total is not this voucher's base: it never pays for this request
+        try:  # the claim's update, what it stands on and its row are one statement group: one round trip
+            await commit_until_stored(self.claims.db, write, "a settlement", atomic=True)
+        except Unmet:  # the channel's charged total is not this voucher's base: it never pays for this request
             return await self._unsettled(p, "channel_state_changed: the channel was charged past this voucher's base")
         self._count("settled")
         if self.metrics is not None:
@@ -398,7 +398,7 @@ class Settler:
         sealed = self.seal(
             {"signature": voucher.signature, "maxClaimableAmount": str(voucher.max_claimable)}, voucher.channel_id
         )
-        statement = self.channels.commit_statement(voucher, base, sealed, payment.token_digest, mirror)
+        sql, args = self.channels.commit_statement(voucher, base, sealed, payment.token_digest, mirror)
         state = {
             "channelId": voucher.channel_id,
             "chargedCumulativeAmount": str(voucher.max_claimable),
@@ -414,7 +414,10 @@ class Settler:
             "extra": {"chargedAmount": payment.amount, "channelState": state},
         }
         return ChannelCharge(
-            statement, receipt, f"channel {voucher.channel_id[:18]} charged to {voucher.max_claimable}"
+            lambda ours: (f"{sql} AND {ours[0]}", (*args, *ours[1])),  # its WHERE clause is last
+            self.channels.charged_condition(voucher, payment.token_digest),
+            receipt,
+            f"channel {voucher.channel_id[:18]} charged to {voucher.max_claimable}",
         )
 
     async def _owed(self, p: Pass, error: str, unknown: bool, passes: int, delay: float) -> Collection:
@@ -457,13 +460,13 @@ class Settler:
             self.metrics.settlements.labels(outcome).inc()
 
 
-class ChannelMoved(Exception):
-    """The channel's charged total is no longer the base a voucher was reserved on."""
-
-
 @dataclass(frozen=True)
 class ChannelCharge:
-    statement: tuple[str, tuple[Any, ...]]
+    """A delivered voucher's charge: the channel's compare-and-set (`charge`, while the claim is
+    ours), the condition that it applied (`charged`), the receipt, the log row's note."""
+
+    charge: Along
+    charged: Statement
     receipt: dict[str, Any]
     note: str
 
