@@ -17,7 +17,8 @@ e. PostgreSQL: case a's principal send and case c's paid send (same facilitator)
    (`bench/postgres.py`).
 f. voucher-paid `message/send` (x402 batch-settlement): every worker pays from a channel of
    its own, opened by the x402 package's client before the window, one voucher after
-   another; beside the API-key path of the same run.
+   another; beside the API-key path of the same run. Then the same on PostgreSQL, two
+   replicas behind nginx, with its round trips per voucher counted as in case e.
 
 Each case returns `Row`s (one per server measured) and `Target`s (a goal and whether
 the measurement met it); `bench.__main__` prints them.
@@ -645,10 +646,12 @@ def case_d(bench: Bench) -> None:
 # e. PostgreSQL: replicas
 # ---------------------------------------------------------------------------
 
-SQLITE_ROW = {"free": "gate", "paid": "gate-paid"}  # the same path on SQLite (cases a and c), when measured
+SQLITE_ROW = {"free": "gate", "paid": "gate-paid", "channel": "gate-channel"}  # the same path on SQLite, when measured
+LABELS = {"free": "API key", "paid": "paid", "channel": "voucher-paid"}
 
 
-def case_e(bench: Bench) -> None:
+def postgres_missing(bench: Bench) -> str:
+    """Why case e (or case f's PostgreSQL row) cannot run here, or ""."""
     p = bench.params
     why = postgres.unreachable(p.postgres_url)
     why = why and f"{why} at {postgres.where(p.postgres_url)}"
@@ -657,6 +660,11 @@ def case_e(bench: Bench) -> None:
         why = why and f"{why} at {postgres.where(p.redis_url)}"
     if not why and servers.nginx_binary() is None:
         why = "nginx is not installed"
+    return why or ""
+
+
+def case_e(bench: Bench) -> None:
+    why = postgres_missing(bench)
     if why:
         bench.notes.append(f"case e skipped: {why}")
         bench.log(f"case e skipped: {why}")
@@ -673,9 +681,9 @@ def postgres_row(bench: Bench, path: str, replicas: int) -> Row:
     p = bench.params
     key = f"pg-{path}-r{replicas}"
     where = "one replica" if replicas == 1 else f"{replicas} replicas behind nginx"
-    label = f"a2a-gate on PostgreSQL, {'API key' if path == 'free' else 'paid'}, {where}"
+    label = f"a2a-gate on PostgreSQL, {LABELS[path]}, {where}"
     folder = bench.path(key)
-    facilitator = bench.trusting_facilitator() if path == "paid" else None
+    facilitator = bench.trusting_facilitator() if path != "free" else None
     sealing = base64.urlsafe_b64encode(os.urandom(32)).decode()  # one key, every replica
     with contextlib.ExitStack() as stack:
         schema = stack.enter_context(postgres.Schema(p.postgres_url, key))
@@ -716,6 +724,8 @@ def postgres_row(bench: Bench, path: str, replicas: int) -> Row:
         if path == "free":
             requests = send_requests(public_port, "/a2a/echo", {"Authorization": f"Bearer {api_key}"})
             spec = bench.spec(public_port, requests, expect_marker=b'"completed"')
+        elif path == "channel":
+            spec = voucher_spec(bench, public_port, f"http://127.0.0.1:{public_port}/a2a/paid-channel")
         else:
             spec, signing = paid_spec(bench, target, "/a2a/paid-echo", p.paid_tokens)
             bench.log(f"    signed {p.paid_tokens} tokens in {signing:.1f}s")
@@ -830,7 +840,6 @@ def case_f(bench: Bench) -> None:
     """Voucher-paid `message/send` (x402 batch-settlement): each worker pays from its own channel,
     one voucher after another; the vouchers are verified by the gate itself (no facilitator call)."""
     bench.log("case f: voucher-paid message/send (payment channels), beside the API key")
-    p = bench.params
     trusting = bench.trusting_facilitator()
     folder = bench.path("gate-channel")
     config, port = gate_config(folder, facilitator=trusting.url)
@@ -844,33 +853,7 @@ def case_f(bench: Bench) -> None:
             bench.spec(port, requests, expect_marker=b'"completed"'),
             "a2a-gate (API key), same run",
         )
-        per_lane = max(50, int(1500 * (p.duration + p.warmup) / p.concurrency))
-        started = time.perf_counter()
-        lanes = list(
-            bench.pool().map(open_lane, [f"{server.url}/a2a/paid-channel"] * p.concurrency, [per_lane] * p.concurrency)
-        )
-        bench.log(
-            f"    opened {len(lanes)} channels, signed {per_lane} vouchers each in {time.perf_counter() - started:.1f}s"
-        )
-        source = load.Source(
-            "lanes",
-            lanes=[
-                [
-                    load.build_request(port, "/a2a/paid-channel", send_body(i), {"PAYMENT-SIGNATURE": h})
-                    for i, h in enumerate(lane)
-                ]
-                for lane in lanes
-            ],
-        )
-        spec = load.Spec(
-            port=port,
-            source=source,
-            concurrency=p.concurrency,
-            duration=p.duration,
-            warmup=p.warmup,
-            expect_status=200,
-            expect_marker=b"payment-response:",
-        )
+        spec = voucher_spec(bench, port, f"{server.url}/a2a/paid-channel")
         row = bench.measure(
             "f",
             "gate-channel",
@@ -882,6 +865,40 @@ def case_f(bench: Bench) -> None:
         )
     bench.targets.append(Target("f", "voucher-paid req/s ≥ 1000 (×1000)", row.result.rps / 1000, 1.0))
     bench.target("f", "voucher-paid req/s ≥ 0.6× the API key's", "gate-channel", "gate-key-f", 0.6)
+    why = postgres_missing(bench)
+    if why:
+        bench.notes.append(f"case f on PostgreSQL skipped: {why}")
+        return
+    row = postgres_row(bench, "channel", 2)
+    per_voucher = row.extra["round_trips_per_request"]
+    bench.targets.append(Target("f", "PostgreSQL round trips per voucher, 2 replicas ≤ 4 (÷4)", 4 / per_voucher, 1.0))
+
+
+def voucher_spec(bench: Bench, port: int, url: str) -> load.Spec:
+    """Every worker a channel of its own (opened at `url`), its vouchers one after another."""
+    p = bench.params
+    per_lane = max(50, int(1500 * (p.duration + p.warmup) / p.concurrency))
+    started = time.perf_counter()
+    lanes = list(bench.pool().map(open_lane, [url] * p.concurrency, [per_lane] * p.concurrency))
+    took = time.perf_counter() - started
+    bench.log(f"    opened {len(lanes)} channels, signed {per_lane} vouchers each in {took:.1f}s")
+    path = "/" + url.split("/", 3)[3]
+    source = load.Source(
+        "lanes",
+        lanes=[
+            [load.build_request(port, path, send_body(i), {"PAYMENT-SIGNATURE": h}) for i, h in enumerate(lane)]
+            for lane in lanes
+        ],
+    )
+    return load.Spec(
+        port=port,
+        source=source,
+        concurrency=p.concurrency,
+        duration=p.duration,
+        warmup=p.warmup,
+        expect_status=200,
+        expect_marker=b"payment-response:",
+    )
 
 
 CASES = {"a": case_a, "b": case_b, "c": case_c, "d": case_d, "e": case_e, "f": case_f}

@@ -36,7 +36,11 @@ ROWS = {
         "gate-paid-real": "real-crypto facilitator",
     },
     "d": {},
-    "f": {"gate-key-f": "a2a-gate (API key), same run", "gate-channel": "a2a-gate voucher-paid"},
+    "f": {
+        "gate-key-f": "a2a-gate (API key), same run",
+        "gate-channel": "a2a-gate voucher-paid",
+        "pg-channel-r2": "a2a-gate on PostgreSQL, voucher-paid, 2 replicas behind nginx",
+    },
     "e": {
         "pg-free-r1": "a2a-gate on PostgreSQL, API key, one replica",
         "pg-free-r2": "a2a-gate on PostgreSQL, API key, 2 replicas behind nginx",
@@ -98,7 +102,7 @@ def run_bench(tmp_path: Path, case: str, stack: str, nginx: str | None = None) -
 @pytest.mark.parametrize("case", sorted(ROWS))
 def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     """One case per test, so a parallel run spreads the servers they start over its workers."""
-    nginx = services_or_skip() if case == "e" else None
+    nginx = services_or_skip() if case in ("e", "f") else None
     table, document = run_bench(tmp_path, case, "asyncio-h11", nginx)
 
     assert set(document["rows"]) == set(ROWS[case])
@@ -121,6 +125,8 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     if case == "e":
         assert_postgres_figures(document, table)
         return
+    if case == "f":  # a voucher on PostgreSQL: counted, and no more than the README names
+        assert 2 <= document["rows"]["pg-channel-r2"]["extra"]["round_trips_per_request"] <= 7
 
     # one target per comparison the issue names, each with a measured number
     assert {t["case"] for t in document["targets"]} == {case}
