@@ -318,6 +318,37 @@ class Claims:
             along=along,
         )
 
+    async def delivered_settled(
+        self,
+        hold: Hold,
+        receipt: dict[str, Any],
+        *,
+        payer: str,
+        task_id: str,
+        along: Sequence[Along] = (),
+        first: Sequence[Along] = (),
+        provided: Statement | None = None,
+    ) -> None:
+        """Delivered and settled in one write, for a payment the gate charges itself (a channel's
+        voucher): `mark_delivered` and `settled` at once, on the same conditions as `settled`."""
+        await self._write(
+            hold,
+            "mark_delivered",
+            (ClaimState.RUNNING,),
+            state=ClaimState.SETTLED,
+            payer=payer,
+            task_id=task_id,
+            withheld="",
+            sealed_payment="",
+            last_error="",
+            receipt=json.dumps(receipt, separators=(",", ":")),
+            task_outdated=1,
+            lease=True,
+            along=along,
+            first=first,
+            provided=provided,
+        )
+
     async def recharge(self, hold: Hold, sealed: str, along: Sequence[Along] = ()) -> None:
         """More of a delivery delivered (an upto answer, chunk by chunk): the sealed charge grows with it."""
         await self._write(hold, "recharge", (ClaimState.SETTLING,), sealed_payment=sealed, lease=True, along=along)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -280,6 +280,42 @@ class Settler:
             return await self._ask_chain(pass_, error, passes)
         return await self._owed(pass_, error, unknown, passes, jittered(self.pass_delay(passes)))
 
+    def charged_at_delivery(self, payment: Payment) -> bool:
+        """A channel's voucher is charged by the gate itself: with its delivery, in the same write."""
+        scheme = schemes.for_requirements(payment.requirements)
+        voucher = scheme is not None and scheme.channel and payment.payload["payload"].get("type") == "voucher"
+        return voucher and not payment.metered
+
+    async def settle_delivery(
+        self, payment: Payment, task_id: str, hold: Hold, *, along: Sequence[Along] = ()
+    ) -> Collection | None:
+        """A voucher's delivery and its charge as one statement group (`charged_at_delivery`): the
+        channel's compare-and-set while the claim is ours and running, the claim delivered and settled
+        provided the channel was charged by it, its log row and `along` (the delivered task). None, and
+        nothing written, when the channel moved: the delivery is then recorded alone, and its settle
+        finds the same. `ClaimLost` when the claim is not ours."""
+        p = Pass(payment, task_id, hold)
+        channel = self._channel_charge(p, {})
+        assert channel is not None
+        row = self._row("settle", p, transaction="", error=channel.note)
+
+        async def write() -> None:
+            await self.claims.delivered_settled(
+                hold,
+                channel.receipt,
+                payer=payment.payer,
+                task_id=task_id,
+                along=[row, *along],
+                first=[channel.charge],
+                provided=channel.charged,
+            )
+
+        try:
+            await commit_until_stored(self.claims.db, write, "a delivery and its charge", atomic=True)
+        except Unmet:
+            return None
+        return self._was_settled(payment, channel.receipt)
+
     def pass_delay(self, passes: int) -> float:
         """The wait before pass `passes + 1`: exponential from the pass interval, capped."""
         return min(self.max_delay, self.pass_interval * 2 ** (passes - 1))
@@ -360,11 +396,13 @@ class Settler:
             await commit_until_stored(self.claims.db, write, "a settlement", atomic=True)
         except Unmet:  # the channel's charged total is not this voucher's base: it never pays for this request
             return await self._unsettled(p, "channel_state_changed: the channel was charged past this voucher's base")
+        return self._was_settled(p.payment, receipt)
+
+    def _was_settled(self, payment: Payment, receipt: dict[str, Any]) -> Collection:
+        """A settlement recorded: counted, and the collection the task shows."""
         self._count("settled")
-        if self.metrics is not None:
-            payment = p.payment
-            if payment.amount.isdigit():
-                self.metrics.revenue.labels(payment.network, payment.asset).inc(int(payment.amount))
+        if self.metrics is not None and payment.amount.isdigit():
+            self.metrics.revenue.labels(payment.network, payment.asset).inc(int(payment.amount))
         return Collection(ClaimState.SETTLED, completed_metadata(receipt))
 
     async def _no_charge(self, p: Pass) -> Collection:

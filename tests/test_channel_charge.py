@@ -154,3 +154,67 @@ def test_a_voucher_whose_claim_was_taken_over_charges_nothing(location: str) -> 
         assert await store.actions("d1") == []
 
     run(location, body)
+
+
+async def claimed(store: Store, payment: Payment) -> Hold:
+    """A voucher's claim taken and its channel reserved, its work running (not delivered yet)."""
+    hold = (await store.claims.claim(payment.token_digest, "", "r", payment.agent, "")).hold
+    assert hold is not None
+    voucher = read(payment.payload["payload"])
+    assert (
+        await store.channels.reserve(CHANNEL, voucher.max_claimable - PRICE, hold.token_digest, deposit=False)
+    ).kind == "reserved"
+    return hold
+
+
+def task_save(task_id: str) -> Any:
+    return lambda ours: (f"INSERT INTO delivered (id) SELECT ? WHERE {ours[0]}", (task_id, *ours[1]))
+
+
+def test_a_vouchers_delivery_and_its_charge_are_one_write(location: str) -> None:
+    async def body(store: Store) -> None:
+        await store.db.execute("CREATE TABLE delivered (id TEXT)")
+        payment = voucher_payment("d1", PRICE)
+        assert store.settler.charged_at_delivery(payment)
+        hold = await claimed(store, payment)
+        collection = await store.settler.settle_delivery(payment, "t-d1", hold, along=[task_save("t-d1")])
+        assert collection is not None and collection.state == ClaimState.SETTLED and collection.paid
+        assert await store.charged() == PRICE
+        claim = await store.claims.find("d1")
+        assert claim is not None and claim.state == ClaimState.SETTLED and claim.task_id == "t-d1"
+        assert claim.payer == CONFIG["payer"]
+        assert await store.actions("d1") == ["settle"]
+        assert await store.db.fetchval("SELECT count(*) FROM delivered") == 1
+
+    run(location, body)
+
+
+def test_a_vouchers_delivery_on_a_moved_channel_writes_nothing_and_leaves_the_claim_running(location: str) -> None:
+    async def body(store: Store) -> None:
+        await store.db.execute("CREATE TABLE delivered (id TEXT)")
+        payment = voucher_payment("d1", PRICE)
+        hold = await claimed(store, payment)
+        await store.db.execute("UPDATE channels SET charged = ? WHERE channel_id = ?", (str(5 * PRICE), CHANNEL))
+        assert await store.settler.settle_delivery(payment, "t-d1", hold, along=[task_save("t-d1")]) is None
+        claim = await store.claims.find("d1")
+        assert claim is not None and claim.state == ClaimState.RUNNING
+        assert await store.charged() == 5 * PRICE
+        assert await store.actions("d1") == []
+        assert await store.db.fetchval("SELECT count(*) FROM delivered") == 0
+
+    run(location, body)
+
+
+def test_a_vouchers_delivery_under_a_claim_taken_over_charges_and_saves_nothing(location: str) -> None:
+    async def body(store: Store) -> None:
+        await store.db.execute("CREATE TABLE delivered (id TEXT)")
+        payment = voucher_payment("d1", PRICE)
+        hold = await claimed(store, payment)
+        await store.db.execute("UPDATE claims SET fence = 'someone else' WHERE token_digest = 'd1'")
+        with pytest.raises(ClaimLost):
+            await store.settler.settle_delivery(payment, "t-d1", hold, along=[task_save("t-d1")])
+        assert await store.charged() == 0
+        assert await store.actions("d1") == []
+        assert await store.db.fetchval("SELECT count(*) FROM delivered") == 0
+
+    run(location, body)
