@@ -13,7 +13,8 @@ twice or lose one:
   claim is released (undelivered work), or its owner's lease lapses and the reconciler ends it,
   the channel is free again, whatever crashed where;
 - `charged` advances only at delivery, from that base to the voucher's maximum, in the same
-  transaction as the claim's `settled` and its payment log row.
+  statement group as the delivered task, the claim's `settled` and its payment log row
+  (`Settler.settle_delivery`).
 The x402 package's own server storage does the same in one process (a dict or a file and a
 lock); this is that, in SQLite or PostgreSQL, for replicas.
 """
