@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.schemes.batch_settlement import Voucher
-from server.database import Database, Migration
+from server.database import Database, Migration, Statement
 
 HOLDING_STATES = ("running", "settling", "settle_failed")  # a claim in these holds its channel's reservation
 
@@ -226,17 +226,30 @@ class Channels:
             f" AND claims.state IN ({marks})))"
         )
 
-    async def reserve(self, channel_id: str, base: int, token_digest: str, *, deposit: bool) -> Reservation:
-        """Hold the channel for the request claimed under `token_digest`, if its charged total is `base`
-        (and, for a voucher, the channel is not being or has not been refunded: only a deposit reopens it)."""
+    def reserve_statement(
+        self, channel_id: str, base: int, token_digest: str, *, deposit: bool, unheld: bool = False
+    ) -> Statement:
+        """`reserve`'s write: the channel held for `token_digest`'s request if its charged total is
+        `base` and nothing live holds it (a voucher's: nor is it refunded); its WHERE clause last.
+
+        `unheld`: only if nobody's name is on it at all, for a reservation sent in the transaction
+        that takes its claim. PostgreSQL rechecks a row another transaction just updated at its new
+        version, but a subquery (whether the holder's claim is live) at the statement's snapshot,
+        which may not show that transaction's claim yet: a condition on the row alone sees it."""
         open_ = "" if deposit else " AND refunded = 0"
         # a reservation in this token's name is this request's: its earlier claim was released
         # (a restart, an outage) and the claim it holds now is the one just taken
-        taken = await self.db.execute(
+        free = "reserved_by = ''" if unheld else f"(reserved_by = ? OR {self._free()})"
+        return (
             f"UPDATE channels SET reserved_by = ?, updated_at = {self.now}"
-            f" WHERE channel_id = ? AND charged = ? AND (reserved_by = ? OR {self._free()}){open_}",
-            (token_digest, channel_id, str(base), token_digest),
+            f" WHERE channel_id = ? AND charged = ? AND {free}{open_}",
+            (token_digest, channel_id, str(base), *(() if unheld else (token_digest,))),
         )
+
+    async def reserve(self, channel_id: str, base: int, token_digest: str, *, deposit: bool) -> Reservation:
+        """Hold the channel for the request claimed under `token_digest`, if its charged total is `base`
+        (and, for a voucher, the channel is not being or has not been refunded: only a deposit reopens it)."""
+        taken = await self.db.execute(*self.reserve_statement(channel_id, base, token_digest, deposit=deposit))
         if taken == 1:
             return Reservation("reserved", None)
         channel = await self.find(channel_id)

@@ -160,6 +160,7 @@ class Outcome:
     claim: Claim | None = None
     reason: str = ""
     hold: Hold | None = None  # for "new": the fence every later write of this request names
+    along: tuple[int, ...] = ()  # for "new": the rowcounts of the writes sent with the claim
 
 
 _COLUMNS = (
@@ -236,9 +237,21 @@ class Claims:
 
     # -- the request path --------------------------------------------------------
 
-    async def claim(self, token_digest: str, nonce_key: str, request_digest: str, agent: str, sealed: str) -> Outcome:
+    async def claim(
+        self,
+        token_digest: str,
+        nonce_key: str,
+        request_digest: str,
+        agent: str,
+        sealed: str,
+        *,
+        along: Sequence[Along] = (),
+    ) -> Outcome:
+        """Take the request's claim, unless its token (or its nonce) is claimed already. `along`:
+        writes sent with it that apply only if this claim was just taken (a channel's reservation);
+        their rowcounts come back in the outcome."""
         fence = mint_fence()
-        added = await self.db.execute(
+        insert = (
             "INSERT INTO claims (token_digest, nonce_key, request_digest, agent, state, task_id, payer,"
             " owner_pid, owner_instance, fence, lease_until, created_at, updated_at, sealed_payment)"
             f" VALUES (?, ?, ?, ?, ?, '', '', 0, ?, ?, {self.now} + ?, {self.now}, {self.now}, ?)"
@@ -255,9 +268,14 @@ class Claims:
                 sealed,
             ),
         )
+        if along:
+            ours = self._ours(Hold(token_digest, fence), (ClaimState.RUNNING,))
+            added, *counts = await self.db.write_together([insert, *(statement(ours) for statement in along)])
+        else:
+            added, counts = await self.db.execute(*insert), []
         if added:
             self.held[token_digest] = fence
-            return Outcome("new", hold=Hold(token_digest, fence))
+            return Outcome("new", hold=Hold(token_digest, fence), along=tuple(counts))
         claim = await self.find(token_digest)
         if claim is None:
             return Outcome("conflict", reason="authorization_nonce_already_used")

@@ -105,6 +105,7 @@ class Attempt:
     requirements: dict[str, Any] = field(default_factory=dict)
     payment: Payment | None = None
     hold: Hold | None = None  # the claim, once taken: every write to it names this
+    reserved: vouchers.Reservable | None = None  # a channel's voucher reserved with the claim
     started: bool = False  # the execution owns the claim from here on
 
     @property
@@ -168,7 +169,10 @@ async def paid_send(
     sealed = parts.sealer.seal(payment.sealable(), token.digest)
     digest = await claim_digest(parts, agent, plan, token, pending)
     nonce_key = tokens.nonce_key(token, price.asset, scheme)
-    outcome = await parts.claims.claim(token.digest, nonce_key, digest, agent.name, sealed)
+    # a channel's voucher checked now reserves its channel with the claim (only if the claim is taken)
+    reservable = await vouchers.reservable(parts.channels, token, price) if scheme.channel else None
+    along = [reservable.reserve] if reservable is not None else []
+    outcome = await parts.claims.claim(token.digest, nonce_key, digest, agent.name, sealed, along=along)
     if outcome.kind == "conflict":
         if scheme.channel:  # an increment already paid for: the payer's state is behind the channel's
             checked = await vouchers.behind(parts.channels, token, price, parts.sealer.unseal)
@@ -187,6 +191,7 @@ async def paid_send(
         return await replay(parts, plan, outcome.claim, payment, in_band.echo(active))
     assert outcome.hold is not None
     attempt.hold = outcome.hold
+    attempt.reserved = reservable if outcome.along == (1,) else None
     try:
         return await verified_send(parts, attempt)
     except BaseException:
@@ -216,7 +221,13 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
     # 9. facilitator verify (a channel's voucher: checked here while the mirrored chain state is fresh)
     if schemes.for_price(attempt.price).channel:
         checked = await vouchers.check_and_reserve(
-            parts.channels, parts.facilitator, token, attempt.requirements, attempt.price, parts.sealer.unseal
+            parts.channels,
+            parts.facilitator,
+            token,
+            attempt.requirements,
+            attempt.price,
+            parts.sealer.unseal,
+            attempt.reserved,
         )
         verification = Verification(checked.kind == "reserved", checked.payer, checked.reason)
         if checked.kind != "reserved":

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gate.channels import Channel, Channels, Mirror
+from gate.claims import Along
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.price import Price
 from gate.schemes import batch_settlement
@@ -45,6 +46,37 @@ class Checked:
     retry_after: float = 0.0
 
 
+@dataclass(frozen=True)
+class Reservable:
+    """A voucher checked before its claim: the reservation to send with the claim's INSERT."""
+
+    payer: str
+    reserve: Along
+
+
+async def reservable(channels: Channels, token: Token, price: Price) -> Reservable | None:
+    """The common case, checked before the claim is taken: an EOA's voucher at the base of a channel
+    nobody holds, whose mirrored state is fresh, within its balance and above what is claimed, signed
+    by its payer authorizer. Its reservation then goes with the claim (one write, applying only if the claim was
+    just taken). None for anything else, which `check_and_reserve` checks after the claim."""
+    inner = token.payload["payload"]
+    voucher = batch_settlement.read(inner)
+    if voucher.kind != "voucher" or not batch_settlement.local_verifiable(voucher.config):
+        return None
+    base = voucher.max_claimable - int(price.amount)
+    channel = await channels.find(voucher.channel_id)
+    if channel is None or channel.charged != base or channel.refunded or channel.reserved_by:
+        return None
+    if not channel.fresh(fresh_seconds(int(voucher.config["withdrawDelay"]))):
+        return None
+    if not channel.total_claimed < voucher.max_claimable <= channel.balance:
+        return None
+    if not batch_settlement.voucher_signer_matches(voucher.config, inner["voucher"], price.network):
+        return None
+    sql, args = channels.reserve_statement(voucher.channel_id, base, token.digest, deposit=False, unheld=True)
+    return Reservable(voucher.payer, lambda ours: (f"{sql} AND {ours[0]}", (*args, *ours[1])))
+
+
 async def check_and_reserve(
     channels: Channels,
     facilitator: FacilitatorClient,
@@ -52,7 +84,12 @@ async def check_and_reserve(
     requirements: dict[str, Any],
     price: Price,
     unseal: Any,
+    reserved: Reservable | None = None,
 ) -> Checked:
+    """Check a claimed channel payment and reserve its channel; `reserved`: it was checked before
+    the claim (`reservable`) and reserved with it."""
+    if reserved is not None:
+        return Checked("reserved", payer=reserved.payer, local=True)
     inner = token.payload["payload"]
     voucher = batch_settlement.read(inner)
     amount = int(price.amount)

@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
-from gate.channels import Channels
+from gate import vouchers
+from gate.channels import Channels, Mirror
 from gate.claims import ClaimLost, Claims, ClaimState, Hold
-from gate.config import FacilitatorConfig
+from gate.config import FacilitatorConfig, Price
 from gate.facilitator import FacilitatorClient
 from gate.payment_log import PaymentLog
 from gate.schemes.batch_settlement import SCHEME_NAME, read
 from gate.settlement import Payment, Settler
+from gate.tokens import Token
 from server.database import Database
 from server.engines import open_database
 
@@ -218,3 +220,110 @@ def test_a_vouchers_delivery_under_a_claim_taken_over_charges_and_saves_nothing(
         assert await store.db.fetchval("SELECT count(*) FROM delivered") == 0
 
     run(location, body)
+
+
+# -- a voucher checked before its claim reserves its channel with the claim --------------------
+
+
+def signed_voucher_token(account: Any, request: str, cumulative: int) -> Token:
+    """A voucher token signed by `account` (the channel's payer authorizer) for `cumulative`;
+    `request` tells two tokens of the same voucher apart (their resource)."""
+    from gate.schemes.batch_settlement import voucher_digest
+
+    signature = account.unsafe_sign_hash(voucher_digest(CHANNEL, cumulative, NETWORK)).signature.hex()
+    payment = voucher_payment(request, cumulative)
+    inner = payment.payload["payload"]
+    config = {**CONFIG, "payer": account.address, "payerAuthorizer": account.address}
+    inner = {**inner, "channelConfig": config, "voucher": {**inner["voucher"], "signature": "0x" + signature}}
+    payload = {**payment.payload, "payload": inner, "resource": {"url": f"http://gate/{request}"}}
+    return Token(payload=payload, version=2, source="PAYMENT-SIGNATURE")
+
+
+def price() -> Price:
+    return Price(scheme=SCHEME_NAME, network=NETWORK, asset=ASSET, amount=str(PRICE), pay_to="0x" + "22" * 20)
+
+
+def run_with_account(location: str, body: Any) -> None:
+    from eth_account import Account
+
+    account = Account.create()
+
+    async def main() -> None:
+        db = open_database(location)
+        await db.open()
+        try:
+            store = Store(db)
+            await store.setup()
+            voucher = read(signed_voucher_token(account, "open", PRICE).payload["payload"])
+            await store.channels.open(voucher, NETWORK, ASSET, 0, Mirror(10 * PRICE, 0, 0, 0))
+            await body(store, account)
+        finally:
+            await db.close()
+
+    asyncio.run(main())
+
+
+def test_a_fresh_channels_voucher_is_reserved_with_its_claim_and_a_retry_reserves_nothing(location: str) -> None:
+    async def body(store: Store, account: Any) -> None:
+        token = signed_voucher_token(account, "v1", PRICE)
+        reservable = await vouchers.reservable(store.channels, token, price())
+        assert reservable is not None and reservable.payer == account.address.lower()
+        outcome = await store.claims.claim(token.digest, "", "r", "paid-channel", "", along=[reservable.reserve])
+        assert outcome.kind == "new" and outcome.along == (1,)
+        channel = await store.channels.find(CHANNEL)
+        assert channel is not None and channel.reserved_by == token.digest
+        # the same voucher again: its claim is taken, so its reservation is not made again
+        await store.db.execute("UPDATE channels SET reserved_by = '' WHERE channel_id = ?", (CHANNEL,))
+        again = await store.claims.claim(token.digest, "", "r", "paid-channel", "", along=[reservable.reserve])
+        assert again.kind == "in_flight"
+        channel = await store.channels.find(CHANNEL)
+        assert channel is not None and channel.reserved_by == ""
+
+    run_with_account(location, body)
+
+
+def test_two_vouchers_on_one_base_claimed_at_once_reserve_the_channel_once(location: str) -> None:
+    """Both checked before either claim is taken (the channel unheld for both), then both claims
+    with their reservations at once, each in its own transaction: one reserves, the other not
+    (on PostgreSQL the second waits on the row, then finds it held: `unheld` is a condition on the
+    row itself, which a concurrent transaction's claim in a subquery would not be)."""
+
+    async def body(store: Store, account: Any) -> None:
+        for round_ in range(8):
+            tokens = [signed_voucher_token(account, f"r{round_}-{i}", PRICE) for i in range(2)]
+            checked = [await vouchers.reservable(store.channels, t, price()) for t in tokens]
+            assert all(c is not None for c in checked)
+            outcomes = await asyncio.gather(
+                *(
+                    store.claims.claim(t.digest, "", t.digest, "paid-channel", "", along=[c.reserve])
+                    for t, c in zip(tokens, checked, strict=True)
+                    if c is not None
+                )
+            )
+            assert sorted(o.along for o in outcomes) == [(0,), (1,)], outcomes
+            assert await vouchers.reservable(store.channels, tokens[0], price()) is None  # held now
+            await store.db.execute("UPDATE channels SET reserved_by = '' WHERE channel_id = ?", (CHANNEL,))
+
+    run_with_account(location, body)
+
+
+def test_only_a_fresh_channels_well_signed_voucher_at_its_base_is_checked_before_its_claim(location: str) -> None:
+    from eth_account import Account
+
+    async def body(store: Store, account: Any) -> None:
+        assert await vouchers.reservable(store.channels, signed_voucher_token(account, "v", PRICE), price())
+        # not at the channel's base, beyond its balance, signed by someone else, or a stale mirror
+        assert await vouchers.reservable(store.channels, signed_voucher_token(account, "v", 2 * PRICE), price()) is None
+        await store.db.execute("UPDATE channels SET charged = ? WHERE channel_id = ?", (str(10 * PRICE), CHANNEL))
+        over = signed_voucher_token(account, "v", 11 * PRICE)
+        assert await vouchers.reservable(store.channels, over, price()) is None
+        await store.db.execute("UPDATE channels SET charged = '0' WHERE channel_id = ?", (CHANNEL,))
+        forged = signed_voucher_token(Account.create(), "v", PRICE)
+        forged.payload["payload"]["channelConfig"] = signed_voucher_token(account, "v", PRICE).payload["payload"][
+            "channelConfig"
+        ]
+        assert await vouchers.reservable(store.channels, forged, price()) is None
+        await store.db.execute("UPDATE channels SET synced_at = 1 WHERE channel_id = ?", (CHANNEL,))
+        assert await vouchers.reservable(store.channels, signed_voucher_token(account, "v", PRICE), price()) is None
+
+    run_with_account(location, body)

@@ -109,8 +109,10 @@ def with_unguarded_writes(mp: pytest.MonkeyPatch) -> None:
 def with_channels_charged_at_reservation(mp: pytest.MonkeyPatch) -> None:
     check_and_reserve = vouchers.check_and_reserve
 
-    async def early(channels: Any, facilitator: Any, token: Any, requirements: Any, price: Any, unseal: Any) -> Any:
-        checked = await check_and_reserve(channels, facilitator, token, requirements, price, unseal)
+    async def early(
+        channels: Any, facilitator: Any, token: Any, requirements: Any, price: Any, unseal: Any, *rest: Any
+    ) -> Any:
+        checked = await check_and_reserve(channels, facilitator, token, requirements, price, unseal, *rest)
         if checked.kind == "reserved":
             voucher = batch_settlement.read(token.payload["payload"])
             await channels.db.execute(
