@@ -14,6 +14,7 @@ write (or a renewal) revokes the live execution it covered.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -76,7 +77,9 @@ class Charges:
             along = [] if save is None else [only_if(save)]  # the work is saved only if the delivery is ours
             if at_delivery and not marked:
                 try:
-                    collection = await self.settler.settle_delivery(payment, task["id"], hold, along=along)
+                    collection = await self.settler.settle_delivery(
+                        payment, task["id"], hold, along=lambda metadata: along
+                    )
                 except ClaimLost as lost:
                     live.pop(hold, None)
                     raise OwnershipLost(str(lost)) from None
@@ -104,6 +107,24 @@ class Charges:
 
         async def deliver_part(task: dict[str, Any], used: Counts, save: Statement) -> None:
             await mark_delivered(task, None, used, save)
+
+        async def deliver_final(
+            task: dict[str, Any], used: Counts, final: Callable[[dict[str, Any]], Statement]
+        ) -> Collected | None:
+            def saves(metadata: dict[str, Any]) -> list[Along]:  # the task ends as the outcome says
+                task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)
+                return [only_if(final(metadata))]
+
+            try:
+                collection = await self.settler.settle_delivery(payment, task["id"], hold, along=saves, final=True)
+            except ClaimLost as lost:
+                live.pop(hold, None)
+                raise OwnershipLost(str(lost)) from None
+            if collection is None:  # the channel moved: the plain hooks record the delivery alone
+                return None
+            live.pop(hold, None)
+            outcome.append(collection)
+            return Collected(collection.metadata, collection.paid)
 
         async def delivered(task: dict[str, Any]) -> Collected:
             if usage_price is not None:
@@ -154,6 +175,8 @@ class Charges:
             withhold=withhold,
             # an upto charge follows the work delivered: a streamed answer is delivered chunk by chunk
             deliver_part=deliver_part if usage_price is not None and not withhold else None,
+            # a channel's voucher: the delivery, its charge and the final task in one write
+            deliver_final=deliver_final if at_delivery and not withhold else None,
         )
         live[hold] = hooks
         return hooks

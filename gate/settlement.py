@@ -287,17 +287,26 @@ class Settler:
         return voucher and not payment.metered
 
     async def settle_delivery(
-        self, payment: Payment, task_id: str, hold: Hold, *, along: Sequence[Along] = ()
+        self,
+        payment: Payment,
+        task_id: str,
+        hold: Hold,
+        *,
+        along: Callable[[dict[str, Any]], Sequence[Along]] = lambda metadata: (),
+        final: bool = False,
     ) -> Collection | None:
         """A voucher's delivery and its charge as one statement group (`charged_at_delivery`): the
         channel's compare-and-set while the claim is ours and running, the claim delivered and settled
-        provided the channel was charged by it, its log row and `along` (the delivered task). None, and
-        nothing written, when the channel moved: the delivery is then recorded alone, and its settle
-        finds the same. `ClaimLost` when the claim is not ours."""
+        provided the channel was charged by it, its log row and what `along` makes of the outcome's
+        metadata (the delivered task; with `final`, the task in its final form). None, and nothing
+        written, when the channel moved: the delivery is then recorded alone, and its settle finds
+        the same. `ClaimLost` when the claim is not ours."""
         p = Pass(payment, task_id, hold)
         channel = self._channel_charge(p, {})
         assert channel is not None
         row = self._row("settle", p, transaction="", error=channel.note)
+        collection = Collection(ClaimState.SETTLED, completed_metadata(channel.receipt))
+        saves = along(collection.metadata)
 
         async def write() -> None:
             await self.claims.delivered_settled(
@@ -305,9 +314,10 @@ class Settler:
                 channel.receipt,
                 payer=payment.payer,
                 task_id=task_id,
-                along=[row, *along],
+                along=[row, *saves],
                 first=[channel.charge],
                 provided=channel.charged,
+                final=final,
             )
 
         try:

@@ -70,7 +70,10 @@ class DeliveryHooks:
     it; a run that then ends without its whole answer (failed, canceled, paused) is settled
     for the part delivered (`delivered`), not released. Any hook may raise `OwnershipLost`; `revoke` is filled
     in by the runner at the start, for the anonymous path to stop the work when it learns
-    the right to deliver is gone.
+    the right to deliver is gone. With `deliver_final` (a payment the delivery's own write collects),
+    the delivery, its outcome and the final task are one write: it is handed the delivered task and
+    a function from the outcome's metadata to the final task's save, and returns the outcome, or
+    None when it could not (then the other hooks run, as without it).
     """
 
     mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None, usage.Counts, Statement | None], Awaitable[None]]
@@ -81,6 +84,10 @@ class DeliveryHooks:
     withhold: bool = False  # settle before the answer leaves; unpaid, it never does
     revoke: Callable[[], None] = lambda: None
     deliver_part: Callable[[dict[str, Any], usage.Counts, Statement], Awaitable[None]] | None = None
+    deliver_final: (
+        Callable[[dict[str, Any], usage.Counts, Callable[[dict[str, Any]], Statement]], Awaitable[Collected | None]]
+        | None
+    ) = None
 
 
 @dataclass
@@ -457,6 +464,8 @@ class Runner:
         # Nothing of the answer is visible (the live task, its streams, tasks/get) before the
         # delivery is recorded: a delivery that could not be recorded was never made.
         used = usage.read(reply.usage)
+        if hooks.deliver_final is not None and not hooks.withhold and await self._deliver_final(execution, reply):
+            return
         try:
             if hooks.withhold:  # the answer stays out of the task, its streams and the store until paid
                 await hooks.mark_delivered(task, {"artifact": artifact, "text": text}, used, None)
@@ -481,6 +490,30 @@ class Runner:
             )
         await self._save_final(execution)
         execution.publish(status_event(task, final=True))
+
+    async def _deliver_final(self, execution: Execution, reply: AgentReply) -> bool:
+        """The delivery, its outcome and the final task in one write (`DeliveryHooks.deliver_final`);
+        False, nothing shown or stored, when the hook could not (the plain delivery follows)."""
+        task, hooks = execution.task, execution.hooks
+        assert hooks is not None and hooks.deliver_final is not None
+        artifact = {"artifactId": execution.artifact_id, "name": "result", "parts": reply.parts}
+        delivered = {**task, "artifacts": with_artifact(task, artifact)}
+
+        def final(metadata: dict[str, Any]) -> Statement:
+            set_status(delivered, "completed", agent_message(delivered, reply.text or "Done.", metadata))
+            return self.store.save_statement(delivered)
+
+        try:
+            collected = await hooks.deliver_final(delivered, usage.read(reply.usage), final)
+        except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
+            execution.delivering = False
+            raise
+        if collected is None:
+            return False
+        task.update(delivered)
+        execution.publish(artifact_event(task, artifact))
+        execution.publish(status_event(task, final=True))
+        return True
 
     def _lose(self, execution: Execution) -> None:
         """Ownership went elsewhere: this execution delivers, saves and charges nothing; its

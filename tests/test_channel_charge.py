@@ -179,7 +179,9 @@ def test_a_vouchers_delivery_and_its_charge_are_one_write(location: str) -> None
         payment = voucher_payment("d1", PRICE)
         assert store.settler.charged_at_delivery(payment)
         hold = await claimed(store, payment)
-        collection = await store.settler.settle_delivery(payment, "t-d1", hold, along=[task_save("t-d1")])
+        collection = await store.settler.settle_delivery(
+            payment, "t-d1", hold, along=lambda metadata: [task_save("t-d1")]
+        )
         assert collection is not None and collection.state == ClaimState.SETTLED and collection.paid
         assert await store.charged() == PRICE
         claim = await store.claims.find("d1")
@@ -197,7 +199,10 @@ def test_a_vouchers_delivery_on_a_moved_channel_writes_nothing_and_leaves_the_cl
         payment = voucher_payment("d1", PRICE)
         hold = await claimed(store, payment)
         await store.db.execute("UPDATE channels SET charged = ? WHERE channel_id = ?", (str(5 * PRICE), CHANNEL))
-        assert await store.settler.settle_delivery(payment, "t-d1", hold, along=[task_save("t-d1")]) is None
+        assert (
+            await store.settler.settle_delivery(payment, "t-d1", hold, along=lambda metadata: [task_save("t-d1")])
+            is None
+        )
         claim = await store.claims.find("d1")
         assert claim is not None and claim.state == ClaimState.RUNNING
         assert await store.charged() == 5 * PRICE
@@ -214,7 +219,7 @@ def test_a_vouchers_delivery_under_a_claim_taken_over_charges_and_saves_nothing(
         hold = await claimed(store, payment)
         await store.db.execute("UPDATE claims SET fence = 'someone else' WHERE token_digest = 'd1'")
         with pytest.raises(ClaimLost):
-            await store.settler.settle_delivery(payment, "t-d1", hold, along=[task_save("t-d1")])
+            await store.settler.settle_delivery(payment, "t-d1", hold, along=lambda metadata: [task_save("t-d1")])
         assert await store.charged() == 0
         assert await store.actions("d1") == []
         assert await store.db.fetchval("SELECT count(*) FROM delivered") == 0
@@ -327,3 +332,29 @@ def test_only_a_fresh_channels_well_signed_voucher_at_its_base_is_checked_before
         assert await vouchers.reservable(store.channels, signed_voucher_token(account, "v", PRICE), price()) is None
 
     run_with_account(location, body)
+
+
+def test_a_vouchers_delivery_with_its_final_task_leaves_the_claim_in_sync(location: str) -> None:
+    """`final`: the task's final form goes with the delivery, built from the outcome's metadata (the
+    receipt), so the claim needs no later write: it is settled and its task up to date."""
+
+    async def body(store: Store) -> None:
+        await store.db.execute("CREATE TABLE delivered (id TEXT)")
+        payment = voucher_payment("d1", PRICE)
+        hold = await claimed(store, payment)
+        shown: list[dict[str, Any]] = []
+
+        def final(metadata: dict[str, Any]) -> list[Any]:
+            shown.append(metadata)
+            return [task_save("t-d1")]
+
+        collection = await store.settler.settle_delivery(payment, "t-d1", hold, along=final, final=True)
+        assert collection is not None and shown == [collection.metadata]
+        receipt = shown[0]["x402.payment.receipts"][-1]
+        assert receipt["extra"]["channelState"]["chargedCumulativeAmount"] == str(PRICE)
+        claim = await store.claims.find("d1")
+        assert claim is not None and claim.state == ClaimState.SETTLED and not claim.task_outdated
+        assert "d1" not in store.claims.held  # nothing left to renew
+        assert await store.db.fetchval("SELECT count(*) FROM delivered") == 1
+
+    run(location, body)
