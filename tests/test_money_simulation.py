@@ -524,6 +524,26 @@ class MoneyWorldWithChannels(MoneyWorld):
         self.start(replica, tokens[which % len(tokens)])
         self.run(self.quiet())
 
+    @precondition(lambda self: len(self.live()) > 1 and money_world.CALLS)
+    @rule(pick=st.integers(0, 7), other=st.integers(0, 7), then=st.sampled_from(FINISHES))
+    def frozen_past_its_lease(self, pick: int, other: int, then: str) -> None:
+        """A replica frozen while its agent works, for longer than its lease: another replica's
+        reconciler takes its claims over meanwhile; it wakes, its agent answers at once, and it
+        tries to deliver (and, for a voucher, charge the channel in the same write) before a
+        renewal could tell it the claim is gone. (Here, not in the world without channels, whose
+        search finds what it finds with the rules it has.)"""
+        replica = self.replica(pick)
+        calls = [c for c in money_world.CALLS.values() if replica and c.task_id in replica.services.runner.live]
+        if replica is None or not calls:
+            return
+        replica.stalled = True
+        self.world.now += LEASE + 1
+        taker = self.replica(other)
+        if taker is not None:
+            self.run(self.reconcile_on(taker))
+        replica.stalled = False
+        self.finish_call(calls[0], then, 1 + len(calls[0].text) * 41 % 3000)
+
     def channel_increments(self) -> dict[int, set[str]]:
         """Each voucher increment (its cumulative maximum), and the tasks that delivered it."""
         delivered: dict[int, set[str]] = {}
