@@ -232,24 +232,30 @@ class Channels:
         """`reserve`'s write: the channel held for `token_digest`'s request if its charged total is
         `base` and nothing live holds it (a voucher's: nor is it refunded); its WHERE clause last.
 
-        `unheld`: only if nobody's name is on it at all, for a reservation sent in the transaction
-        that takes its claim. PostgreSQL rechecks a row another transaction just updated at its new
-        version, but a subquery (whether the holder's claim is live) at the statement's snapshot,
-        which may not show that transaction's claim yet: a condition on the row alone sees it."""
+        `unheld`: only if no other name is on it at all. PostgreSQL rechecks a row another
+        transaction just updated at its new version, but a subquery (whether the holder's claim is
+        live) at the statement's snapshot, which may not show that transaction's claim yet (taken in
+        the same transaction as its reservation, `gate.vouchers.reservable`): a condition on the row
+        alone sees it. Without `unheld`, the subquery lets a name left by an ended claim go; `reserve`
+        sends it after taking the row's lock, in a transaction of its own, so it sees that claim."""
         open_ = "" if deposit else " AND refunded = 0"
         # a reservation in this token's name is this request's: its earlier claim was released
         # (a restart, an outage) and the claim it holds now is the one just taken
-        free = "reserved_by = ''" if unheld else f"(reserved_by = ? OR {self._free()})"
+        free = "(reserved_by = '' OR reserved_by = ?)" if unheld else f"(reserved_by = ? OR {self._free()})"
         return (
             f"UPDATE channels SET reserved_by = ?, updated_at = {self.now}"
             f" WHERE channel_id = ? AND charged = ? AND {free}{open_}",
-            (token_digest, channel_id, str(base), *(() if unheld else (token_digest,))),
+            (token_digest, channel_id, str(base), token_digest),
         )
 
     async def reserve(self, channel_id: str, base: int, token_digest: str, *, deposit: bool) -> Reservation:
         """Hold the channel for the request claimed under `token_digest`, if its charged total is `base`
         (and, for a voucher, the channel is not being or has not been refunded: only a deposit reopens it)."""
-        taken = await self.db.execute(*self.reserve_statement(channel_id, base, token_digest, deposit=deposit))
+        async with self.db.transaction():
+            # the row's lock first: the reservation's own statement then sees every claim committed
+            # before it, one taken in the same transaction as its reservation too (`reserve_statement`)
+            await self.db.execute(f"UPDATE channels SET updated_at = {self.now} WHERE channel_id = ?", (channel_id,))
+            taken = await self.db.execute(*self.reserve_statement(channel_id, base, token_digest, deposit=deposit))
         if taken == 1:
             return Reservation("reserved", None)
         channel = await self.find(channel_id)

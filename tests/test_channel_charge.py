@@ -358,3 +358,26 @@ def test_a_vouchers_delivery_with_its_final_task_leaves_the_claim_in_sync(locati
         assert await store.db.fetchval("SELECT count(*) FROM delivered") == 1
 
     run(location, body)
+
+
+def test_a_voucher_reserved_after_its_claim_and_one_reserved_with_its_claim_at_once_reserve_once(
+    location: str,
+) -> None:
+    """One voucher on the full check (its claim first, then `reserve`), another checked before its
+    claim and reserved with it, at once: one reservation (on PostgreSQL the full check's subquery
+    would not see the other's claim, committed with its reservation while the statement waited)."""
+
+    async def body(store: Store, account: Any) -> None:
+        for round_ in range(8):
+            late, early = (signed_voucher_token(account, f"r{round_}-{i}", PRICE) for i in range(2))
+            assert (await store.claims.claim(late.digest, "", late.digest, "paid-channel", "")).hold is not None
+            checked = await vouchers.reservable(store.channels, early, price())
+            assert checked is not None
+            claimed_early, reserved_late = await asyncio.gather(
+                store.claims.claim(early.digest, "", early.digest, "paid-channel", "", along=[checked.reserve]),
+                store.channels.reserve(CHANNEL, 0, late.digest, deposit=False),
+            )
+            assert sorted([claimed_early.along[0], int(reserved_late.kind == "reserved")]) == [0, 1]
+            await store.db.execute("UPDATE channels SET reserved_by = '' WHERE channel_id = ?", (CHANNEL,))
+
+    run_with_account(location, body)
