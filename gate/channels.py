@@ -251,11 +251,7 @@ class Channels:
     async def reserve(self, channel_id: str, base: int, token_digest: str, *, deposit: bool) -> Reservation:
         """Hold the channel for the request claimed under `token_digest`, if its charged total is `base`
         (and, for a voucher, the channel is not being or has not been refunded: only a deposit reopens it)."""
-        async with self.db.transaction():
-            # the row's lock first: the reservation's own statement then sees every claim committed
-            # before it, one taken in the same transaction as its reservation too (`reserve_statement`)
-            await self.db.execute(f"UPDATE channels SET updated_at = {self.now} WHERE channel_id = ?", (channel_id,))
-            taken = await self.db.execute(*self.reserve_statement(channel_id, base, token_digest, deposit=deposit))
+        taken = await self._locked(channel_id, self.reserve_statement(channel_id, base, token_digest, deposit=deposit))
         if taken == 1:
             return Reservation("reserved", None)
         channel = await self.find(channel_id)
@@ -263,6 +259,14 @@ class Channels:
         if channel.charged != base:
             return Reservation("mismatch", channel)
         return Reservation("refunded" if channel.refunded and not deposit else "busy", channel)
+
+    async def _locked(self, channel_id: str, statement: Statement) -> int:
+        """`statement` (one whose WHERE asks whether the holder's claim is live) after taking the
+        row's lock, in a transaction of its own: it then sees every claim committed before it, one
+        taken in the same transaction as its reservation too (see `reserve_statement`)."""
+        async with self.db.transaction():
+            await self.db.execute(f"UPDATE channels SET updated_at = {self.now} WHERE channel_id = ?", (channel_id,))
+            return await self.db.execute(*statement)
 
     def commit_statement(
         self, voucher: Voucher, base: int, sealed_voucher: str, voucher_digest: str, mirror: Mirror | None
@@ -382,10 +386,14 @@ class Channels:
 
     async def take_refund(self, channel: Channel, fence: str, lease_seconds: float) -> bool:
         """Close `channel` to vouchers and hold it for its refund, unless a request or a claim came first."""
-        taken = await self.db.execute(
-            f"UPDATE channels SET refunded = 1, claim_fence = ?, claim_until = {self.now} + ?, claim_max = voucher_max,"
-            f" updated_at = {self.now} WHERE channel_id = ? AND claim_fence = ? AND voucher_max = ? AND {self._free()}",
-            (fence, lease_seconds, channel.channel_id, channel.claim_fence, str(channel.voucher_max)),
+        taken = await self._locked(
+            channel.channel_id,
+            (
+                f"UPDATE channels SET refunded = 1, claim_fence = ?, claim_until = {self.now} + ?,"
+                f" claim_max = voucher_max, updated_at = {self.now}"
+                f" WHERE channel_id = ? AND claim_fence = ? AND voucher_max = ? AND {self._free()}",
+                (fence, lease_seconds, channel.channel_id, channel.claim_fence, str(channel.voucher_max)),
+            ),
         )
         return taken == 1
 

@@ -381,3 +381,27 @@ def test_a_voucher_reserved_after_its_claim_and_one_reserved_with_its_claim_at_o
             await store.db.execute("UPDATE channels SET reserved_by = '' WHERE channel_id = ?", (CHANNEL,))
 
     run_with_account(location, body)
+
+
+def test_a_refund_taken_as_a_voucher_is_reserved_with_its_claim_takes_the_channel_or_leaves_it(
+    location: str,
+) -> None:
+    """The refund job closing an idle channel while a voucher reserves it with its claim: one of the
+    two gets it, never both (a refund must not close a channel a request is charging)."""
+
+    async def body(store: Store, account: Any) -> None:
+        for round_ in range(8):
+            token = signed_voucher_token(account, f"r{round_}", PRICE)
+            checked = await vouchers.reservable(store.channels, token, price())
+            channel = await store.channels.find(CHANNEL)
+            assert checked is not None and channel is not None
+            claimed, refund = await asyncio.gather(
+                store.claims.claim(token.digest, "", token.digest, "paid-channel", "", along=[checked.reserve]),
+                store.channels.take_refund(channel, f"fence-{round_}", 60.0),
+            )
+            assert sorted([claimed.along[0], int(refund)]) == [0, 1], (claimed.along, refund)
+            await store.db.execute(
+                "UPDATE channels SET reserved_by = '', refunded = 0, claim_fence = '' WHERE channel_id = ?", (CHANNEL,)
+            )
+
+    run_with_account(location, body)
