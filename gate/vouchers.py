@@ -8,6 +8,8 @@ is verified here (ecrecover) while the mirrored on-chain state is fresh: its sig
 maximum within the balance and above what is claimed. A deposit, a contract wallet's voucher,
 a channel the gate has not seen and a stale mirror go to the facilitator, whose answer
 refreshes the mirror. Then the channel is reserved for this request's claim (`gate.channels`).
+The common voucher (an EOA's, at the base of a fresh channel nobody holds) is checked before its
+claim is taken (`reservable`), and its reservation goes with the claim's INSERT.
 """
 
 from __future__ import annotations
