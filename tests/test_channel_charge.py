@@ -99,15 +99,20 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("postgres_schema").store_url())
 
 
-def run(location: str, body: Any) -> None:
+def run(location: str, body: Any, opened: Any = None) -> None:
+    """`body(store)` on a store with one channel: `opened(store)` opens it (by default, unmirrored)."""
+
     async def main() -> None:
         db = open_database(location)
         await db.open()
         try:
             store = Store(db)
             await store.setup()
-            voucher = read(voucher_payment("open", PRICE).payload["payload"])
-            await store.channels.open(voucher, NETWORK, ASSET, 0, None)
+            if opened is None:
+                voucher = read(voucher_payment("open", PRICE).payload["payload"])
+                await store.channels.open(voucher, NETWORK, ASSET, 0, None)
+            else:
+                await opened(store)
             await body(store)
         finally:
             await db.close()
@@ -169,6 +174,19 @@ async def claimed(store: Store, payment: Payment) -> Hold:
     return hold
 
 
+async def delivering(store: Store) -> tuple[Payment, Hold]:
+    """The voucher `d1`'s work running under its claim, and a table standing for its task's row."""
+    await store.db.execute("CREATE TABLE delivered (id TEXT)")
+    payment = voucher_payment("d1", PRICE)
+    return payment, await claimed(store, payment)
+
+
+async def nothing_recorded(store: Store) -> None:
+    """No settle row and no task saved for `d1`."""
+    assert await store.actions("d1") == []
+    assert await store.db.fetchval("SELECT count(*) FROM delivered") == 0
+
+
 def task_save(task_id: str) -> Any:
     return lambda ours: (f"INSERT INTO delivered (id) SELECT ? WHERE {ours[0]}", (task_id, *ours[1]))
 
@@ -195,9 +213,7 @@ def test_a_vouchers_delivery_and_its_charge_are_one_write(location: str) -> None
 
 def test_a_vouchers_delivery_on_a_moved_channel_writes_nothing_and_leaves_the_claim_running(location: str) -> None:
     async def body(store: Store) -> None:
-        await store.db.execute("CREATE TABLE delivered (id TEXT)")
-        payment = voucher_payment("d1", PRICE)
-        hold = await claimed(store, payment)
+        payment, hold = await delivering(store)
         await store.db.execute("UPDATE channels SET charged = ? WHERE channel_id = ?", (str(5 * PRICE), CHANNEL))
         assert (
             await store.settler.settle_delivery(payment, "t-d1", hold, along=lambda metadata: [task_save("t-d1")])
@@ -206,23 +222,19 @@ def test_a_vouchers_delivery_on_a_moved_channel_writes_nothing_and_leaves_the_cl
         claim = await store.claims.find("d1")
         assert claim is not None and claim.state == ClaimState.RUNNING
         assert await store.charged() == 5 * PRICE
-        assert await store.actions("d1") == []
-        assert await store.db.fetchval("SELECT count(*) FROM delivered") == 0
+        await nothing_recorded(store)
 
     run(location, body)
 
 
 def test_a_vouchers_delivery_under_a_claim_taken_over_charges_and_saves_nothing(location: str) -> None:
     async def body(store: Store) -> None:
-        await store.db.execute("CREATE TABLE delivered (id TEXT)")
-        payment = voucher_payment("d1", PRICE)
-        hold = await claimed(store, payment)
+        payment, hold = await delivering(store)
         await store.db.execute("UPDATE claims SET fence = 'someone else' WHERE token_digest = 'd1'")
         with pytest.raises(ClaimLost):
             await store.settler.settle_delivery(payment, "t-d1", hold, along=lambda metadata: [task_save("t-d1")])
         assert await store.charged() == 0
-        assert await store.actions("d1") == []
-        assert await store.db.fetchval("SELECT count(*) FROM delivered") == 0
+        await nothing_recorded(store)
 
     run(location, body)
 
@@ -249,23 +261,19 @@ def price() -> Price:
 
 
 def run_with_account(location: str, body: Any) -> None:
+    """`body(store, account)`: the channel's payer authorizer is `account`, its mirror fresh."""
     from eth_account import Account
 
     account = Account.create()
 
-    async def main() -> None:
-        db = open_database(location)
-        await db.open()
-        try:
-            store = Store(db)
-            await store.setup()
-            voucher = read(signed_voucher_token(account, "open", PRICE).payload["payload"])
-            await store.channels.open(voucher, NETWORK, ASSET, 0, Mirror(10 * PRICE, 0, 0, 0))
-            await body(store, account)
-        finally:
-            await db.close()
+    async def opened(store: Store) -> None:
+        voucher = read(signed_voucher_token(account, "open", PRICE).payload["payload"])
+        await store.channels.open(voucher, NETWORK, ASSET, 0, Mirror(10 * PRICE, 0, 0, 0))
 
-    asyncio.run(main())
+    async def with_account(store: Store) -> None:
+        await body(store, account)
+
+    run(location, with_account, opened)
 
 
 def test_a_fresh_channels_voucher_is_reserved_with_its_claim_and_a_retry_reserves_nothing(location: str) -> None:
@@ -339,9 +347,7 @@ def test_a_vouchers_delivery_with_its_final_task_leaves_the_claim_in_sync(locati
     receipt), so the claim needs no later write: it is settled and its task up to date."""
 
     async def body(store: Store) -> None:
-        await store.db.execute("CREATE TABLE delivered (id TEXT)")
-        payment = voucher_payment("d1", PRICE)
-        hold = await claimed(store, payment)
+        payment, hold = await delivering(store)
         shown: list[dict[str, Any]] = []
 
         def final(metadata: dict[str, Any]) -> list[Any]:
