@@ -75,6 +75,7 @@ MIGRATED_COLUMNS = {
     "task_outdated": "INTEGER NOT NULL DEFAULT 0",  # 1: the outcome is not on the stored task yet
     "withheld": "TEXT NOT NULL DEFAULT ''",  # a withholding agent's answer (JSON) until paid
     "fence": "TEXT NOT NULL DEFAULT ''",  # minted at the insert and at every takeover
+    "last_write": "TEXT NOT NULL DEFAULT ''",  # minted by each update sent with others (`Claims._write`)
 }
 
 
@@ -207,6 +208,11 @@ MIGRATIONS = (
     Migration(
         sqlite=_sqlite_tables,
         postgresql=("ALTER TABLE claims ADD COLUMN IF NOT EXISTS fence TEXT NOT NULL DEFAULT ''",),
+    ),
+    # the id of the last update sent with other writes
+    Migration(
+        sqlite=_sqlite_tables,
+        postgresql=("ALTER TABLE claims ADD COLUMN IF NOT EXISTS last_write TEXT NOT NULL DEFAULT ''",),
     ),
 )
 
@@ -630,22 +636,30 @@ class Claims:
         that many seconds from now, both by the database's clock. `along`: writes that belong
         with it (the task it delivers, its payment log row), sent in the same transaction and,
         on PostgreSQL, the same round trip; each applies only if this update did, so a lost
-        claim writes nothing at all. `first`: writes sent ahead of it, each applying only while
-        the claim is ours in `expected`; `provided`: one more condition of the update (that they
-        applied, say), whose failing, the claim still ours, is `Unmet`."""
-        update = self._update(hold, expected, values)
+        claim writes nothing at all; nor does a retry of a write that landed (its answer lost):
+        the update names itself (`last_write`) and `along` asks for that name. `first`: writes
+        sent ahead of it, each applying only while the claim is ours in `expected`; `provided`:
+        one more condition of the update (that they applied, say), whose failing, the claim
+        still ours, is `Unmet`."""
+        if not along and not first:
+            update = self._update(hold, expected, values)
+        else:
+            values = {**values, "last_write": mint_fence()}
+            update = self._update(hold, expected, values)
         if provided is not None:
             update = (f"{update[0]} AND {provided[0]}", (*update[1], *provided[1]))
         if not along and not first:
             changed = await self.db.execute(*update)
         else:
             ahead = [statement(self._ours(hold, expected)) for statement in first]
-            ours = self._ours(hold, (values["state"],) if "state" in values else expected)
+            ours = self._ours(hold, (values["state"],) if "state" in values else expected, values["last_write"])
             statements = [*ahead, update, *(statement(ours) for statement in along)]
             changed = (await self.db.write_together(statements))[len(ahead)]
         if changed != 1:
             if provided is not None and await self._still(hold, expected):
                 raise Unmet(write)
+            if "state" in values and await self._still(hold, (values["state"],)):
+                return  # our own earlier attempt landed (its answer was lost): the fence says nobody else
             self._lost(hold, write)
 
     async def _still(self, hold: Hold, states: tuple[ClaimState, ...]) -> bool:
@@ -653,12 +667,14 @@ class Claims:
         claim = await self.find(hold.token_digest)
         return claim is not None and claim.fence == hold.fence and claim.state in states
 
-    def _ours(self, hold: Hold, states: tuple[ClaimState, ...]) -> tuple[str, tuple[Any, ...]]:
-        """The condition "this claim is still ours, in one of `states`", for writes sent with its update."""
+    def _ours(self, hold: Hold, states: tuple[ClaimState, ...], write: str = "") -> tuple[str, tuple[Any, ...]]:
+        """The condition "this claim is still ours, in one of `states`" (and, with `write`, changed
+        by that update), for writes sent with its update."""
         marks = ", ".join("?" for _ in states)
+        by = " AND last_write = ?" if write else ""
         return (
-            f"EXISTS (SELECT 1 FROM claims WHERE token_digest = ? AND fence = ? AND state IN ({marks}))",
-            (hold.token_digest, hold.fence, *states),
+            f"EXISTS (SELECT 1 FROM claims WHERE token_digest = ? AND fence = ? AND state IN ({marks}){by})",
+            (hold.token_digest, hold.fence, *states, *((write,) if write else ())),
         )
 
     def _update(self, hold: Hold, expected: tuple[ClaimState, ...], values: dict[str, Any]) -> Statement:

@@ -22,7 +22,7 @@ from gate.payment_log import PaymentLog
 from gate.schemes.batch_settlement import SCHEME_NAME, read
 from gate.settlement import Payment, Settler
 from gate.tokens import Token
-from server.database import Database
+from server.database import Database, DatabaseUnavailable
 from server.engines import open_database
 
 NETWORK, ASSET, PRICE = "eip155:84532", "0x036cbd53842c5426634e7929541ec2318f3dcf7e", 1000
@@ -411,3 +411,32 @@ def test_a_refund_taken_as_a_voucher_is_reserved_with_its_claim_takes_the_channe
             )
 
     run_with_account(location, body)
+
+
+def test_a_delivery_write_whose_answer_was_lost_is_not_taken_for_a_takeover(location: str) -> None:
+    """The delivery's write commits, its answer is lost (the connection dropped after COMMIT), and
+    `commit_until_stored` sends it again: the claim is ours and settled already, so the retry is
+    that write's success, not a claim lost to another process."""
+
+    async def body(store: Store) -> None:
+        payment, hold = await delivering(store)
+        write_together = store.db.write_together
+        lost: list[bool] = []
+
+        async def answer_lost_once(statements: Any) -> list[int]:
+            counts = await write_together(statements)
+            if not lost:
+                lost.append(True)
+                raise DatabaseUnavailable("connection lost after COMMIT")
+            return counts
+
+        store.db.write_together = answer_lost_once  # type: ignore[method-assign]
+        collection = await store.settler.settle_delivery(
+            payment, "t-d1", hold, along=lambda metadata: [task_save("t-d1")], final=True
+        )
+        assert lost and collection is not None and collection.state == ClaimState.SETTLED
+        assert await store.charged() == PRICE
+        assert await store.actions("d1") == ["settle"]
+        assert await store.db.fetchval("SELECT count(*) FROM delivered") == 1
+
+    run(location, body)

@@ -50,7 +50,7 @@ def without_fencing(mp: pytest.MonkeyPatch) -> None:
             args.append(values["next_settle_in"])
         return f"UPDATE claims SET {', '.join(columns)} WHERE token_digest = ?", (*args, hold.token_digest)
 
-    def ours(self: Any, hold: Any, states: Any) -> tuple[str, tuple[Any, ...]]:
+    def ours(self: Any, hold: Any, states: Any, *write: Any) -> tuple[str, tuple[Any, ...]]:
         return "EXISTS (SELECT 1 FROM claims WHERE token_digest = ?)", (hold.token_digest,)
 
     async def release(self: Any, hold: Any) -> None:
@@ -103,7 +103,7 @@ def with_any_sealing_key(mp: pytest.MonkeyPatch) -> None:
 
 
 def with_unguarded_writes(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(gate_claims.Claims, "_ours", lambda self, hold, states: ("1 = 1", ()))
+    mp.setattr(gate_claims.Claims, "_ours", lambda self, hold, states, *write: ("1 = 1", ()))
 
 
 def with_channels_charged_at_reservation(mp: pytest.MonkeyPatch) -> None:
