@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from server.database import Database, Migration, Statement
+from server.database import Database, DatabaseUnavailable, Migration, Statement
 
 # A write that belongs with a claim's update: given the condition "the claim is still ours, in
 # the state just written" (SQL and its arguments), the statement that applies only under it.
@@ -641,26 +641,38 @@ class Claims:
         sent ahead of it, each applying only while the claim is ours in `expected`; `provided`:
         one more condition of the update (that they applied, say), whose failing, the claim
         still ours, is `Unmet`."""
-        if not along and not first:
-            update = self._update(hold, expected, values)
-        else:
-            values = {**values, "last_write": mint_fence()}
-            update = self._update(hold, expected, values)
+        values = {**values, "last_write": mint_fence()}
+        update = self._update(hold, expected, values)
         if provided is not None:
             update = (f"{update[0]} AND {provided[0]}", (*update[1], *provided[1]))
-        if not along and not first:
-            changed = await self.db.execute(*update)
-        else:
-            ahead = [statement(self._ours(hold, expected)) for statement in first]
-            ours = self._ours(hold, (values["state"],) if "state" in values else expected, values["last_write"])
-            statements = [*ahead, update, *(statement(ours) for statement in along)]
-            changed = (await self.db.write_together(statements))[len(ahead)]
+        try:
+            if not along and not first:
+                changed = await self.db.execute(*update)
+            else:
+                ahead = [statement(self._ours(hold, expected)) for statement in first]
+                ours = self._ours(hold, (values["state"],) if "state" in values else expected, values["last_write"])
+                statements = [*ahead, update, *(statement(ours) for statement in along)]
+                changed = (await self.db.write_together(statements))[len(ahead)]
+        except DatabaseUnavailable:
+            if await self._landed(hold, values["last_write"]):
+                return  # it committed, and only its answer was lost on the way back
+            raise
         if changed != 1:
             if provided is not None and await self._still(hold, expected):
                 raise Unmet(write)
             if "state" in values and await self._still(hold, (values["state"],)):
                 return  # our own earlier attempt landed (its answer was lost): the fence says nobody else
             self._lost(hold, write)
+
+    async def _landed(self, hold: Hold, write: str) -> bool:
+        """Whether the update named `write` is on the claim (asked once; no answer is a no)."""
+        try:
+            found = await self.db.fetchval(
+                "SELECT last_write FROM claims WHERE token_digest = ? AND fence = ?", (hold.token_digest, hold.fence)
+            )
+        except DatabaseUnavailable:
+            return False
+        return bool(found == write)
 
     async def _still(self, hold: Hold, states: tuple[ClaimState, ...]) -> bool:
         """Whether the claim is ours, in one of `states`, now."""

@@ -440,3 +440,26 @@ def test_a_delivery_write_whose_answer_was_lost_is_not_taken_for_a_takeover(loca
         assert await store.db.fetchval("SELECT count(*) FROM delivered") == 1
 
     run(location, body)
+
+
+def test_a_fenced_write_whose_answer_was_lost_is_found_landed_without_a_retry(location: str) -> None:
+    """A delivery recorded outside any retry loop (`Claims.mark_delivered`): its write commits and its
+    answer is lost; the claim names that very write (`last_write`), so the write is its success."""
+
+    async def body(store: Store) -> None:
+        payment = voucher_payment("d1", PRICE)
+        hold = await claimed(store, payment)
+        execute = store.db.execute
+
+        async def answer_lost_once(sql: str, args: Any = ()) -> int:
+            store.db.execute = execute  # type: ignore[method-assign]
+            await execute(sql, args)
+            raise DatabaseUnavailable("connection lost after COMMIT")
+
+        store.db.execute = answer_lost_once  # type: ignore[method-assign]
+        await store.claims.mark_delivered(hold, payer=payment.payer, task_id="t-d1")
+        assert store.db.execute == execute  # the lost answer was met
+        claim = await store.claims.find("d1")
+        assert claim is not None and claim.state == ClaimState.SETTLING
+
+    run(location, body)
