@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from gate.claims import ENDED_STATES, Along, ClaimLost, Claims, ClaimState, Hold
+from gate.claims import ENDED_STATES, Along, ClaimLost, Claims, ClaimState, Hold, only_if
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
 from gate.sealing import Sealer
@@ -37,12 +37,6 @@ from server.execution import Collected, DeliveryHooks, OwnershipLost
 logger = logging.getLogger("a2a_gate.gate")
 
 HANDED_OVER = "settlement_handed_over: another server took this payment's claim over and records its outcome"
-
-
-def only_if(save: Statement) -> Along:
-    """A task's save (`TaskStore.save_statement`, its WHERE clause last) made conditional on the claim."""
-    sql, args = save
-    return lambda ours: (f"{sql} AND {ours[0]}", (*args, *ours[1]))
 
 
 class Charges:

@@ -43,6 +43,18 @@ from server.database import Database, DatabaseUnavailable, Migration, Statement
 # the state just written" (SQL and its arguments), the statement that applies only under it.
 Along = Callable[[tuple[str, tuple[Any, ...]]], Statement]
 
+
+def and_where(statement: Statement, condition: tuple[str, Sequence[Any]]) -> Statement:
+    """`statement` (its WHERE clause last) with one more condition."""
+    return f"{statement[0]} AND {condition[0]}", (*statement[1], *condition[1])
+
+
+def only_if(statement: Statement) -> Along:
+    """`statement` (a task's save, a channel's write: its WHERE clause last) as a write that belongs
+    with a claim's update, applying only under its condition."""
+    return lambda ours: and_where(statement, ours)
+
+
 logger = logging.getLogger("a2a_gate.claims")
 
 
@@ -644,7 +656,7 @@ class Claims:
         values = {**values, "last_write": mint_fence()}
         update = self._update(hold, expected, values)
         if provided is not None:
-            update = (f"{update[0]} AND {provided[0]}", (*update[1], *provided[1]))
+            update = and_where(update, provided)
         try:
             if not along and not first:
                 changed = await self.db.execute(*update)

@@ -31,7 +31,7 @@ from typing import Any
 from gate import schemes
 from gate.chain import Chain, ChainUnavailable
 from gate.channels import Channels, Mirror
-from gate.claims import Along, Claim, Claims, ClaimState, Hold, Unmet
+from gate.claims import Along, Claim, Claims, ClaimState, Hold, Unmet, only_if
 from gate.config import FacilitatorConfig
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.metrics import GateMetrics
@@ -446,7 +446,7 @@ class Settler:
         sealed = self.seal(
             {"signature": voucher.signature, "maxClaimableAmount": str(voucher.max_claimable)}, voucher.channel_id
         )
-        sql, args = self.channels.commit_statement(voucher, base, sealed, payment.token_digest, mirror)
+        statement = self.channels.commit_statement(voucher, base, sealed, payment.token_digest, mirror)
         state = {
             "channelId": voucher.channel_id,
             "chargedCumulativeAmount": str(voucher.max_claimable),
@@ -462,7 +462,7 @@ class Settler:
             "extra": {"chargedAmount": payment.amount, "channelState": state},
         }
         return ChannelCharge(
-            lambda ours: (f"{sql} AND {ours[0]}", (*args, *ours[1])),  # its WHERE clause is last
+            only_if(statement),
             self.channels.charged_condition(voucher, payment.token_digest),
             receipt,
             f"channel {voucher.channel_id[:18]} charged to {voucher.max_claimable}",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gate.channels import Channel, Channels, Mirror
-from gate.claims import Along
+from gate.claims import Along, only_if
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.price import Price
 from gate.schemes import batch_settlement
@@ -75,8 +75,8 @@ async def reservable(channels: Channels, token: Token, price: Price) -> Reservab
         return None
     if not batch_settlement.voucher_signer_matches(voucher.config, inner["voucher"], price.network):
         return None
-    sql, args = channels.reserve_statement(voucher.channel_id, base, token.digest, deposit=False, unheld=True)
-    return Reservable(voucher.payer, lambda ours: (f"{sql} AND {ours[0]}", (*args, *ours[1])))
+    reserve = channels.reserve_statement(voucher.channel_id, base, token.digest, deposit=False, unheld=True)
+    return Reservable(voucher.payer, only_if(reserve))
 
 
 async def check_and_reserve(
