@@ -62,26 +62,12 @@ class Charges:
         outcome: list[Collection] = []
         settled = [payment]  # what the delivery settles: the payment, or its upto charge
         marked: list[bool] = []  # the claim is marked delivered (a first chunk, or the whole answer)
-        at_delivery = self.settler.charged_at_delivery(payment)
-        charged: list[Collection] = []  # charged with the delivery itself (a channel's voucher)
+        at_delivery = self.settler.charged_at_delivery(payment)  # a channel's voucher: see deliver_final
 
         async def mark_delivered(
             task: dict[str, Any], withheld: dict[str, Any] | None, used: Counts, save: Statement | None
         ) -> None:
             along = [] if save is None else [only_if(save)]  # the work is saved only if the delivery is ours
-            if at_delivery and not marked:
-                try:
-                    collection = await self.settler.settle_delivery(
-                        payment, task["id"], hold, along=lambda metadata: along
-                    )
-                except ClaimLost as lost:
-                    live.pop(hold, None)
-                    raise OwnershipLost(str(lost)) from None
-                if collection is not None:
-                    charged.append(collection)
-                    marked.append(True)
-                    return
-                # the channel moved: the delivery is recorded alone, and its settle finds the same
             sealed = ""
             if usage_price is not None:
                 assert sealer is not None
@@ -110,11 +96,11 @@ class Charges:
                 return [only_if(final(metadata))]
 
             try:
-                collection = await self.settler.settle_delivery(payment, task["id"], hold, along=saves, final=True)
+                collection = await self.settler.settle_delivery(payment, task["id"], hold, along=saves)
             except ClaimLost as lost:
                 live.pop(hold, None)
                 raise OwnershipLost(str(lost)) from None
-            if collection is None:  # the channel moved: the plain hooks record the delivery alone
+            if collection is None:  # the channel moved: the plain hooks record the delivery, its settle finds the same
                 return None
             live.pop(hold, None)
             outcome.append(collection)
@@ -126,7 +112,7 @@ class Charges:
                 settled[0] = await self.recorded_charge(hold, sealer, settled[0])
                 self.count_charge(settled[0])
             try:
-                collection = charged[0] if charged else await self.settler.settle(settled[0], task["id"], hold)
+                collection = await self.settler.settle(settled[0], task["id"], hold)
             except ClaimLost:  # delivered, then taken over while settling: the new owner records it
                 collection = Collection(ClaimState.SETTLE_FAILED, verified_metadata(HANDED_OVER))
             outcome.append(collection)

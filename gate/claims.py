@@ -364,11 +364,10 @@ class Claims:
         along: Sequence[Along] = (),
         first: Sequence[Along] = (),
         provided: Statement | None = None,
-        final: bool = False,
     ) -> None:
-        """Delivered and settled in one write, for a payment the gate charges itself (a channel's
-        voucher): `mark_delivered` and `settled` at once, on the same conditions as `settled`.
-        `final`: the task's final form goes `along` too (`task_synced` at once)."""
+        """Delivered, settled and synced in one write, for a payment the gate charges itself (a
+        channel's voucher): `mark_delivered`, `settled` and `task_synced` at once, on the same
+        conditions as `settled`; the task's final form goes `along`."""
         await self._write(
             hold,
             "mark_delivered",
@@ -380,14 +379,13 @@ class Claims:
             sealed_payment="",
             last_error="",
             receipt=json.dumps(receipt, separators=(",", ":")),
-            task_outdated=0 if final else 1,
+            task_outdated=0,
             lease=True,
             along=along,
             first=first,
             provided=provided,
         )
-        if final:
-            self.held.pop(hold.token_digest, None)
+        self.held.pop(hold.token_digest, None)
 
     async def recharge(self, hold: Hold, sealed: str, along: Sequence[Along] = ()) -> None:
         """More of a delivery delivered (an upto answer, chunk by chunk): the sealed charge grows with it."""

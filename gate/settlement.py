@@ -292,15 +292,14 @@ class Settler:
         task_id: str,
         hold: Hold,
         *,
-        along: Callable[[dict[str, Any]], Sequence[Along]] = lambda metadata: (),
-        final: bool = False,
+        along: Callable[[dict[str, Any]], Sequence[Along]],
     ) -> Collection | None:
         """A voucher's delivery and its charge as one statement group (`charged_at_delivery`): the
         channel's compare-and-set while the claim is ours and running, the claim delivered and settled
         provided the channel was charged by it, its log row and what `along` makes of the outcome's
-        metadata (the delivered task; with `final`, the task in its final form). None, and nothing
-        written, when the channel moved: the delivery is then recorded alone, and its settle finds
-        the same. `ClaimLost` when the claim is not ours."""
+        metadata (the task in its final form). None, and nothing written, when the channel moved: the
+        delivery is then recorded alone, and its settle finds the same. `ClaimLost` when the claim is
+        not ours."""
         p = Pass(payment, task_id, hold)
         channel = self._channel_charge(p, {})
         assert channel is not None
@@ -317,7 +316,6 @@ class Settler:
                 along=[row, *saves],
                 first=[channel.charge],
                 provided=channel.charged,
-                final=final,
             )
 
         try:

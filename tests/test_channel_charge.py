@@ -343,8 +343,8 @@ def test_only_a_fresh_channels_well_signed_voucher_at_its_base_is_checked_before
 
 
 def test_a_vouchers_delivery_with_its_final_task_leaves_the_claim_in_sync(location: str) -> None:
-    """`final`: the task's final form goes with the delivery, built from the outcome's metadata (the
-    receipt), so the claim needs no later write: it is settled and its task up to date."""
+    """The task's final form goes with the delivery, built from the outcome's metadata (the receipt),
+    so the claim needs no later write: it is settled and its task up to date."""
 
     async def body(store: Store) -> None:
         payment, hold = await delivering(store)
@@ -354,7 +354,7 @@ def test_a_vouchers_delivery_with_its_final_task_leaves_the_claim_in_sync(locati
             shown.append(metadata)
             return [task_save("t-d1")]
 
-        collection = await store.settler.settle_delivery(payment, "t-d1", hold, along=final, final=True)
+        collection = await store.settler.settle_delivery(payment, "t-d1", hold, along=final)
         assert collection is not None and shown == [collection.metadata]
         receipt = shown[0]["x402.payment.receipts"][-1]
         assert receipt["extra"]["channelState"]["chargedCumulativeAmount"] == str(PRICE)
@@ -432,7 +432,7 @@ def test_a_delivery_write_whose_answer_was_lost_is_not_taken_for_a_takeover(loca
 
         store.db.write_together = answer_lost_once  # type: ignore[method-assign]
         collection = await store.settler.settle_delivery(
-            payment, "t-d1", hold, along=lambda metadata: [task_save("t-d1")], final=True
+            payment, "t-d1", hold, along=lambda metadata: [task_save("t-d1")]
         )
         assert lost and collection is not None and collection.state == ClaimState.SETTLED
         assert await store.charged() == PRICE
