@@ -464,7 +464,8 @@ class Runner:
         # Nothing of the answer is visible (the live task, its streams, tasks/get) before the
         # delivery is recorded: a delivery that could not be recorded was never made.
         used = usage.read(reply.usage)
-        if hooks.deliver_final is not None and not hooks.withhold and await self._deliver_final(execution, reply):
+        one_write = hooks.deliver_final is not None and not hooks.withhold
+        if one_write and await self._deliver_final(execution, artifact, text, used):
             return
         try:
             if hooks.withhold:  # the answer stays out of the task, its streams and the store until paid
@@ -491,20 +492,21 @@ class Runner:
         await self._save_final(execution)
         execution.publish(status_event(task, final=True))
 
-    async def _deliver_final(self, execution: Execution, reply: AgentReply) -> bool:
+    async def _deliver_final(
+        self, execution: Execution, artifact: dict[str, Any], text: str, used: usage.Counts
+    ) -> bool:
         """The delivery, its outcome and the final task in one write (`DeliveryHooks.deliver_final`);
         False, nothing shown or stored, when the hook could not (the plain delivery follows)."""
         task, hooks = execution.task, execution.hooks
         assert hooks is not None and hooks.deliver_final is not None
-        artifact = {"artifactId": execution.artifact_id, "name": "result", "parts": reply.parts}
         delivered = {**task, "artifacts": with_artifact(task, artifact)}
 
         def final(metadata: dict[str, Any]) -> Statement:
-            set_status(delivered, "completed", agent_message(delivered, reply.text or "Done.", metadata))
+            set_status(delivered, "completed", agent_message(delivered, text, metadata))
             return self.store.save_statement(delivered)
 
         try:
-            collected = await hooks.deliver_final(delivered, usage.read(reply.usage), final)
+            collected = await hooks.deliver_final(delivered, used, final)
         except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
             execution.delivering = False
             raise
