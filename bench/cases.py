@@ -653,6 +653,8 @@ LABELS = {"free": "API key", "paid": "paid", "channel": "voucher-paid"}
 def postgres_missing(bench: Bench) -> str:
     """Why case e (or case f's PostgreSQL row) cannot run here, or ""."""
     p = bench.params
+    if not p.postgres_url:
+        return "no PostgreSQL URL (--postgres '')"
     why = postgres.unreachable(p.postgres_url)
     why = why and f"{why} at {postgres.where(p.postgres_url)}"
     if not why:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from server import json_text
 from server.database import Database, DatabaseUnavailable, Migration, Statement
 
 # A write that belongs with a claim's update: given the condition "the claim is still ours, in
@@ -349,7 +350,7 @@ class Claims:
             (ClaimState.RUNNING,),
             state=ClaimState.SETTLING,
             **named,
-            withheld=json.dumps(withheld, separators=(",", ":")) if withheld is not None else "",
+            withheld=json_text.dumps(withheld) if withheld is not None else "",
             lease=True,
             along=along,
         )
@@ -378,7 +379,7 @@ class Claims:
             withheld="",
             sealed_payment="",
             last_error="",
-            receipt=json.dumps(receipt, separators=(",", ":")),
+            receipt=json_text.dumps(receipt),
             task_outdated=0,
             lease=True,
             along=along,
@@ -411,7 +412,7 @@ class Claims:
             state=ClaimState.SETTLED,
             sealed_payment="",
             last_error="",
-            receipt=json.dumps(receipt, separators=(",", ":")),
+            receipt=json_text.dumps(receipt),
             task_outdated=1,
             along=along,
             first=first,
@@ -444,7 +445,7 @@ class Claims:
             state=ClaimState.NO_CHARGE,
             sealed_payment="",
             last_error=error[:200],
-            receipt=json.dumps(receipt, separators=(",", ":")),
+            receipt=json_text.dumps(receipt),
             task_outdated=1,
             along=along,
         )

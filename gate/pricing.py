@@ -11,7 +11,6 @@ requirements, the shape that extension's spec uses.
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from gate import schemes
 from gate.price import Price
+from server import json_text
 
 # CAIP-2 ids and the x402 v1 network names for the same chains.
 V1_NETWORKS = {
@@ -66,7 +66,7 @@ def offered_extra(price: Price) -> dict[str, Any]:
 
 
 def b64_json(document: dict[str, Any]) -> str:
-    return base64.b64encode(json.dumps(document, separators=(",", ":")).encode()).decode("ascii")
+    return base64.b64encode(json_text.encode(document)).decode("ascii")
 
 
 def with_state(offered: dict[str, Any], state: dict[str, dict[str, Any]] | None) -> dict[str, Any]:

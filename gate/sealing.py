@@ -26,6 +26,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from server import json_text
 from server.config import is_database_url
 from server.database import Database, Migration
 
@@ -96,7 +97,7 @@ class Sealer:
 
     def seal(self, document: dict[str, Any], context: str) -> str:
         nonce = os.urandom(12)
-        data = json.dumps(document, separators=(",", ":")).encode()
+        data = json_text.encode(document)
         return base64.b64encode(nonce + self.aead.encrypt(nonce, data, context.encode())).decode()
 
     def unseal(self, sealed: str, context: str) -> dict[str, Any]:

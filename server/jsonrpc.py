@@ -20,6 +20,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from server import json_text
 from server.dialects import METHODS, V03, V10, proto_json_names
 
 PARSE_ERROR = -32700
@@ -114,8 +115,7 @@ class JsonResponse(Response):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        # ASCII escapes: a lone surrogate a client sent in a string must still encode
-        return json.dumps(content, separators=(",", ":"), allow_nan=False).encode("ascii")
+        return json_text.encode(content)  # a lone surrogate a client sent still encodes
 
 
 def result_response(call_id: Any, result: Any, headers: dict[str, str] | None = None) -> JsonResponse:
@@ -152,9 +152,10 @@ def _metadata_value(value: Any) -> str:
 def error_response(call_id: Any, error: RpcError) -> Response:
     body = error_body(call_id, error)
     if errors_as_event.get():
-        data = json.dumps(body, separators=(",", ":"), allow_nan=False)
         response: Response = Response(
-            f"data: {data}\n\n".encode("ascii"), media_type="text/event-stream", headers={"cache-control": "no-store"}
+            b"data: " + json_text.encode(body) + b"\n\n",
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store"},
         )
     else:
         response = JsonResponse(body)

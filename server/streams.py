@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import weakref
@@ -27,7 +26,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from server import dialects
+from server import dialects, json_text
 from server.config import StreamConfig
 from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES
 from server.execution import SHUTTING_DOWN_EVENT, Execution, Subscriber, status_event
@@ -41,14 +40,12 @@ ENDED_STATES = TERMINAL_STATES | INTERRUPTED_STATES  # a stream cycle ends at ei
 
 
 def sse(call_id: Any, result: Any) -> bytes:
-    body = json.dumps({"jsonrpc": "2.0", "id": call_id, "result": result}, separators=(",", ":"))
-    return f"data: {body}\n\n".encode("ascii")
+    return b"data: " + json_text.encode({"jsonrpc": "2.0", "id": call_id, "result": result}) + b"\n\n"
 
 
 def sse_shutting_down(call_id: Any) -> bytes:
     """A stream's last event when the server stops before the task ends here: retryable."""
-    body = json.dumps(error_body(call_id, shutting_down()), separators=(",", ":"))
-    return f"data: {body}\n\n".encode("ascii")
+    return b"data: " + json_text.encode(error_body(call_id, shutting_down())) + b"\n\n"
 
 
 def sse_response(events: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> StreamingResponse:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from server import json_text
 from server.database import Database, Migration
 
 PENDING_OWNER = "payment-pending"  # an in-band payment request nobody has paid for yet
@@ -200,8 +201,8 @@ class TaskStore:
                 task["contextId"],
                 task["status"]["state"],
                 row.owner,
-                json.dumps(task, separators=(",", ":")),
-                json.dumps(backend_ref),
+                json_text.dumps(task),
+                json_text.dumps(backend_ref),
                 row.created_at,
                 self.now(),
                 row.deadline_at,
@@ -237,7 +238,7 @@ class TaskStore:
     def save_statement(task: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
         """`save`'s statement for a stored task, to send with others (`Database.write_together`).
         Its WHERE clause comes last: a caller may make it conditional with `AND ...`."""
-        document = json.dumps(task, separators=(",", ":"))
+        document = json_text.dumps(task)
         return (
             "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ?",
             (task["status"]["state"], document, time.time(), task["id"]),
@@ -249,9 +250,9 @@ class TaskStore:
         if backend_ref is None:
             sql, args = self.save_statement(task)
         else:
-            document = json.dumps(task, separators=(",", ":"))
+            document = json_text.dumps(task)
             sql = "UPDATE tasks SET state = ?, document = ?, backend_ref = ?, updated_at = ? WHERE id = ?"
-            args = (task["status"]["state"], document, json.dumps(backend_ref), self.now(), task["id"])
+            args = (task["status"]["state"], document, json_text.dumps(backend_ref), self.now(), task["id"])
         await self.db.execute(sql, args)
 
     async def start_turn(self, task: dict[str, Any], interrupted: str) -> bool:
@@ -263,7 +264,7 @@ class TaskStore:
             "UPDATE tasks SET state = ?, document = ?, updated_at = ?, deadline_at = ? WHERE id = ? AND state = ?",
             (
                 task["status"]["state"],
-                json.dumps(task, separators=(",", ":")),
+                json_text.dumps(task),
                 now,
                 now + self.deadline_seconds,
                 task["id"],
@@ -331,7 +332,7 @@ class TaskStore:
         """Store a request awaiting payment as `task` now stands, only while it still awaits it
         (unexpired, unpaid, not declined): False when it changed meanwhile, and then nothing is written."""
         now = self.now()
-        document = json.dumps(task, separators=(",", ":"))
+        document = json_text.dumps(task)
         changed = await self.db.execute(
             "UPDATE tasks SET state = ?, document = ?, updated_at = ? WHERE id = ? AND owner LIKE ?"
             " AND state = 'input-required' AND deadline_at > ?",
