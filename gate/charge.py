@@ -14,7 +14,7 @@ write (or a renewal) revokes the live execution it covered.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -89,11 +89,11 @@ class Charges:
             await mark_delivered(task, None, used, save)
 
         async def deliver_final(
-            task: dict[str, Any], used: Counts, final: Callable[[dict[str, Any]], Statement]
+            task: dict[str, Any], used: Counts, final: Callable[[dict[str, Any]], Sequence[Statement]]
         ) -> Collected | None:
             def saves(metadata: dict[str, Any]) -> list[Along]:  # the task ends as the outcome says
                 task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)
-                return [only_if(final(metadata))]
+                return [only_if(statement) for statement in final(metadata)]
 
             try:
                 collection = await self.settler.settle_delivery(payment, task["id"], hold, along=saves)

@@ -262,9 +262,10 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
         usage_price=price.usage,
         sealer=parts.sealer if price.usage is not None else None,
     )
-    # a new task takes the verify row and the claim's bind with its INSERT: one round trip
+    # a new task takes the verify row and the claim's bind with its INSERT: one round trip (a task
+    # the delivery stores, with the delivery's); each applies only while the claim is ours
     fresh = attempt.pending is None and plan.message.get("taskId") is None
-    verified = parts.log.statement("verify", **attempt.log, payer=payment.payer)
+    verified = parts.log.statement("verify", **attempt.log, payer=payment.payer, only_if=parts.claims.ours(hold))
     if not fresh:
         await parts.log.append("verify", **attempt.log, payer=payment.payer)
     try:

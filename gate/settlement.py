@@ -313,7 +313,7 @@ class Settler:
                 channel.receipt,
                 payer=payment.payer,
                 task_id=task_id,
-                along=[row, *saves],
+                along=[*saves, row],  # the rows that came with the task (its verify) first
                 first=[channel.charge],
                 provided=channel.charged,
             )

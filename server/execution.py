@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,8 +72,9 @@ class DeliveryHooks:
     in by the runner at the start, for the anonymous path to stop the work when it learns
     the right to deliver is gone. With `deliver_final` (a payment the delivery's own write collects),
     the delivery, its outcome and the final task are one write: it is handed the delivered task and
-    a function from the outcome's metadata to the final task's save, and returns the outcome, or
-    None when it could not (then the other hooks run, as without it).
+    a function from the outcome's metadata to the statements that store the final task (its save,
+    or a deferred task's INSERT with the rows that came with it; each with its WHERE clause last),
+    and returns the outcome, or None when it could not (then the other hooks run, as without it).
     """
 
     mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None, usage.Counts, Statement | None], Awaitable[None]]
@@ -85,7 +86,9 @@ class DeliveryHooks:
     revoke: Callable[[], None] = lambda: None
     deliver_part: Callable[[dict[str, Any], usage.Counts, Statement], Awaitable[None]] | None = None
     deliver_final: (
-        Callable[[dict[str, Any], usage.Counts, Callable[[dict[str, Any]], Statement]], Awaitable[Collected | None]]
+        Callable[
+            [dict[str, Any], usage.Counts, Callable[[dict[str, Any]], Sequence[Statement]]], Awaitable[Collected | None]
+        ]
         | None
     ) = None
 
@@ -501,16 +504,20 @@ class Runner:
         assert hooks is not None and hooks.deliver_final is not None
         delivered = {**task, "artifacts": with_artifact(task, artifact)}
 
-        def final(metadata: dict[str, Any]) -> Statement:
+        def final(metadata: dict[str, Any]) -> list[Statement]:
             set_status(delivered, "completed", agent_message(delivered, text, metadata))
-            return self.store.save_statement(delivered)
+            return self.store.final_statements(delivered)  # a deferred task's INSERT, with it
 
-        try:
-            collected = await hooks.deliver_final(delivered, used, final)
-        except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
-            execution.delivering = False
-            raise
+        async with self.store.writing(task["id"]):
+            try:
+                collected = await hooks.deliver_final(delivered, used, final)
+            except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
+                execution.delivering = False
+                raise
+            if collected is not None:
+                self.store.written(task["id"])
         if collected is None:
+            await self.store.write(task)  # a deferred task is stored before the plain delivery's save
             return False
         task.update(delivered)
         execution.publish(artifact_event(task, artifact))
@@ -587,11 +594,14 @@ class Runner:
 
     async def _finish_undelivered(self, execution: Execution) -> None:
         task = execution.task
+        stored = False
         if execution.hooks is not None:
+            stored = await self.store.write(task)  # a deferred task, with its rows, while the claim is held
             try:
                 await asyncio.shield(execution.hooks.not_delivered(task))
             except OwnershipLost:  # the new owner released the claim and tells the task's end
                 self._lose(execution)
                 return
-        await self.store.save(task)
+        if not stored:
+            await self.store.save(task)
         execution.publish(status_event(task, final=True))

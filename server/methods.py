@@ -145,8 +145,10 @@ class Methods:
         task_id = message.get("taskId")
         if task_id is None:
             task = new_task(message.get("contextId"), message)
-            # a free blocking send: no one can name the task before its answer, which waits for the write
-            deferred = hooks is None and plan.blocking and plan.call.operation == "send"
+            # a blocking send: no one can name the task before its answer, which waits for the write;
+            # free, or paid by its delivery's own write (which stores the task with it)
+            one_write = hooks is None or (hooks.deliver_final is not None and hooks.deliver_part is None)
+            deferred = one_write and plan.blocking and plan.call.operation == "send"
             extra = with_writes(task) if with_writes is not None else ()
             await self.store.create(task, agent=agent, owner=owner, deferred=deferred, with_writes=extra)
         else:

@@ -8,16 +8,18 @@ tasks stuck past their deadline are failed, so the table never grows without bou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from server import json_text
-from server.database import Database, Migration
+from server.database import Database, Migration, Statement
 
 PENDING_OWNER = "payment-pending"  # an in-band payment request nobody has paid for yet
 _PENDING_LIKE = PENDING_OWNER + "%"
@@ -126,6 +128,7 @@ class Unwritten:
     owner: str
     created_at: float
     deadline_at: float
+    with_writes: Sequence[Statement] = ()  # the rows that belong with it, written with its INSERT
     writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -171,15 +174,15 @@ class TaskStore:
         deferred: bool = False,
         with_writes: Sequence[tuple[str, Sequence[Any]]] = (),
     ) -> None:
-        """Store a new task; `deferred`: at its first `save` (or `write`) instead, in its
-        state then, one statement for both. For a task nobody can name before its answer
-        (a blocking send): the answer waits for `write`. `with_writes`: other rows that
-        belong with it (the anonymous path's bookkeeping), in the same transaction and, on
-        PostgreSQL, the same round trip (`Database.write_together`)."""
+        """Store a new task; `deferred`: at its first `save` (or `write`, or with the statements
+        of `final_statements`) instead, in its state then, one statement for both. For a task
+        nobody can name before its answer (a blocking send): the answer waits for `write`.
+        `with_writes`: other rows that belong with it (the anonymous path's bookkeeping), in the
+        same transaction and, on PostgreSQL, the same round trip (`Database.write_together`)."""
         now = self.now()
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
-        unwritten = Unwritten(agent, owner, now, now + deadline)
-        if deferred and not with_writes:
+        unwritten = Unwritten(agent, owner, now, now + deadline, with_writes)
+        if deferred:
             self.unwritten[task["id"]] = unwritten
             return
         if with_writes:
@@ -188,7 +191,10 @@ class TaskStore:
         await self._insert(task, unwritten, {})
 
     async def _insert(self, task: dict[str, Any], row: Unwritten, backend_ref: dict[str, Any]) -> None:
-        await self.db.execute(*self._insert_statement(task, row, backend_ref))
+        if row.with_writes:
+            await self.db.write_together([self._insert_statement(task, row, backend_ref), *row.with_writes])
+        else:
+            await self.db.execute(*self._insert_statement(task, row, backend_ref))
 
     def _insert_statement(
         self, task: dict[str, Any], row: Unwritten, backend_ref: dict[str, Any]
@@ -233,6 +239,31 @@ class TaskStore:
             await self._insert(task, row, backend_ref or {})
             del self.unwritten[task["id"]]
         return True
+
+    def writing(self, task_id: str) -> AbstractAsyncContextManager[Any]:
+        """Held while a deferred task's statements are built and sent (`final_statements`): no
+        other write of it comes between (a no-op for a task that is stored)."""
+        row = self.unwritten.get(task_id)
+        return row.writing if row is not None else contextlib.nullcontext()
+
+    def final_statements(self, task: dict[str, Any]) -> list[Statement]:
+        """The statements that store `task` as it ends, to send with others, each with its WHERE
+        clause last (a caller may make it conditional with `AND ...`): its save, or for a deferred
+        task its INSERT and the rows that belong with it, which `written` then marks done. Build
+        and send them under `writing`."""
+        row = self.unwritten.get(task["id"])
+        if row is None:
+            return [self.save_statement(task)]
+        sql, args = self._insert_statement(task, row, {})
+        # typed like the columns: PostgreSQL reads an untyped parameter of a SELECT list as text
+        marks = ", ".join(["?"] * 7 + ["CAST(? AS DOUBLE PRECISION)"] * 3)
+        columns = sql[sql.index("(") : sql.index(")") + 1]
+        insert = f"INSERT INTO tasks {columns} SELECT {marks} WHERE NOT EXISTS (SELECT 1 FROM tasks WHERE id = ?)"
+        return [*row.with_writes, (insert, (*args, task["id"]))]
+
+    def written(self, task_id: str) -> None:
+        """The statements of `final_statements` for a deferred task were committed."""
+        self.unwritten.pop(task_id, None)
 
     @staticmethod
     def save_statement(task: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:

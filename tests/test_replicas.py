@@ -250,7 +250,7 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
     assert versions == {
         "api_keys": "2",
         "channels": "1",
-        "claims": "3",
+        "claims": "4",
         "payments": "2",
         "request_counts": "1",
         "sealing": "1",
