@@ -220,6 +220,16 @@ def test_failed_work_is_not_charged_and_frees_the_channel(
     (row,) = channel_rows(tmp_path / "gate.db")
     assert int(row["charged"]) == 0 and row["sealed_voucher"] == ""
     assert chain.calls["deposit"] == 0  # the deposit of undelivered work is never settled
+    # each failed task is stored as it ended, and its log reads verify, then release
+    for answer in answers:
+        task_id = answer.json()["result"]["id"]
+        (stored,) = gate_rows(tmp_path / "gate.db", "SELECT state FROM tasks WHERE id = ?", (task_id,))
+        assert stored["state"] == "failed"
+    logged = gate_rows(tmp_path / "gate.db", "SELECT token_digest, action FROM payments ORDER BY id")
+    digests = list(dict.fromkeys(r["token_digest"] for r in logged))
+    assert len(digests) == 2
+    for digest in digests:
+        assert [r["action"] for r in logged if r["token_digest"] == digest] == ["verify", "release"]
 
 
 def test_a_client_behind_the_channel_gets_the_corrective_402_with_the_channel_state(
@@ -478,3 +488,64 @@ def test_the_claim_command_without_a_facilitator_says_how_to_name_one(tmp_path: 
     done = cli("channels", "claim", "--database", str(tmp_path / "gate.db"), check=False)
     assert done.returncode == 2
     assert "--facilitator URL" in done.stderr and "Traceback" not in done.stderr
+
+
+def gate_rows(database: Path, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(database)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, args)]
+    finally:
+        conn.close()
+
+
+def test_a_voucher_paid_send_is_stored_with_its_delivery_and_its_record(
+    gate: GateProcess, chain: ChannelChain, tmp_path: Path
+) -> None:
+    """A blocking send's task is written with its delivery (one write: the task, its claim settled,
+    the channel charged, the log): each delivered request's task is stored completed with its receipt,
+    its claim names it and its payer, and its log reads verify, then settle."""
+    client, _ = channel_client()
+    answers = asyncio.run(pay_many(f"{gate.url}/a2a/paid-channel", 4, client))
+    assert_charged_in_turn(answers, PRICE)
+    database = tmp_path / "gate.db"
+    for answer in answers:
+        task = answer.json()["result"]
+        (row,) = gate_rows(database, "SELECT state, document FROM tasks WHERE id = ?", (task["id"],))
+        stored = json.loads(row["document"])
+        assert row["state"] == stored["status"]["state"] == "completed"
+        assert stored["metadata"]["x402.payment.receipts"] == task["metadata"]["x402.payment.receipts"]
+        (claim,) = gate_rows(database, "SELECT * FROM claims WHERE task_id = ?", (task["id"],))
+        assert claim["state"] == "settled" and claim["payer"].lower() == receipt_of(answer)["payer"].lower()
+        actions = gate_rows(
+            database, "SELECT action FROM payments WHERE token_digest = ? ORDER BY id", (claim["token_digest"],)
+        )
+        assert [a["action"] for a in actions] == ["verify", "settle"]
+
+
+def test_a_vouchers_failed_work_is_stored_and_logged_verify_then_release(
+    gate: GateProcess, chain: ChannelChain, tmp_path: Path
+) -> None:
+    """A voucher (not a deposit: its task is stored with its delivery) whose work fails: the task is
+    stored as it ended, with its verify row, before its claim is released; nothing is charged."""
+    client, _ = channel_client()
+
+    async def run() -> tuple[httpx.Response, httpx.Response]:
+        (opened,) = await pay_many(f"{gate.url}/a2a/paid-channel", 1, client)
+        (failed,) = await pay_many(f"{gate.url}/a2a/channel-broken", 1, client)
+        return opened, failed
+
+    opened, failed = asyncio.run(run())
+    assert receipt_of(opened)["extra"]["chargedAmount"] == str(PRICE)
+    task = failed.json()["result"]
+    assert task["status"]["state"] == "failed" and "PAYMENT-RESPONSE" not in failed.headers
+    database = tmp_path / "gate.db"
+    (stored,) = gate_rows(database, "SELECT state FROM tasks WHERE id = ?", (task["id"],))
+    assert stored["state"] == "failed"
+    (release,) = gate_rows(database, "SELECT token_digest FROM payments WHERE action = 'release'")
+    actions = gate_rows(
+        database, "SELECT action FROM payments WHERE token_digest = ? ORDER BY id", (release["token_digest"],)
+    )
+    assert [a["action"] for a in actions] == ["verify", "release"]
+    (row,) = channel_rows(database)
+    assert int(row["charged"]) == PRICE and row["reserved_by"] in ("", release["token_digest"])
