@@ -24,7 +24,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -61,12 +61,12 @@ class Token:
     payload: dict[str, Any]  # the normal form: what is digested, claimed and sent to the facilitator
     version: int  # x402Version: 1 or 2
     source: str  # metadata | PAYMENT-SIGNATURE | X-PAYMENT
+    canonical: str = field(default="", repr=False, compare=False)  # its canonical JSON, once built
 
     @cached_property  # claims, logs and sealing all ask; the canonical JSON is built once
     def digest(self) -> str:
         """Identity of the token for claims and logs; the token itself is never stored."""
-        canonical = json.dumps(self.payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return hashlib.sha256((self.canonical or canonical_json(self.payload)).encode()).hexdigest()
 
     @property
     def authorization(self) -> dict[str, Any]:
@@ -129,9 +129,16 @@ def from_object(document: Any, source: str) -> Token | None:
             return None
     elif not all(isinstance(normal.get(k), str) for k in ("scheme", "network")):
         return None
-    if len(json.dumps(normal, separators=(",", ":"))) > MAX_TOKEN_BYTES:
+    canonical = canonical_json(normal)  # its length is the compact JSON's, and its digest's text
+    if len(canonical) > MAX_TOKEN_BYTES:
         return None
-    return Token(payload=normal, version=version, source=source)
+    return Token(payload=normal, version=version, source=source, canonical=canonical)
+
+
+def canonical_json(payload: dict[str, Any]) -> str:
+    """What a token's digest hashes: sorted keys, compact, ASCII. These bytes never change: a claim
+    made before an upgrade is found by the same token after it."""
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def normalise(value: Any, depth: int = 0) -> Any:

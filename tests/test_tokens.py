@@ -274,3 +274,41 @@ def test_every_wrapping_of_one_authorization_is_one_nonce_key():
     }
     keys = {tokens.nonce_key(tokens.from_object(d, "metadata"), DEMO_PRICE.asset) for d in (document, v1, shouting)}
     assert len(keys) == 1
+
+
+def test_a_tokens_digest_never_changes():
+    """A claim made before an upgrade must be found by the same token after it: the digest of a
+    fixed payload (non-ASCII included) is pinned, built from the header and from the metadata alike."""
+    import base64
+    import json
+
+    from gate import tokens
+
+    payload = {
+        "x402Version": 2,
+        "accepted": {
+            "scheme": "exact",
+            "network": "eip155:84532",
+            "asset": "0x036cbd53842c5426634e7929541ec2318f3dcf7e",
+            "amount": "1000",
+            "payTo": "0x" + "22" * 20,
+        },
+        "payload": {
+            "signature": "0x" + "ab" * 65,
+            "authorization": {
+                "from": "0x" + "11" * 20,
+                "to": "0x" + "22" * 20,
+                "value": "1000",
+                "validAfter": "0",
+                "validBefore": "1900000000",
+                "nonce": "0x" + "cd" * 32,
+            },
+        },
+        "resource": {"url": "http://gate.test/a2a/é"},
+    }
+    pinned = "4745e7975c45910b420a19f8164e2aea5f6adf26fa4439b697efd69c75859c23"
+    header = tokens.from_header(base64.b64encode(json.dumps(payload).encode()).decode(), "PAYMENT-SIGNATURE")
+    from_metadata = tokens.from_object(payload, "metadata")
+    assert header is not None and from_metadata is not None
+    assert header.digest == from_metadata.digest == pinned
+    assert tokens.Token(payload=payload, version=2, source="metadata").digest == pinned

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from coincurve import PublicKey
@@ -122,13 +123,24 @@ def domain_separator(chain: int) -> bytes:
     return separator
 
 
+CONFIG_ADDRESSES = ("payer", "payerAuthorizer", "receiver", "receiverAuthorizer", "token")
+
+
 def channel_id(config: dict[str, Any], network: str) -> str:
-    """The channel id of a (checked) channel configuration: its EIP-712 hash, bound to the chain."""
+    """The channel id of a (checked) channel configuration: its EIP-712 hash, bound to the chain.
+    Every voucher of a channel carries the same configuration: its id is hashed once (`_channel_id`)."""
+    return _channel_id(
+        tuple(config[k] for k in CONFIG_ADDRESSES), int(config["withdrawDelay"]), config["salt"], network
+    )
+
+
+@lru_cache(maxsize=4096)
+def _channel_id(addresses: tuple[str, ...], withdraw_delay: int, salt: str, network: str) -> str:
     struct = keccak(
         CHANNEL_CONFIG_TYPEHASH
-        + b"".join(_address(config[k]) for k in ("payer", "payerAuthorizer", "receiver", "receiverAuthorizer", "token"))
-        + _uint(int(config["withdrawDelay"]))
-        + bytes.fromhex(config["salt"].removeprefix("0x"))
+        + b"".join(_address(a) for a in addresses)
+        + _uint(withdraw_delay)
+        + bytes.fromhex(salt.removeprefix("0x"))
     )
     return "0x" + keccak(b"\x19\x01" + domain_separator(chain_id(network)) + struct).hex()
 
