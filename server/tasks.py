@@ -30,8 +30,17 @@ def pending_owner(client: str) -> str:
     return f"{PENDING_OWNER}:{client}"
 
 
+_stamp: list[Any] = [-1, ""]  # the millisecond last formatted, and its text
+
+
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """The time now, to the millisecond, as a status timestamp (`2026-12-01T10:00:00.123Z`); formatted
+    once a millisecond however many tasks change state in it."""
+    milliseconds = time.time_ns() // 1_000_000
+    if milliseconds != _stamp[0]:
+        moment = datetime.fromtimestamp(milliseconds // 1000, UTC).replace(microsecond=milliseconds % 1000 * 1000)
+        _stamp[:] = [milliseconds, moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")]
+    return str(_stamp[1])
 
 
 def new_id() -> str:
