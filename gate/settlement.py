@@ -381,7 +381,8 @@ class Settler:
             state = {"balance": str(balance), "totalClaimed": str(claimed), "withdrawRequestedAt": withdrawal}
             answer = {"transaction": "", "extra": {"channelState": state}}
             return await self._settled(p, answer, "", note="confirmed on chain: the channel holds the voucher's amount")
-        _, valid_before = batch_settlement.SCHEME.window(payment.payload["payload"])
+        scheme = schemes.for_requirements(payment.requirements) or batch_settlement.SCHEME  # its collector's window
+        _, valid_before = scheme.window(payment.payload["payload"])
         left = valid_before - await self.claims.database_time()
         if left <= 0:
             return await self._unsettled(p, f"{heard}; chain: the channel lacks the voucher's amount, deposit expired")

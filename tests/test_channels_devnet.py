@@ -87,6 +87,67 @@ def devnet(tmp_path: Path) -> Iterator[Devnet]:
         yield Devnet(process, f"http://127.0.0.1:{facilitator_port}", config)
 
 
+PERMIT2_AGENT = """
+[agents.paid-channel-permit2]
+description = "Echoes, from a payment channel funded through Permit2"
+price = { network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318f3dCF7e", amount = "1000", pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C", scheme = "batch-settlement", asset_transfer_method = "permit2", receiver_authorizer = "0xE40b4B07d90d26934b21e6E463a286988E28deeF", min_deposit = "10000" }
+"""
+
+
+@pytest.fixture
+def permit2_devnet(tmp_path: Path) -> Iterator[Devnet]:
+    """The shipped configuration, with a channel-priced agent whose deposits go through Permit2."""
+    shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
+    config = tmp_path / "gate.toml"
+    port, facilitator_port = free_port(), free_port()
+    shipped = shipped.replace('url = "http://127.0.0.1:8402"', f'url = "http://127.0.0.1:{facilitator_port}"')
+    config.write_text(
+        shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"') + PERMIT2_AGENT
+    )
+    process = GateProcess(
+        config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(facilitator_port)]
+    )
+    with process:
+        yield Devnet(process, f"http://127.0.0.1:{facilitator_port}", config)
+
+
+def test_a_channel_funded_through_permit2_pays_like_any_other(permit2_devnet: Devnet) -> None:
+    """`asset_transfer_method = "permit2"`: the 402 says so (`extra.assetTransferMethod`), the package's
+    client deposits through the Permit2 collector, the facilitator settles the deposit, the vouchers
+    ride the channel, and the claim pays payTo exactly the charged total."""
+    devnet = permit2_devnet
+    url = f"{devnet.gate.url}/a2a/paid-channel-permit2"
+    asked = httpx.post(url, json=send_body("price?"))
+    offer = json.loads(base64.b64decode(asked.headers["PAYMENT-REQUIRED"]))["accepts"][0]
+    assert (offer["scheme"], offer["extra"]["assetTransferMethod"]) == ("batch-settlement", "permit2")
+    client = fresh_client(devnet)
+    pay_to_before = devnet.token_balance(PAY_TO)
+    seen: list[dict[str, Any]] = []
+
+    class Recording(httpx.AsyncHTTPTransport):  # what the package's transport sends, payment included
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            signature = request.headers.get("PAYMENT-SIGNATURE")
+            if signature:
+                seen.append(json.loads(base64.b64decode(signature))["payload"])
+            return await super().handle_async_request(request)
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=x402_httpx_transport(client, Recording()), timeout=30) as http:
+            return [await http.post(url, json=send_body(f"hello {i}")) for i in range(12)]
+
+    answers = asyncio.run(run())
+    channel_id = assert_charged_in_turn(answers, PRICE)["extra"]["channelState"]["channelId"]
+    deposits = [p for p in seen if p["type"] == "deposit"]
+    assert deposits and all(set(p["deposit"]["authorization"]) == {"permit2Authorization"} for p in deposits)
+    assert charged(devnet, channel_id) == 12 * PRICE
+    balance, _ = devnet.channel(channel_id)
+    assert balance >= 12 * PRICE
+    done = devnet.cli("channels", "claim")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert devnet.channel(channel_id)[1] == 12 * PRICE
+    assert devnet.token_balance(PAY_TO) - pay_to_before == 12 * PRICE
+
+
 def fresh_client(devnet: Devnet) -> x402Client:
     signer = EthAccountSignerWithRPC(Account.create(), rpc_url=f"{devnet.facilitator}/rpc")
     return x402Client().register("eip155:84532", BatchSettlementEvmScheme(signer))

@@ -123,3 +123,85 @@ def test_settle_refusals_read_as_the_payments_scheme_says(voucher):
     assert classify("invalid_exact_evm_payload_signature", eip3009) == "refused"
     assert classify("invalid_exact_evm_nonce_already_used", eip3009) == "nonce_used"
     assert classify("anything", None) == "unknown"  # a payment of no known scheme is never written off unread
+
+
+def permit2_channel() -> tuple[Any, dict[str, Any]]:
+    """A `batch-settlement` price taking Permit2 deposits, and a deposit payload the x402 package's
+    own client code signs for it (`create_batch_settlement_permit2_deposit_payload`)."""
+    from eth_account import Account
+    from x402.mechanisms.evm.batch_settlement.client.permit2 import create_batch_settlement_permit2_deposit_payload
+    from x402.mechanisms.evm.batch_settlement.types import ChannelConfig
+    from x402.mechanisms.evm.signers import EthAccountSigner
+    from x402.schemas import PaymentRequirements
+
+    from gate.config import of
+
+    authorizer = "0xE40b4B07d90d26934b21e6E463a286988E28deeF"
+    channel = {
+        **PRICE,
+        "scheme": "batch-settlement",
+        "asset_transfer_method": "permit2",
+        "receiver_authorizer": authorizer,
+        "min_deposit": "10000",
+    }
+    settings = parse_config({"agents": {"paid": {"price": channel}}}, base_dir=Path("."))
+    price = of(settings).agent("paid").price
+    assert price is not None and schemes.for_price(price).extra() == {"assetTransferMethod": "permit2"}
+    account = Account.create()
+    config = ChannelConfig.from_dict(
+        {
+            "payer": account.address,
+            "payerAuthorizer": account.address,
+            "receiver": PRICE["pay_to"],
+            "receiverAuthorizer": authorizer,
+            "token": PRICE["asset"],
+            "withdrawDelay": 900,
+            "salt": "0x" + "00" * 32,
+        }
+    )
+    offer = requirement(price, RESOURCE)
+    requirements = PaymentRequirements.model_validate({**offer, "amount": offer["amount"]})
+    payload = create_batch_settlement_permit2_deposit_payload(
+        EthAccountSigner(account), requirements, config, 10000, 1000
+    ).to_dict()
+    return price, payload
+
+
+def test_a_permit2_deposit_is_checked_by_its_own_collectors_rules():
+    price, inner = permit2_channel()
+    scheme = schemes.for_price(price)
+    scheme.check(inner, price)  # the package's own deposit passes
+    deadline = int(inner["deposit"]["authorization"]["permit2Authorization"]["deadline"])
+    assert scheme.window(inner) == (0, deadline)
+    # the other collector's scheme takes no Permit2 deposit, and this one no ERC-3009 deposit
+    with pytest.raises(Rejection, match="unsupported_payload"):
+        schemes.named("batch-settlement", "eip3009").check(inner, replace(price, asset_transfer_method="eip3009"))
+
+    def mangled(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+        import copy
+
+        document = copy.deepcopy(inner)
+        node = document["deposit"]["authorization"]["permit2Authorization"]
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        return document
+
+    refusals = {
+        ("spender",): ("0x" + "12" * 20, "invalid_payload"),  # not the Permit2 collector
+        ("permitted", "token"): ("0x" + "34" * 20, "invalid_payload"),  # another token
+        ("permitted", "amount"): ("20000", "invalid_payload"),  # not the deposit's amount
+        ("witness", "channelId"): ("0x" + "ab" * 32, "invalid_batch_settlement_evm_channel_id_mismatch"),
+        ("nonce",): (7, "invalid_payload"),  # a number, not its decimal text
+        ("deadline",): ("soon", "invalid_payload"),
+        ("signature",): ("0x123", "invalid_payload"),  # not whole bytes (any length of them is the facilitator's)
+        ("from",): (None, "invalid_payload"),
+    }
+    for path, (value, reason) in refusals.items():
+        with pytest.raises(Rejection) as refused:
+            scheme.check(mangled(path, value), price)
+        assert refused.value.reason == reason, path
+    small = mangled(("permitted", "amount"), "100")
+    small["deposit"]["amount"] = "100"
+    with pytest.raises(Rejection, match="deposit_below_min_deposit"):
+        scheme.check(small, price)

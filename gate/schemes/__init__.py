@@ -18,7 +18,13 @@ __all__ = ["SCHEMES", "Rejection", "Scheme", "for_price", "for_requirements", "n
 
 SCHEMES: dict[tuple[str, str], Scheme] = {
     (s.scheme, s.transfer_method): s
-    for s in (exact_eip3009.SCHEME, exact_permit2.SCHEME, upto_permit2.SCHEME, batch_settlement.SCHEME)
+    for s in (
+        exact_eip3009.SCHEME,
+        exact_permit2.SCHEME,
+        upto_permit2.SCHEME,
+        batch_settlement.SCHEME,
+        batch_settlement.PERMIT2_SCHEME,
+    )
 }
 DEFAULT_TRANSFER_METHOD = "eip3009"
 

@@ -34,6 +34,7 @@ SCHEME_NAME = "batch-settlement"
 # The binding's deterministic deployments (CREATE2: the same address on every chain).
 SETTLEMENT_CONTRACT = "0x4020074e9df2ce1dee5a9c1b5c3f541d02a10003"
 ERC3009_DEPOSIT_COLLECTOR = "0x4020806089470a89826cb9fb1f4059150b550004"
+PERMIT2_DEPOSIT_COLLECTOR = "0x4020425faf3b746c082c2f942b4e5159887b0005"
 DOMAIN_NAME, DOMAIN_VERSION = "x402 Batch Settlement", "1"
 MIN_WITHDRAW_DELAY, MAX_WITHDRAW_DELAY = 900, 2_592_000
 MIN_DEPOSIT_MULTIPLIER = 10  # the binding's default `extra.minDeposit`: ten requests' worth
@@ -73,6 +74,8 @@ CONFIG_KEYS = frozenset(
 VOUCHER_KEYS = frozenset({"channelId", "maxClaimableAmount", "signature"})
 DEPOSIT_KEYS = frozenset({"amount", "authorization"})
 ERC3009_KEYS = frozenset({"validAfter", "validBefore", "salt", "signature"})
+PERMIT2_KEYS = frozenset({"from", "permitted", "spender", "nonce", "deadline", "witness", "signature"})
+AUTHORIZATION_KEYS = {"eip3009": "erc3009Authorization", "permit2": "permit2Authorization"}
 PAYLOAD_KEYS = {
     "voucher": frozenset({"type", "channelConfig", "voucher"}),
     "deposit": frozenset({"type", "channelConfig", "voucher", "deposit"}),
@@ -209,14 +212,24 @@ def read(inner: dict[str, Any]) -> Voucher:
 
 
 class BatchSettlement:
+    """The scheme, its deposits through one of the binding's two collectors: ERC-3009's (the token's
+    own `receiveWithAuthorization`, x402's default) or Permit2's (any ERC-20 the payer approved to
+    Permit2: `asset_transfer_method = "permit2"`, offered as `extra.assetTransferMethod`). Vouchers
+    are the same either way."""
+
     scheme = SCHEME_NAME
-    transfer_method = "eip3009"  # deposits through the ERC-3009 deposit collector
     channel = True
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS
 
+    def __init__(self, transfer_method: str) -> None:
+        assert transfer_method in AUTHORIZATION_KEYS, transfer_method
+        self.transfer_method = transfer_method
+        self.authorization_key = AUTHORIZATION_KEYS[transfer_method]
+
     def extra(self) -> dict[str, Any]:
-        return {}  # the channel parameters are the price's own (`receiverAuthorizer`, ... in its `extra`)
+        # the channel parameters are the price's own (`receiverAuthorizer`, ... in its `extra`)
+        return {"assetTransferMethod": "permit2"} if self.transfer_method == "permit2" else {}
 
     def check(self, inner: dict[str, Any], price: Price) -> None:
         kind = inner.get("type")
@@ -251,6 +264,10 @@ class BatchSettlement:
             raise Rejection("invalid_payload")
         if kind == "deposit":
             self._check_deposit(inner["deposit"], price)
+            if self.transfer_method == "permit2":  # the witness binds the transfer to this channel
+                witness = inner["deposit"]["authorization"]["permit2Authorization"]["witness"]
+                if witness["channelId"].lower() != cid.lower():
+                    raise Rejection(CHANNEL_ID_MISMATCH)
         # the configuration is the one this price offers, and the channel id is its hash
         extra = price.extra
         if config["receiver"].lower() != price.pay_to.lower():
@@ -268,8 +285,11 @@ class BatchSettlement:
         if not isinstance(deposit, dict) or set(deposit) != DEPOSIT_KEYS:
             raise Rejection("invalid_payload")
         authorization = deposit["authorization"]
-        if not isinstance(authorization, dict) or set(authorization) != {"erc3009Authorization"}:
-            raise Rejection("unsupported_payload")  # Permit2 deposits: not taken (yet)
+        if not isinstance(authorization, dict) or set(authorization) != {self.authorization_key}:
+            raise Rejection("unsupported_payload")  # a deposit through the collector this offer does not name
+        if self.transfer_method == "permit2":
+            self._check_permit2(deposit, authorization["permit2Authorization"], price)
+            return
         erc3009 = authorization["erc3009Authorization"]
         if not isinstance(erc3009, dict) or set(erc3009) != ERC3009_KEYS:
             raise Rejection("invalid_payload")
@@ -285,13 +305,41 @@ class BatchSettlement:
         if int(deposit["amount"]) < int(price.extra.get("minDeposit", "0")):
             raise Rejection(DEPOSIT_BELOW_MIN)
 
+    def _check_permit2(self, deposit: dict[str, Any], permit: Any, price: Price) -> None:
+        """A Permit2 witness transfer of the deposit, to the Permit2 collector, bound to the voucher's
+        channel (`witness.channelId`). Its signature is Permit2's to check: the facilitator verifies it."""
+        if not isinstance(permit, dict) or set(permit) != PERMIT2_KEYS:
+            raise Rejection("invalid_payload")
+        permitted, witness = permit["permitted"], permit["witness"]
+        if not isinstance(permitted, dict) or set(permitted) != {"token", "amount"}:
+            raise Rejection("invalid_payload")
+        if not isinstance(witness, dict) or set(witness) != {"channelId"}:
+            raise Rejection("invalid_payload")
+        words = (permit["from"], permit["spender"], permitted["token"], witness["channelId"], permit["signature"])
+        numbers = (deposit["amount"], permitted["amount"], permit["nonce"], permit["deadline"])
+        if not all(isinstance(v, str) for v in (*words, *numbers)):
+            raise Rejection("invalid_payload")
+        if not all(ADDRESS.fullmatch(a) for a in words[:3]) or not WORD.fullmatch(witness["channelId"]):
+            raise Rejection("invalid_payload")
+        if not SIGNATURE.fullmatch(permit["signature"]) or not all(UINT.fullmatch(n) for n in numbers):
+            raise Rejection("invalid_payload")
+        if int(deposit["amount"]) >= UINT128 or permitted["amount"] != deposit["amount"]:
+            raise Rejection("invalid_payload")
+        if permit["spender"].lower() != PERMIT2_DEPOSIT_COLLECTOR or permitted["token"].lower() != price.asset.lower():
+            raise Rejection("invalid_payload")
+        if int(deposit["amount"]) < int(price.extra.get("minDeposit", "0")):
+            raise Rejection(DEPOSIT_BELOW_MIN)
+
     def window(self, inner: dict[str, Any]) -> tuple[int, int]:
-        """A deposit's ERC-3009 window; a voucher has none (it is claimable until the channel closes)."""
+        """A deposit's window (ERC-3009's validity, or the Permit2 deadline); a voucher has none (it is
+        claimable until the channel closes)."""
         if inner.get("type") != "deposit":
             return 0, 2**62
         try:
-            erc3009 = inner["deposit"]["authorization"]["erc3009Authorization"]
-            return int(erc3009["validAfter"]), int(erc3009["validBefore"])
+            authorization = inner["deposit"]["authorization"][self.authorization_key]
+            if self.transfer_method == "permit2":
+                return 0, int(authorization["deadline"])
+            return int(authorization["validAfter"]), int(authorization["validBefore"])
         except (KeyError, TypeError, ValueError):
             raise Rejection("invalid_payload") from None
 
@@ -306,4 +354,5 @@ class BatchSettlement:
         return None  # the deposit's nonce is the collector's; the chain is asked about channels instead
 
 
-SCHEME = BatchSettlement()
+SCHEME = BatchSettlement("eip3009")
+PERMIT2_SCHEME = BatchSettlement("permit2")

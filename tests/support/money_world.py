@@ -43,6 +43,7 @@ from x402.mechanisms.evm.signers import EthAccountSigner
 from gate import chain as gate_chain
 from gate.config import load_config
 from gate.gate import PaymentGate
+from gate.schemes.batch_settlement import PERMIT2_DEPOSIT_COLLECTOR
 from server.agents import AgentReply, AgentRequest
 from server.app import Services, create_app
 
@@ -298,8 +299,10 @@ class Facilitator:
             return httpx.Response(200, json={"success": False, "errorReason": "insufficient_funds"})
         if self.mode == "unknown_lost":
             return httpx.Response(503, text="down")
-        if kind == "deposit":
-            salt = inner["deposit"]["authorization"]["erc3009Authorization"]["salt"]
+        if kind == "deposit":  # one deposit moves once, whichever collector it goes through
+            authorization = inner["deposit"]["authorization"]
+            erc3009, permit2 = authorization.get("erc3009Authorization"), authorization.get("permit2Authorization")
+            salt = erc3009["salt"] if erc3009 else permit2["nonce"]
             if salt not in chain.deposits:
                 chain.deposits[salt] = "0x" + secrets.token_hex(32)
                 channel.balance += int(inner["deposit"]["amount"])
@@ -420,6 +423,7 @@ class ChannelToken:
     cap: int
     payload: dict[str, Any]
     agent: str = "channel"
+    method: str = "eip3009"  # the offer it pays: the channel's ERC-3009 or Permit2 deposits
 
     @property
     def text(self) -> str:
@@ -435,6 +439,8 @@ class ChannelToken:
             "maxTimeoutSeconds": WINDOW,
             "extra": {"name": "USDC", "version": "2", "receiverAuthorizer": CHANNEL_AUTHORIZER, "withdrawDelay": 900},
         }
+        if self.method == "permit2":
+            accepted["extra"]["assetTransferMethod"] = "permit2"
         document = {"x402Version": 2, "resource": {"url": resource}, "accepted": accepted, "payload": self.payload}
         return base64.b64encode(json.dumps(document).encode()).decode()
 
@@ -461,25 +467,36 @@ class ChannelPayer:
         cap = self.charged + PRICE
         voucher = sign_voucher(EthAccountSigner(self.account), self.channel_id, str(cap), NETWORK).to_dict()
         payload: dict[str, Any] = {"type": "voucher", "channelConfig": self.config, "voucher": voucher}
-        kind = "voucher"
-        if cap > self.balance:  # a deposit first (and again when it runs out)
+        kind, method = "voucher", "permit2" if index % 2 else "eip3009"  # either offer takes a voucher
+        if cap > self.balance:  # a deposit first (and again when it runs out), through either collector
             kind = "deposit"
+            if method == "permit2":
+                authorization = {
+                    "permit2Authorization": {
+                        "from": self.account.address,
+                        "permitted": {"token": ASSET, "amount": str(DEPOSIT)},
+                        "spender": PERMIT2_DEPOSIT_COLLECTOR,
+                        "nonce": str(secrets.randbits(128)),
+                        "deadline": str(int(now) + WINDOW),
+                        "witness": {"channelId": self.channel_id},
+                        "signature": "0x" + "33" * 65,
+                    }
+                }
+            else:
+                authorization = {
+                    "erc3009Authorization": {
+                        "validAfter": "0",
+                        "validBefore": str(int(now) + WINDOW),
+                        "salt": "0x" + secrets.token_hex(32),
+                        "signature": "0x" + "22" * 65,
+                    }
+                }
             payload = {
                 **payload,
                 "type": "deposit",
-                "deposit": {
-                    "amount": str(DEPOSIT),
-                    "authorization": {
-                        "erc3009Authorization": {
-                            "validAfter": "0",
-                            "validBefore": str(int(now) + WINDOW),
-                            "salt": "0x" + secrets.token_hex(32),
-                            "signature": "0x" + "22" * 65,
-                        }
-                    },
-                },
+                "deposit": {"amount": str(DEPOSIT), "authorization": authorization},
             }
-        return ChannelToken(index, kind, cap, payload)
+        return ChannelToken(index, kind, cap, payload, method=method)
 
     def heard(self, token: ChannelToken, response: httpx.Response) -> None:
         """What the answer tells the payer: a receipt (charged, and its deposit counted), or a
@@ -546,7 +563,7 @@ price = {{ scheme = "upto", network = "{network}", asset = "{asset}", ceiling = 
 backend = "python"
 callable = "tests.support.money_world:held"
 deadline_seconds = 60
-price = {{ network = "{network}", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}", scheme = "batch-settlement", receiver_authorizer = "{authorizer}" }}
+price = {{ network = "{network}", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}", scheme = "batch-settlement", receiver_authorizer = "{authorizer}", accepts = [{{}}, {{ asset_transfer_method = "permit2" }}] }}
 
 [agents.withheld]
 backend = "python"
