@@ -80,6 +80,7 @@ async def watch(parts: GateParts) -> list[dict[str, Any]]:
         landed = claimed > channel.total_claimed
         await parts.channels.mirror(channel.channel_id, mirror)
         if landed:
+            parts.metrics.revenue.labels(channel.network, channel.asset).inc(claimed - channel.total_claimed)
             await parts.log.append(
                 "channel_claim",
                 agent="",
@@ -177,6 +178,7 @@ async def claim_batch(
     await commit_until_stored(parts.channels.db, write, "a channel claim")
     parts.metrics.channel_transactions.labels("claim", "ok").inc()
     added = sum(c.voucher_max - c.total_claimed for c in taken)
+    parts.metrics.revenue.labels(network, asset).inc(added)  # collected: the chain holds it for payTo now
     logger.info(
         "claimed %d voucher(s) on chain, %d atomic units, transaction %s", len(taken), added, answer.transaction
     )
@@ -314,6 +316,8 @@ async def refund(parts: GateParts, channel: Channel, fence: str) -> dict[str, An
 
     await commit_until_stored(parts.channels.db, write, "a channel refund")
     parts.metrics.channel_transactions.labels("refund", "ok").inc()
+    if mirror.total_claimed > channel.total_claimed:  # the unclaimed vouchers it claimed on the way
+        parts.metrics.revenue.labels(channel.network, channel.asset).inc(mirror.total_claimed - channel.total_claimed)
     return {"outcome": "refunded", "channel": channel.channel_id, "amount": refunded, "transaction": answer.transaction}
 
 

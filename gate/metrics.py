@@ -36,7 +36,15 @@ class GateMetrics:
         # by network and asset only: an agent label could name a hidden agent (server/metrics.py)
         self.revenue = Counter(
             "a2a_gate_revenue_atomic",
-            "Settled amounts, in the asset's atomic units, by network and asset",
+            "Settled amounts (a payment channel's when its vouchers are claimed on chain), in the asset's"
+            " atomic units, by network and asset",
+            ["network", "asset"],
+            registry=registry,
+        )
+        self.channel_charged = Counter(
+            "a2a_gate_channel_charged_atomic",
+            "Amounts delivered work charged to payment channels, in atomic units, by network and asset"
+            " (collected when claimed: a2a_gate_revenue_atomic)",
             ["network", "asset"],
             registry=registry,
         )

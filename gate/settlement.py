@@ -408,10 +408,13 @@ class Settler:
         return self._was_settled(p.payment, receipt)
 
     def _was_settled(self, payment: Payment, receipt: dict[str, Any]) -> Collection:
-        """A settlement recorded: counted, and the collection the task shows."""
+        """A settlement recorded: counted, and the collection the task shows. A channel's voucher is
+        charged here and collected later, when the claim job claims it on chain (`gate.channel_jobs`)."""
         self._count("settled")
         if self.metrics is not None and payment.amount.isdigit():
-            self.metrics.revenue.labels(payment.network, payment.asset).inc(int(payment.amount))
+            scheme = schemes.for_requirements(payment.requirements)
+            counter = self.metrics.channel_charged if scheme is not None and scheme.channel else self.metrics.revenue
+            counter.labels(payment.network, payment.asset).inc(int(payment.amount))
         return Collection(ClaimState.SETTLED, completed_metadata(receipt))
 
     async def _no_charge(self, p: Pass) -> Collection:

@@ -549,3 +549,44 @@ def test_a_vouchers_failed_work_is_stored_and_logged_verify_then_release(
     assert [a["action"] for a in actions] == ["verify", "release"]
     (row,) = channel_rows(database)
     assert int(row["charged"]) == PRICE and row["reserved_by"] in ("", release["token_digest"])
+
+
+def test_a_channels_revenue_is_counted_when_its_vouchers_are_claimed(
+    tmp_path: Path, facilitator: str, chain: ChannelChain
+) -> None:
+    """Delivered work charges the channel (`a2a_gate_channel_charged_atomic`); the money is the
+    receiver's only once the vouchers are claimed on chain, and that is when it counts as revenue
+    (`a2a_gate_revenue_atomic`), exactly the claimed amount, once."""
+    from tests.support.gate_process import free_port
+
+    def counted(text: str, name: str) -> float:
+        lines = [line for line in text.splitlines() if line.startswith(name + "{")]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    port = free_port()
+    config = write_config(tmp_path, facilitator, port)
+    config.write_text(config.read_text() + "\n[channels]\nclaim_interval_seconds = 0.2\nclaim_after_seconds = 3600\n")
+    with GateProcess(config, tmp_path / "gate.log", port=port) as gate:
+        client, _ = channel_client()
+        asyncio.run(pay_many(f"{gate.url}/a2a/paid-channel", 5, client))
+        metrics = httpx.get(f"{gate.url}/metrics").text
+        assert counted(metrics, "a2a_gate_channel_charged_atomic_total") == 5 * PRICE
+        assert counted(metrics, "a2a_gate_revenue_atomic_total") == 0  # charged, not collected yet
+        # the schedule claims it now (its oldest charge made old), the same pass the server runs
+        conn = sqlite3.connect(tmp_path / "gate.db")
+        try:
+            with conn:
+                conn.execute("UPDATE channels SET charged_at = charged_at - 7200")
+        finally:
+            conn.close()
+        import time
+
+        deadline = time.monotonic() + 15
+        while chain.calls["claim"] < 1:
+            assert time.monotonic() < deadline, chain.calls
+            time.sleep(0.1)
+        time.sleep(1.0)  # later passes find nothing more to claim
+        metrics = httpx.get(f"{gate.url}/metrics").text
+        assert counted(metrics, "a2a_gate_revenue_atomic_total") == 5 * PRICE
+        assert counted(metrics, "a2a_gate_channel_charged_atomic_total") == 5 * PRICE
+        assert chain.calls["claim"] == 1
