@@ -168,9 +168,11 @@ class TaskStore:
     async def create_tables(self) -> None:
         await self.db.migrate("tasks", MIGRATIONS)
 
+    # a task's id is new, so its row exists only if this INSERT ran already: a deferred task whose
+    # delivery wrote it while its caller was being cancelled (a shutdown) is not written twice
     _INSERT = (
         "INSERT INTO tasks (id, agent, context_id, state, owner, document, backend_ref, created_at, updated_at,"
-        " deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
     )
 
     async def create(

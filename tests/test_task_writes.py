@@ -142,3 +142,28 @@ def test_a_new_task_is_written_with_the_rows_that_belong_with_it(tmp_path):
         await services.runner.drain(5.0)
 
     with_services(tmp_path, body)
+
+
+def test_a_deferred_task_written_by_its_final_statements_is_not_written_again(tmp_path):
+    """A deferred task whose final statements (a delivery's write) committed while their caller was
+    being cancelled is still in `unwritten`: writing it again changes nothing and raises nothing, and
+    the stored task is the final one."""
+    from server.tasks import new_task, set_status
+
+    async def body(services: Services, writes: list[str]) -> None:
+        store, db = services.store, services.db
+        await db.execute("CREATE TABLE notes (task_id TEXT, n INTEGER)")
+        task = new_task(None, {"kind": "message", "role": "user", "messageId": "m", "parts": []})
+        note = ("INSERT INTO notes (task_id, n) SELECT ?, 1 WHERE 1 = 1", (task["id"],))
+        await store.create(task, agent="echo", owner=OWNER, deferred=True, with_writes=[note])
+        final = {**task}
+        set_status(final, "completed")
+        async with store.writing(task["id"]):
+            await db.write_together(store.final_statements(final))  # landed; `written` never called
+        set_status(task, "failed")  # what its caller, cancelled, then writes as it stands
+        assert await store.write(task)
+        stored = await store.get(task["id"], OWNER, "echo")
+        assert stored is not None and stored["status"]["state"] == "completed"
+        assert await db.fetchval("SELECT COUNT(*) FROM tasks WHERE id = ?", (task["id"],)) == 1
+
+    with_services(tmp_path, body)
