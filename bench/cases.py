@@ -754,8 +754,9 @@ def postgres_row(bench: Bench, path: str, replicas: int) -> Row:
 def postgres_figures(
     row: Row, trips: dict[str, Any], activity: postgres.ActivityResult, totals: dict[str, int], replicas: int
 ) -> dict[str, Any]:
-    """Per answered request: round trips, statements, the time they took; what the backends did."""
-    n = max(1, row.result.requests)
+    """Per answered request (as the replicas counted them, in the same window as their round trips):
+    round trips, statements, the time they took; what the backends did."""
+    n = max(1, trips.get("requests") or row.result.requests)
     statements = trips["statements"]
     executed = sum(e["count"] for e in statements.values())
     ranked = sorted(statements.items(), key=lambda item: -item[1]["seconds"])

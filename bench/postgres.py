@@ -246,12 +246,20 @@ class RoundTrips:
     def window(self) -> dict[str, Any]:
         """The counters' growth between the first two marks, summed over the replicas."""
         first, last = self.marks[0], self.marks[-1]
-        names = ("round_trips", "round_trip_seconds", "checkouts", "checkout_seconds", "held_seconds", "redis_commands")
+        names = (
+            "round_trips",
+            "round_trip_seconds",
+            "checkouts",
+            "checkout_seconds",
+            "held_seconds",
+            "redis_commands",
+            "requests",
+        )
         out: dict[str, Any] = dict.fromkeys(names, 0)
         statements: dict[str, dict[str, float]] = {}
         for a, b in zip(first, last, strict=True):
             for name in out:
-                out[name] += b[name] - a[name]
+                out[name] += b.get(name, 0) - a.get(name, 0)
             for sql, entry in b["statements"].items():
                 old = a["statements"].get(sql, {"count": 0, "seconds": 0.0})
                 mine = statements.setdefault(sql, {"count": 0, "seconds": 0.0})

@@ -15,7 +15,9 @@ would) after wrapping three psycopg 3 calls:
 - `AsyncConnectionPool.getconn` and `putconn`: how long a request waits for a pooled
   connection, and how long it holds one (its round trips, and its turns on the event loop
   in between);
-- `redis.asyncio.Redis.execute_command`: the commands the shared limiters send to Redis.
+- `redis.asyncio.Redis.execute_command`: the commands the shared limiters send to Redis;
+- `server.app.a2a_endpoint`: the A2A requests answered, which the figures are divided by (the
+  same window as the counters, where the load generator's count would be a slightly other one).
 
 On SIGUSR1 the counters are written to STATS_FILE (a JSON document with a `seq` that goes
 up by one each time, written whole then renamed), so the benchmark can read them as its
@@ -44,6 +46,7 @@ class Counters:
         self.checkout_seconds = 0.0
         self.held_seconds = 0.0
         self.redis_commands = 0
+        self.requests = 0  # A2A requests answered: what the counters above are divided by
         self.statements: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # sql: [count, seconds]
 
     def dump(self, *_: Any) -> None:
@@ -57,6 +60,7 @@ class Counters:
             "checkout_seconds": self.checkout_seconds,
             "held_seconds": self.held_seconds,
             "redis_commands": self.redis_commands,
+            "requests": self.requests,
             "statements": {sql: {"count": c, "seconds": s} for sql, (c, s) in self.statements.items()},
         }
         partial = self.path.with_suffix(".part")
@@ -117,12 +121,32 @@ def install(counters: Counters) -> None:
     redis.asyncio.Redis.execute_command = counted_command  # type: ignore[method-assign]
 
 
+def count_requests(counters: Counters) -> None:
+    """Count the A2A requests the replica answers (`server.app.a2a_endpoint`, which the app's routes
+    name when it is built), so a window's round trips are divided by the requests of the same window,
+    however late its marks land on a busy machine."""
+    import server.app
+
+    endpoint = getattr(server.app, "a2a_endpoint", None)
+    if endpoint is None:  # an older tree: the load generator's count is used instead
+        return
+
+    async def counted_endpoint(request: Any) -> Any:
+        try:
+            return await endpoint(request)
+        finally:
+            counters.requests += 1
+
+    server.app.a2a_endpoint = counted_endpoint  # type: ignore[attr-defined]
+
+
 def main() -> int:
     counters = Counters(Path(sys.argv[1]))
     install(counters)
     signal.signal(signal.SIGUSR1, counters.dump)
     # the tree being benchmarked first, as `python -m gate.cli` would find it (not this script's folder)
     sys.path[0] = os.getcwd()
+    count_requests(counters)
     from gate.cli import main as gate_main
 
     return gate_main(sys.argv[2:])
