@@ -31,6 +31,7 @@ from gate.settlement import ERROR, RECEIPTS, STATUS
 from server.config import AgentConfig
 from server.dialects import TERMINAL_STATES
 from server.execution import DeliveryHooks, Execution
+from server.headers import values as header_values
 from server.jsonrpc import TASK_NOT_FOUND, RpcError
 from server.methods import Methods, SendPlan, finished, task_answer
 from server.tasks import TaskStore, agent_message, new_task, pending_owner, set_status
@@ -68,11 +69,10 @@ class Activation:
 
 
 def activation(headers: Headers) -> Activation | None:
-    for header in ACTIVATION_HEADERS:
-        for value in headers.getlist(header):
-            for uri in value.split(","):
-                if uri.strip() in EXTENSION_URIS:
-                    return Activation(header, uri.strip())
+    for header, value in header_values(headers, ACTIVATION_HEADERS):
+        for uri in value.split(","):
+            if uri.strip() in EXTENSION_URIS:
+                return Activation(header, uri.strip())
     return None
 
 

@@ -35,6 +35,7 @@ from gate.price import Price
 from gate.pricing import CAIP2_FOR_V1, V1_NETWORKS, requirement, requirement_v1
 from gate.schemes import exact_eip3009
 from gate.schemes.base import Rejection, Scheme
+from server.headers import header as http_header
 
 __all__ = ["Rejection", "Token", "check", "check_payload", "check_window", "extract", "nonce_key", "offer_of"]
 
@@ -88,7 +89,7 @@ def extract(metadata: Any, headers: Headers) -> Token | None:
         if token is not None:
             return token
     for header in ("payment-signature", "x-payment"):
-        token = from_header(headers.get(header), header.upper())
+        token = from_header(http_header(headers, header), header.upper())
         if token is not None:
             return token
     return None

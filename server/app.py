@@ -32,6 +32,7 @@ from server.config import Settings
 from server.database import Database, DatabaseUnavailable
 from server.engines import open_database
 from server.execution import PAST_DEADLINE, Runner
+from server.headers import header
 from server.jsonrpc import (
     INTERNAL_ERROR,
     UNSUPPORTED_OPERATION,
@@ -176,7 +177,7 @@ async def a2a_endpoint(request: Request) -> Response:
 async def branch(services: Services, request: Request, name: str, info: RequestInfo) -> Response:
     """The one branch on the principal: the free path here, or the anonymous path."""
     try:
-        principal = await services.principals.identify(request.headers.get("authorization"))
+        principal = await services.principals.identify(header(request.headers, "authorization"))
     except DatabaseUnavailable as exc:
         logger.warning("the task store is unavailable: %s", exc)
         info.set("store_unavailable")

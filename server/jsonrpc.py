@@ -22,6 +22,7 @@ from starlette.responses import Response
 
 from server import json_text
 from server.dialects import METHODS, V03, V10, proto_json_names
+from server.headers import header
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -231,7 +232,7 @@ def _check_tree(doc: Any) -> None:
 
 async def read_call(request: Request, limit: int) -> Call:
     """Read, parse and version-check one call; raises RpcError with its id when known."""
-    version = requested_version(request.headers.get(VERSION_HEADER, ""))
+    version = requested_version(header(request.headers, VERSION_HEADER) or "")
     if version == V10:
         answering_dialect.set(V10)  # even an envelope error of a v1.0 client is rendered for it
     call = parse_call(await read_body(request, limit))
