@@ -333,7 +333,7 @@ class Settler:
         payment = p.payment
         scheme = schemes.for_requirements(payment.requirements)
         if scheme is not None and scheme.channel:
-            return await self._ask_chain_for_channel(p, heard, passes)
+            return await self._ask_chain_for_channel(p, heard, passes, scheme)
         authorization = scheme.authorization(payment.payload, payment.requirements, payment.network) if scheme else None
         if authorization is None or not self.chain.knows(payment.network):
             why = "no rpc_url for the network" if authorization is not None else "not an EIP-3009 authorization"
@@ -362,7 +362,7 @@ class Settler:
         delay = min(jittered(self.pass_delay(passes)), left + 1.0)
         return await self._owed(p, f"{heard}; chain: authorization unused, still valid", True, passes, delay)
 
-    async def _ask_chain_for_channel(self, p: Pass, heard: str, passes: int) -> Collection:
+    async def _ask_chain_for_channel(self, p: Pass, heard: str, passes: int, scheme: Scheme) -> Collection:
         """A channel deposit nobody could confirm: the settlement contract says whether the channel
         holds the voucher's amount. It does: the delivered request is claimable, so it is charged
         (whichever deposit put the money there). It does not, and the deposit's authorization has
@@ -381,8 +381,7 @@ class Settler:
             state = {"balance": str(balance), "totalClaimed": str(claimed), "withdrawRequestedAt": withdrawal}
             answer = {"transaction": "", "extra": {"channelState": state}}
             return await self._settled(p, answer, "", note="confirmed on chain: the channel holds the voucher's amount")
-        scheme = schemes.for_requirements(payment.requirements) or batch_settlement.SCHEME  # its collector's window
-        _, valid_before = scheme.window(payment.payload["payload"])
+        _, valid_before = scheme.window(payment.payload["payload"])  # its collector's window
         left = valid_before - await self.claims.database_time()
         if left <= 0:
             return await self._unsettled(p, f"{heard}; chain: the channel lacks the voucher's amount, deposit expired")

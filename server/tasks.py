@@ -170,9 +170,13 @@ class TaskStore:
 
     # a task's id is new, so its row exists only if this INSERT ran already: a deferred task whose
     # delivery wrote it while its caller was being cancelled (a shutdown) is not written twice
-    _INSERT = (
-        "INSERT INTO tasks (id, agent, context_id, state, owner, document, backend_ref, created_at, updated_at,"
-        " deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+    _COLUMNS = "(id, agent, context_id, state, owner, document, backend_ref, created_at, updated_at, deadline_at)"
+    _INSERT = f"INSERT INTO tasks {_COLUMNS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+    # the same row as a SELECT, so a condition can follow its WHERE (`final_statements`); typed like
+    # the columns: PostgreSQL reads an untyped parameter of a SELECT list as text
+    _INSERT_SELECT = (
+        f"INSERT INTO tasks {_COLUMNS} SELECT ?, ?, ?, ?, ?, ?, ?, CAST(? AS DOUBLE PRECISION),"
+        " CAST(? AS DOUBLE PRECISION), CAST(? AS DOUBLE PRECISION) WHERE NOT EXISTS (SELECT 1 FROM tasks WHERE id = ?)"
     )
 
     async def create(
@@ -265,12 +269,8 @@ class TaskStore:
         row = self.unwritten.get(task["id"])
         if row is None:
             return [self.save_statement(task)]
-        sql, args = self._insert_statement(task, row, {})
-        # typed like the columns: PostgreSQL reads an untyped parameter of a SELECT list as text
-        marks = ", ".join(["?"] * 7 + ["CAST(? AS DOUBLE PRECISION)"] * 3)
-        columns = sql[sql.index("(") : sql.index(")") + 1]
-        insert = f"INSERT INTO tasks {columns} SELECT {marks} WHERE NOT EXISTS (SELECT 1 FROM tasks WHERE id = ?)"
-        return [*row.with_writes, (insert, (*args, task["id"]))]
+        _, args = self._insert_statement(task, row, {})
+        return [*row.with_writes, (self._INSERT_SELECT, (*args, task["id"]))]
 
     def written(self, task_id: str) -> None:
         """The statements of `final_statements` for a deferred task were committed."""

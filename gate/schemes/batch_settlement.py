@@ -244,7 +244,7 @@ class BatchSettlement:
             raise Rejection("invalid_payload")
         if not isinstance(voucher, dict) or set(voucher) != VOUCHER_KEYS:
             raise Rejection("invalid_payload")
-        addresses = [config[k] for k in ("payer", "payerAuthorizer", "receiver", "receiverAuthorizer", "token")]
+        addresses = [config[k] for k in CONFIG_ADDRESSES]
         if not all(isinstance(a, str) and ADDRESS.fullmatch(a) for a in addresses):
             raise Rejection("invalid_payload")
         delay, salt = config["withdrawDelay"], config["salt"]
