@@ -14,6 +14,16 @@ a connection of its own, after every `CHECKPOINT_COMMITS` commits or `CHECKPOINT
 A checkpoint does not block writers (PASSIVE), and a crash loses nothing: the WAL is the
 record until it is copied.
 
+Under steady writes a PASSIVE checkpoint never finishes: the frames committed while it copies
+are still to copy when it ends (it counts those there when it began), and SQLite starts the
+WAL over only once every frame is back in the database. The file then grows without bound
+(half a gigabyte in a half-minute benchmark), and every commit and every read searches a
+longer WAL index (a commit's cost more than doubled). So after a pass over a long WAL, the
+thread asks the event loop to hold this process's writes (the lock a transaction takes) and
+copies the rest: a few milliseconds' worth, during which the loop goes on serving and the
+writes wait in their group. The next commit starts the WAL from its beginning. Writes of
+another process on the file are not held; a pass they outrun is tried again the next time.
+
 A commit is the other cost that is not a statement's (the WAL frames of every page it
 touched, written out): a write outside a transaction is therefore committed together with
 the other such writes issued in the same turn of the event loop (group commit), one
@@ -30,7 +40,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -43,6 +53,8 @@ logger = logging.getLogger("a2a_gate.database")
 
 CHECKPOINT_COMMITS = 500  # commits between two checkpoints, at most (about 1,000 WAL pages)
 CHECKPOINT_SECONDS = 1.0  # and at least this often while anything was committed
+RESTART_FRAMES = 1000  # a WAL this long: its checkpoint finished with the writes held, so that it starts over
+HOLD_SECONDS = 10.0  # how long the thread waits for the event loop to hold the writes, at most
 WAL_LIMIT_BYTES = 64 * 1024 * 1024  # what a checkpointed WAL is truncated back to
 WRITES = ("INSERT", "UPDATE", "DELETE", "insert", "update", "delete")  # statements committed in groups
 
@@ -53,10 +65,15 @@ Write = tuple[list[tuple[str, tuple[Any, ...]]], bool, "asyncio.Future[Any]"]
 
 
 class Checkpointer:
-    """A thread that checkpoints one SQLite file's WAL, off the event loop."""
+    """A thread that checkpoints one SQLite file's WAL, off the event loop.
 
-    def __init__(self, path: str) -> None:
+    `held`: runs a function on a worker thread while the serving connection writes nothing,
+    and answers when it is done (from any thread); the last pass of a checkpoint that writes
+    kept outrunning goes through it."""
+
+    def __init__(self, path: str, held: Callable[[Callable[[], Any]], Any] | None = None) -> None:
         self.path = path
+        self.held = held
         self.commits = 0  # since the last wake-up; only the event loop's thread writes it
         self.wake = threading.Event()
         self.stopping = False
@@ -72,18 +89,29 @@ class Checkpointer:
             self.wake.set()
 
     def run(self) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+        # the last pass of a checkpoint runs on a worker thread of the loop, while this one waits
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
         try:
             conn.execute("PRAGMA busy_timeout=10000")
             while not self.stopping:
                 self.wake.wait(CHECKPOINT_SECONDS)
                 self.wake.clear()
                 try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    _, frames, _ = self.checkpoint(conn)  # the frames there when it began
+                    if self.held is not None and frames >= RESTART_FRAMES:  # and those committed since
+                        self.held(lambda: self.checkpoint(conn))
                 except sqlite3.Error as exc:  # busy, full: the WAL waits for the next pass
                     logger.warning("sqlite checkpoint failed: %s", exc)
+                except (RuntimeError, TimeoutError):  # the loop is closed or too busy to hold: next time
+                    pass
         finally:
             conn.close()
+
+    @staticmethod
+    def checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
+        """One PASSIVE pass: (busy, frames in the WAL, frames copied back); never waits for a writer."""
+        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return busy, frames, copied
 
     def stop(self) -> None:
         self.stopping = True
@@ -129,8 +157,24 @@ class SQLiteDatabase(Database):
             raise DatabaseUnavailable(f"sqlite: {exc}") from exc
         self._db = db
         if self.path != ":memory:":
-            self._checkpointer = Checkpointer(self.path)
+            self._checkpointer = Checkpointer(self.path, held=self._held_from(asyncio.get_running_loop()))
             self._checkpointer.start()
+
+    def _held_from(self, loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], Any]], Any]:
+        """For the checkpointer's thread: `run` on a worker thread while this process writes nothing."""
+
+        async def holding(run: Callable[[], Any]) -> Any:
+            async with self._transaction:  # a transaction's lock: the group commits wait behind it too
+                return await asyncio.to_thread(run)
+
+        def held(run: Callable[[], Any]) -> Any:
+            future = asyncio.run_coroutine_threadsafe(holding(run), loop)
+            try:
+                return future.result(HOLD_SECONDS)
+            finally:
+                future.cancel()  # not left to run later beside the next pass (a no-op once done)
+
+        return held
 
     async def close(self) -> None:
         if self._batch and self._db is not None:  # writes issued are committed before the file closes

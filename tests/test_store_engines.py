@@ -624,6 +624,32 @@ def test_sqlite_checkpoints_its_wal_off_the_serving_connection(tmp_path: Path) -
         assert not thread.is_alive()
 
 
+def test_sqlite_wal_starts_over_under_writes_that_never_pause(tmp_path: Path) -> None:
+    """A PASSIVE checkpoint alone never finishes while commits keep coming (each pass leaves the
+    frames committed meanwhile), and SQLite starts the WAL over only once all are copied: the WAL
+    grew by every commit's pages (half a gigabyte in a benchmark). The last pass, with this
+    process's writes held, lets the next commit start it over: the WAL stays a few checkpoints long."""
+    from server import sqlite_store
+
+    path = tmp_path / "store.db"
+    document = "x" * 3000  # a page of its own per row
+
+    async def body(db: Database) -> tuple[int, int, int]:
+        await db.execute(ROWS)
+        longest = restarts = last = 0
+        for i in range(6 * sqlite_store.CHECKPOINT_COMMITS):
+            await db.execute("INSERT INTO t (id, n, doc) VALUES (?, ?, ?)", (str(i), i, document))
+            frames = wal_progress(path)[0]
+            restarts += frames < last
+            longest, last = max(longest, frames), frames
+        return longest, restarts, await db.fetchval("SELECT count(*) FROM t")
+
+    longest, restarts, rows = with_db(str(path), body)
+    assert rows == 6 * sqlite_store.CHECKPOINT_COMMITS
+    # 3,000 commits of a row a page: 6,000 frames and more had the WAL never started over
+    assert restarts >= 2 and longest < 4 * sqlite_store.RESTART_FRAMES, (longest, restarts)
+
+
 def wal_progress(path: Path) -> tuple[int, int]:
     """(frames in the WAL, frames a checkpoint copied back), from the WAL index (the -shm file):
     the header's mxFrame at byte 16, the checkpoint information's nBackfill at byte 96."""
