@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import orjson
 from starlette.datastructures import Headers
 
 from gate import schemes
@@ -101,11 +102,23 @@ def from_header(value: Any, source: str) -> Token | None:
         return None
     try:
         raw = base64.b64decode(value.strip(), validate=True)
-        if raw.count(b"[") + raw.count(b"{") > MAX_BRACKETS:  # before the parser can recurse that deep
+        brackets = raw.count(b"[") + raw.count(b"{")
+        if brackets > MAX_BRACKETS:  # before the parser can recurse that deep
             return None
-        document = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicates)
+        document = json.loads(
+            raw,
+            parse_constant=_refuse_constant,
+            parse_float=_whole_number,
+            parse_int=_exact_integer,
+            object_pairs_hook=_refuse_duplicates,
+        )
     except (binascii.Error, ValueError, RecursionError, NotAToken):  # UnicodeDecodeError is a ValueError
         return None
+    if brackets <= MAX_DEPTH and raw.isascii() and b"\\u" not in raw:
+        # in normal form already: its numbers were read as `normalise` writes them, its keys are
+        # text, it nests no deeper than it has brackets, and no string can hold a lone surrogate
+        # (neither raw bytes outside ASCII nor a \u escape), which is all `normalise` would check
+        return _token(document, source)
     return from_object(document, source)
 
 
@@ -115,6 +128,11 @@ def from_object(document: Any, source: str) -> Token | None:
         normal = normalise(document)
     except (NotAToken, RecursionError):
         return None
+    return _token(normal, source)
+
+
+def _token(normal: Any, source: str) -> Token | None:
+    """A token from a value in normal form, if it has a token's shape."""
     if not isinstance(normal, dict):
         return None
     version = normal.get("x402Version")
@@ -138,7 +156,16 @@ def from_object(document: Any, source: str) -> Token | None:
 
 def canonical_json(payload: dict[str, Any]) -> str:
     """What a token's digest hashes: sorted keys, compact, ASCII. These bytes never change: a claim
-    made before an upgrade is found by the same token after it."""
+    made before an upgrade is found by the same token after it.
+
+    They are the standard library's (`ensure_ascii`, which escapes DEL and everything past it);
+    orjson writes the same bytes for a value in normal form that holds neither, twenty times faster."""
+    try:
+        fast = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # orjson.JSONEncodeError: what it cannot hold, the standard library writes
+        fast = b"\x7f"
+    if fast.isascii() and b"\x7f" not in fast:
+        return fast.decode()
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -183,6 +210,22 @@ def _text(value: str) -> str:
     except UnicodeEncodeError:  # a lone surrogate: no UTF-8 byte sequence can carry it
         raise NotAToken("not valid Unicode") from None
     return value
+
+
+def _whole_number(text: str) -> int:
+    """A JSON number with a fraction or an exponent, as `normalise` reads its float."""
+    number = float(text)
+    if not math.isfinite(number) or not number.is_integer() or abs(number) > MAX_INTEGER:
+        raise NotAToken("not a whole number")
+    return int(number)
+
+
+def _exact_integer(text: str) -> int:
+    """A JSON integer, as `normalise` checks it (the token's size bounds its digits)."""
+    number = int(text)
+    if abs(number) > MAX_INTEGER:
+        raise NotAToken("integer out of range")
+    return number
 
 
 def _refuse_constant(name: str) -> Any:

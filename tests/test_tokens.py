@@ -7,7 +7,7 @@ import base64
 import json
 import time
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
@@ -312,3 +312,71 @@ def test_a_tokens_digest_never_changes():
     assert header is not None and from_metadata is not None
     assert header.digest == from_metadata.digest == pinned
     assert tokens.Token(payload=payload, version=2, source="metadata").digest == pinned
+
+
+def _as_text(document, ascii_only: bool) -> str:
+    return json.dumps(document, allow_nan=True, ensure_ascii=ascii_only)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    field=st.sampled_from(["x402Version", "value", "nonce", "signature", "payload", "extra", "amount"]),
+    value=json_values,
+    ascii_only=st.booleans(),
+)
+def test_a_header_read_without_normalising_is_the_token_the_normalising_path_makes(field, value, ascii_only):
+    """A header of plain ASCII JSON skips `normalise` (its numbers are read in normal form as they
+    are parsed): the token, its payload and its digest are exactly those of the normalising path,
+    for any value anywhere in it, or both paths say "no token"."""
+    document = json.loads(json.dumps(signed_once()))
+    if field in ("x402Version", "payload"):
+        document[field] = value
+    elif field in ("extra", "amount"):
+        document["accepted"][field] = value
+    else:
+        document["payload"]["authorization"][field] = value
+    try:
+        text = _as_text(document, ascii_only)
+    except (ValueError, UnicodeEncodeError):
+        return
+    raw = text.encode("utf-8", "surrogatepass")
+    header = tokens.from_header(base64.b64encode(raw).decode(), "PAYMENT-SIGNATURE")
+    try:
+        parsed = json.loads(raw, object_pairs_hook=tokens._refuse_duplicates)
+    except (ValueError, RecursionError, tokens.NotAToken):
+        assert header is None
+        return
+    slow = tokens.from_object(parsed, "PAYMENT-SIGNATURE")
+    assert (header is None) == (slow is None), (header, slow)
+    if header is not None:
+        assert header.payload == slow.payload and header.version == slow.version
+        assert header.canonical == slow.canonical and header.digest == slow.digest
+        assert [type(v) for v in _leaves(header.payload)] == [type(v) for v in _leaves(slow.payload)]
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        for k in sorted(value):
+            yield from _leaves(value[k])
+    elif isinstance(value, list):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
+
+
+ascii_text = st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=8)  # DEL and the controls too
+
+
+@settings(max_examples=400, deadline=None)
+@given(document=st.dictionaries(odd_text | ascii_text, json_values | ascii_text, max_size=6))
+@example(document={"k\x7f": "\x7f"})
+@example(document={"\x1f": ["\u00e9", '\x00\n\t\\"/']})
+def test_the_canonical_json_is_the_standard_librarys_for_any_value_in_normal_form(document):
+    """The digest's bytes never change: built with orjson where it writes the same, else the standard library."""
+    try:
+        normal = tokens.normalise(document)
+    except (tokens.NotAToken, RecursionError):
+        return
+    expected = json.dumps(normal, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert tokens.canonical_json(normal) == expected
