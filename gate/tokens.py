@@ -105,13 +105,7 @@ def from_header(value: Any, source: str) -> Token | None:
         brackets = raw.count(b"[") + raw.count(b"{")
         if brackets > MAX_BRACKETS:  # before the parser can recurse that deep
             return None
-        document = json.loads(
-            raw,
-            parse_constant=_refuse_constant,
-            parse_float=_whole_number,
-            parse_int=_exact_integer,
-            object_pairs_hook=_refuse_duplicates,
-        )
+        document = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads
     except (binascii.Error, ValueError, RecursionError, NotAToken):  # UnicodeDecodeError is a ValueError
         return None
     if brackets <= MAX_DEPTH and raw.isascii() and b"\\u" not in raw:
@@ -238,6 +232,15 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(document) != len(pairs):
         raise NotAToken("duplicate key")
     return document
+
+
+# A header's JSON reader, made once (`json.loads` with options builds one per call).
+_DECODER = json.JSONDecoder(
+    parse_constant=_refuse_constant,
+    parse_float=_whole_number,
+    parse_int=_exact_integer,
+    object_pairs_hook=_refuse_duplicates,
+)
 
 
 def check(

@@ -193,7 +193,8 @@ class TaskStore:
         of `final_statements`) instead, in its state then, one statement for both. For a task
         nobody can name before its answer (a blocking send): the answer waits for `write`.
         `with_writes`: other rows that belong with it (the anonymous path's bookkeeping), in the
-        same transaction and, on PostgreSQL, the same round trip (`Database.write_together`)."""
+        same transaction and, on PostgreSQL, the same round trip (`Database.write_together`);
+        each with its WHERE clause last, and written only by the INSERT that stores the task."""
         now = self.now()
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
         unwritten = Unwritten(agent, owner, now, now + deadline, with_writes)
@@ -207,9 +208,20 @@ class TaskStore:
 
     async def _insert(self, task: dict[str, Any], row: Unwritten, backend_ref: dict[str, Any]) -> None:
         if row.with_writes:
-            await self.db.write_together([self._insert_statement(task, row, backend_ref), *row.with_writes])
+            await self.db.write_together(
+                [*self._with_insert(task["id"], row), self._insert_statement(task, row, backend_ref)]
+            )
         else:
             await self.db.execute(*self._insert_statement(task, row, backend_ref))
+
+    @staticmethod
+    def _with_insert(task_id: str, row: Unwritten) -> list[Statement]:
+        """The rows that belong with a task's INSERT, each applying only if that INSERT does: a task
+        written already (its write committed, its writer cancelled before it heard) adds none again."""
+        return [
+            (f"{sql} AND NOT EXISTS (SELECT 1 FROM tasks WHERE id = ?)", (*args, task_id))
+            for sql, args in row.with_writes
+        ]
 
     def _insert_statement(
         self, task: dict[str, Any], row: Unwritten, backend_ref: dict[str, Any]
@@ -270,7 +282,7 @@ class TaskStore:
         if row is None:
             return [self.save_statement(task)]
         _, args = self._insert_statement(task, row, {})
-        return [*row.with_writes, (self._INSERT_SELECT, (*args, task["id"]))]
+        return [*self._with_insert(task["id"], row), (self._INSERT_SELECT, (*args, task["id"]))]
 
     def written(self, task_id: str) -> None:
         """The statements of `final_statements` for a deferred task were committed."""

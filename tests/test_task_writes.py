@@ -134,7 +134,7 @@ def test_a_new_task_is_written_with_the_rows_that_belong_with_it(tmp_path):
         db.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
         plan = methods.plan_send(send_call(blocking=False))
         execution = await services.methods.start_send(
-            plan, "echo", OWNER, with_writes=lambda task: [("INSERT INTO notes (task_id) VALUES (?)", (task["id"],))]
+            plan, "echo", OWNER, with_writes=lambda task: [("INSERT INTO notes (task_id) SELECT ? WHERE 1 = 1", (task["id"],))]
         )
         db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
         assert await db.fetchval("SELECT task_id FROM notes") == execution.task["id"]
@@ -146,8 +146,9 @@ def test_a_new_task_is_written_with_the_rows_that_belong_with_it(tmp_path):
 
 def test_a_deferred_task_written_by_its_final_statements_is_not_written_again(tmp_path):
     """A deferred task whose final statements (a delivery's write) committed while their caller was
-    being cancelled is still in `unwritten`: writing it again changes nothing and raises nothing, and
-    the stored task is the final one."""
+    being cancelled is still in `unwritten`: writing it again changes nothing and raises nothing, the
+    stored task is the final one, and the rows that belong with it (a payment's verify row) are not
+    added a second time."""
     from server.tasks import new_task, set_status
 
     async def body(services: Services, writes: list[str]) -> None:
@@ -165,5 +166,6 @@ def test_a_deferred_task_written_by_its_final_statements_is_not_written_again(tm
         stored = await store.get(task["id"], OWNER, "echo")
         assert stored is not None and stored["status"]["state"] == "completed"
         assert await db.fetchval("SELECT COUNT(*) FROM tasks WHERE id = ?", (task["id"],)) == 1
+        assert await db.fetchval("SELECT COUNT(*) FROM notes WHERE task_id = ?", (task["id"],)) == 1
 
     with_services(tmp_path, body)
