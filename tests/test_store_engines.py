@@ -633,11 +633,12 @@ def test_sqlite_wal_starts_over_under_writes_that_never_pause(tmp_path: Path) ->
 
     path = tmp_path / "store.db"
     document = "x" * 3000  # a page of its own per row
+    commits = 3 * sqlite_store.RESTART_FRAMES  # a frame for the row, one for the key's index, at least
 
     async def body(db: Database) -> tuple[int, int, int]:
         await db.execute(ROWS)
         longest = restarts = last = 0
-        for i in range(6 * sqlite_store.CHECKPOINT_COMMITS):
+        for i in range(commits):
             await db.execute("INSERT INTO t (id, n, doc) VALUES (?, ?, ?)", (str(i), i, document))
             frames = wal_progress(path)[0]
             restarts += frames < last
@@ -645,8 +646,8 @@ def test_sqlite_wal_starts_over_under_writes_that_never_pause(tmp_path: Path) ->
         return longest, restarts, await db.fetchval("SELECT count(*) FROM t")
 
     longest, restarts, rows = with_db(str(path), body)
-    assert rows == 6 * sqlite_store.CHECKPOINT_COMMITS
-    # 3,000 commits of a row a page: 6,000 frames and more had the WAL never started over
+    assert rows == commits
+    # two frames a commit and more: six times RESTART_FRAMES, had the WAL never started over
     assert restarts >= 2 and longest < 4 * sqlite_store.RESTART_FRAMES, (longest, restarts)
 
 
