@@ -165,7 +165,13 @@ def recover(digest: bytes, signature: str) -> str | None:
         key = PublicKey.from_signature_and_message(raw[:64] + bytes([v]), digest, hasher=None)
     except ValueError:  # r, s or the recovered point out of range: no signer
         return None
-    return "0x" + keccak(key.format(compressed=False)[1:])[-20:].hex()
+    return _address_of(key.format(compressed=False)[1:])
+
+
+@lru_cache(maxsize=4096)
+def _address_of(public_key: bytes) -> str:
+    """An account's address: its public key's hash, once per payer (each of its vouchers recovers the same key)."""
+    return "0x" + keccak(public_key)[-20:].hex()
 
 
 def voucher_signer_matches(config: dict[str, Any], voucher: dict[str, Any], network: str) -> bool:
