@@ -22,7 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
+from httpx_aiohttp import AiohttpTransport
 from prometheus_client import Counter, Gauge
 
 from gate.breaker import OPEN, STATE_VALUES, CircuitBreaker
@@ -86,6 +88,11 @@ def load_auth(target: str) -> Callable[[], Any] | None:
     return function
 
 
+# A call that failed on the way (the facilitator may or may not have acted): httpx's errors, and
+# aiohttp's that its transport does not map to one (a response it cannot parse, say).
+TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError)
+
+
 class FacilitatorClient:
     def __init__(self, config: FacilitatorConfig, metrics: GateMetrics | None = None) -> None:
         self.config = config
@@ -97,12 +104,16 @@ class FacilitatorClient:
         headers = {"content-type": "application/json"}
         if config.auth_header_env and os.environ.get(config.auth_header_env):
             headers["authorization"] = os.environ[config.auth_header_env]
+        limits = httpx.Limits(max_connections=config.connections, max_keepalive_connections=config.connections)
         self.client = httpx.AsyncClient(
             base_url=config.url,
             headers=headers,
             timeout=config.timeout_seconds,
-            # httpcore walks its whole pool on every request, so a small pool is the fast one
-            limits=httpx.Limits(max_connections=config.connections, max_keepalive_connections=config.connections),
+            limits=limits,
+            # aiohttp's connection pool behind httpx's interface: httpcore's walks every pooled
+            # connection on each call (with two system calls each), 600-900 us of CPU a call here
+            # against 270-320 us; a proxy from the environment still goes through httpx's own
+            transport=AiohttpTransport(limits=limits),
         )
         self.slots = asyncio.Semaphore(config.max_in_flight)
 
@@ -163,7 +174,7 @@ class FacilitatorClient:
         async with self._slot():
             try:
                 response = await self.client.get("/supported", headers=await self._auth_headers("supported"))
-            except httpx.HTTPError as exc:
+            except TRANSPORT_ERRORS as exc:
                 raise Unavailable(type(exc).__name__) from None
         if response.status_code != 200:
             raise Unavailable(f"http_{response.status_code}")
@@ -242,7 +253,7 @@ class FacilitatorClient:
                 response = await self.client.post(path, json=body, headers=headers)
             except httpx.TimeoutException:
                 raise Unavailable("timeout") from None
-            except httpx.HTTPError as exc:
+            except TRANSPORT_ERRORS as exc:
                 raise Unavailable(type(exc).__name__) from None
             finally:
                 if self.metrics is not None:
