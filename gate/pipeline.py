@@ -434,9 +434,16 @@ def payment_response_header(task: dict[str, Any], version: int = 2) -> dict[str,
     )
 
 
-def too_many_requests(wait: float) -> JSONResponse:
-    return JSONResponse(
-        {"detail": "Too many requests"}, status_code=429, headers={"Retry-After": str(max(1, math.ceil(wait)))}
+# rendered once: the limiter's answer is the one an overloaded gate sends most
+TOO_MANY_REQUESTS = JSONResponse({"detail": "Too many requests"}).body
+
+
+def too_many_requests(wait: float) -> Response:
+    return Response(
+        TOO_MANY_REQUESTS,
+        status_code=429,
+        headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        media_type="application/json",
     )
 
 
