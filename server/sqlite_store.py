@@ -58,6 +58,8 @@ CHECKPOINT_SECONDS = 1.0  # and at least this often while anything was committed
 # searches one or two, and rarely enough that the holds (a few milliseconds) cost nothing to speak of.
 RESTART_FRAMES = 4096
 HOLD_SECONDS = 10.0  # how long the thread waits for the event loop to hold the writes, at most
+HELD_FRAMES = 512  # the held pass copies about this many frames at most (about 2 MiB: milliseconds)
+CATCH_UP_PASSES = 4  # unheld passes, at most, to get there
 WAL_LIMIT_BYTES = 64 * 1024 * 1024  # what a checkpointed WAL is truncated back to
 WRITES = ("INSERT", "UPDATE", "DELETE", "insert", "update", "delete")  # statements committed in groups
 
@@ -101,14 +103,25 @@ class Checkpointer:
                 self.wake.clear()
                 try:
                     _, frames, _ = self.checkpoint(conn)  # the frames there when it began
-                    if self.held is not None and frames >= RESTART_FRAMES:  # and those committed since
-                        self.held(lambda: self.checkpoint(conn))
+                    if self.held is not None and frames >= RESTART_FRAMES:
+                        self.finish(conn, frames, self.held)
                 except sqlite3.Error as exc:  # busy, full: the WAL waits for the next pass
                     logger.warning("sqlite checkpoint failed: %s", exc)
                 except (RuntimeError, TimeoutError):  # the loop is closed or too busy to hold: next time
                     pass
         finally:
             conn.close()
+
+    def finish(self, conn: sqlite3.Connection, frames: int, held: Callable[[Callable[[], Any]], Any]) -> None:
+        """Copy back the frames committed while the last pass ran, without holding anything while
+        there are many (each pass is shorter than the one before while copying outpaces the writes),
+        then the last few with this process's writes held."""
+        for _ in range(CATCH_UP_PASSES):
+            _, now, _ = self.checkpoint(conn)
+            if now - frames <= HELD_FRAMES:  # committed during the pass just run: the held one copies about as many
+                break
+            frames = now
+        held(lambda: self.checkpoint(conn))
 
     @staticmethod
     def checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
