@@ -10,7 +10,7 @@ What does not take microseconds is the WAL checkpoint: copying the log back into
 database file and syncing it, which SQLite runs inside whichever commit crosses
 ``wal_autocheckpoint`` pages (a commit in twenty then took milliseconds, on the event
 loop). Here the serving connection never checkpoints; a thread of the process does, on
-a connection of its own, after every `CHECKPOINT_COMMITS` commits or `CHECKPOINT_SECONDS`.
+a connection of its own, after every `CHECKPOINT_WRITES` write statements or `CHECKPOINT_SECONDS`.
 A checkpoint does not block writers (PASSIVE), and a crash loses nothing: the WAL is the
 record until it is copied.
 
@@ -51,7 +51,9 @@ from server.database import Database, DatabaseUnavailable, Row
 
 logger = logging.getLogger("a2a_gate.database")
 
-CHECKPOINT_COMMITS = 500  # commits between two checkpoints, at most (about 1,000 WAL pages)
+# write statements between two checkpoints, at most: a few pages each (a row, its indexes), so
+# about 4,000 WAL frames; counted by statement, since a group commit holds any number of them
+CHECKPOINT_WRITES = 1000
 CHECKPOINT_SECONDS = 1.0  # and at least this often while anything was committed
 # A WAL this long has its checkpoint finished with the writes held, so that it starts over: as
 # long as one segment of the WAL index (4,096 frames, 16 MiB of pages), so that a page's lookup
@@ -79,7 +81,7 @@ class Checkpointer:
     def __init__(self, path: str, held: Callable[[Callable[[], Any]], Any] | None = None) -> None:
         self.path = path
         self.held = held
-        self.commits = 0  # since the last wake-up; only the event loop's thread writes it
+        self.writes = 0  # since the last wake-up; only the event loop's thread writes it
         self.wake = threading.Event()
         self.stopping = False
         self.thread = threading.Thread(target=self.run, name="sqlite-checkpoint", daemon=True)
@@ -87,10 +89,10 @@ class Checkpointer:
     def start(self) -> None:
         self.thread.start()
 
-    def committed(self) -> None:
-        self.commits += 1
-        if self.commits >= CHECKPOINT_COMMITS:
-            self.commits = 0
+    def wrote(self, statements: int) -> None:
+        self.writes += statements
+        if self.writes >= CHECKPOINT_WRITES:
+            self.writes = 0
             self.wake.set()
 
     def run(self) -> None:
@@ -228,8 +230,8 @@ class SQLiteDatabase(Database):
             changed = conn.execute(sql, args).rowcount
         except sqlite3.OperationalError as exc:  # locked, full, read-only, I/O
             raise DatabaseUnavailable(f"sqlite: {exc}") from exc
-        if self._checkpointer is not None and not conn.in_transaction:  # a commit: on its own, or COMMIT
-            self._checkpointer.committed()
+        if self._checkpointer is not None and sql.lstrip().startswith(WRITES):  # alone, or in a transaction
+            self._checkpointer.wrote(1)
         return changed
 
     def _commit_batch(self) -> None:
@@ -277,7 +279,7 @@ class SQLiteDatabase(Database):
             outcomes = [failed] * len(batch)
         else:
             if self._checkpointer is not None:
-                self._checkpointer.committed()
+                self._checkpointer.wrote(sum(len(statements) for statements, _, _ in batch))
         for (_, _, future), outcome in zip(batch, outcomes, strict=True):
             if future.done():  # its caller was cancelled: the write stands all the same
                 continue

@@ -605,7 +605,7 @@ def test_sqlite_checkpoints_its_wal_off_the_serving_connection(tmp_path: Path) -
         assert isinstance(db, sqlite_store.SQLiteDatabase)
         assert db.conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
         await db.execute(ROWS)
-        for i in range(sqlite_store.CHECKPOINT_COMMITS):
+        for i in range(sqlite_store.CHECKPOINT_WRITES):
             await db.execute("INSERT INTO t (id, n) VALUES (?, ?)", (str(i), i))
         frames = wal_progress(path)
         for _ in range(100):  # bounded: the commits woke the thread
