@@ -134,7 +134,10 @@ def test_a_new_task_is_written_with_the_rows_that_belong_with_it(tmp_path):
         db.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
         plan = methods.plan_send(send_call(blocking=False))
         execution = await services.methods.start_send(
-            plan, "echo", OWNER, with_writes=lambda task: [("INSERT INTO notes (task_id) SELECT ? WHERE 1 = 1", (task["id"],))]
+            plan,
+            "echo",
+            OWNER,
+            with_writes=lambda task: [("INSERT INTO notes (task_id) SELECT ? WHERE 1 = 1", (task["id"],))],
         )
         db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
         assert await db.fetchval("SELECT task_id FROM notes") == execution.task["id"]
