@@ -157,9 +157,10 @@ def canonical_json(payload: dict[str, Any]) -> str:
     try:
         fast = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # orjson.JSONEncodeError: what it cannot hold, the standard library writes
-        fast = b"\x7f"
-    if fast.isascii() and b"\x7f" not in fast:
-        return fast.decode()
+        pass
+    else:
+        if fast.isascii() and b"\x7f" not in fast:
+            return fast.decode()
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -175,13 +176,9 @@ def normalise(value: Any, depth: int = 0) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
-        if abs(value) > MAX_INTEGER:
-            raise NotAToken("integer out of range")
-        return value
+        return _exact(value)
     if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer() or abs(value) > MAX_INTEGER:
-            raise NotAToken("not a whole number")
-        return int(value)
+        return _whole(value)
     if isinstance(value, str):
         return _text(value)
     if isinstance(value, list):
@@ -206,20 +203,16 @@ def _text(value: str) -> str:
     return value
 
 
-def _whole_number(text: str) -> int:
-    """A JSON number with a fraction or an exponent, as `normalise` reads its float."""
-    number = float(text)
-    if not math.isfinite(number) or not number.is_integer() or abs(number) > MAX_INTEGER:
-        raise NotAToken("not a whole number")
-    return int(number)
-
-
-def _exact_integer(text: str) -> int:
-    """A JSON integer, as `normalise` checks it (the token's size bounds its digits)."""
-    number = int(text)
-    if abs(number) > MAX_INTEGER:
+def _exact(value: int) -> int:
+    if abs(value) > MAX_INTEGER:
         raise NotAToken("integer out of range")
-    return number
+    return value
+
+
+def _whole(value: float) -> int:
+    if not math.isfinite(value) or not value.is_integer() or abs(value) > MAX_INTEGER:
+        raise NotAToken("not a whole number")
+    return int(value)
 
 
 def _refuse_constant(name: str) -> Any:
@@ -234,11 +227,12 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return document
 
 
-# A header's JSON reader, made once (`json.loads` with options builds one per call).
+# A header's JSON reader, made once (`json.loads` with options builds one per call): its numbers
+# checked and written as `normalise` writes them, as they are read.
 _DECODER = json.JSONDecoder(
     parse_constant=_refuse_constant,
-    parse_float=_whole_number,
-    parse_int=_exact_integer,
+    parse_float=lambda text: _whole(float(text)),
+    parse_int=lambda text: _exact(int(text)),
     object_pairs_hook=_refuse_duplicates,
 )
 
