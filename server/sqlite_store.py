@@ -19,9 +19,10 @@ are still to copy when it ends (it counts those there when it began), and SQLite
 WAL over only once every frame is back in the database. The file then grows without bound
 (half a gigabyte in a half-minute benchmark), and every commit and every read searches a
 longer WAL index (a commit's cost more than doubled). So after a pass over a long WAL, the
-thread asks the event loop to hold this process's writes (the lock a transaction takes) and
-copies the rest: a few milliseconds' worth, during which the loop goes on serving and the
-writes wait in their group. The next commit starts the WAL from its beginning. Writes of
+thread catches up with what was committed meanwhile (a few shorter passes), then asks the
+event loop to hold this process's writes (the lock a transaction takes) and copies the rest:
+a few milliseconds' worth, during which the loop goes on serving and the writes wait in
+their group. The next commit starts the WAL from its beginning. Writes of
 another process on the file are not held; a pass they outrun is tried again the next time.
 
 A commit is the other cost that is not a statement's (the WAL frames of every page it
@@ -78,7 +79,7 @@ class Checkpointer:
     and answers when it is done (from any thread); the last pass of a checkpoint that writes
     kept outrunning goes through it."""
 
-    def __init__(self, path: str, held: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+    def __init__(self, path: str, held: Callable[[Callable[[], Any]], Any]) -> None:
         self.path = path
         self.held = held
         self.writes = 0  # since the last wake-up; only the event loop's thread writes it
@@ -105,8 +106,8 @@ class Checkpointer:
                 self.wake.clear()
                 try:
                     _, frames, _ = self.checkpoint(conn)  # the frames there when it began
-                    if self.held is not None and frames >= RESTART_FRAMES:
-                        self.finish(conn, frames, self.held)
+                    if frames >= RESTART_FRAMES:
+                        self.finish(conn, frames)
                 except sqlite3.Error as exc:  # busy, full: the WAL waits for the next pass
                     logger.warning("sqlite checkpoint failed: %s", exc)
                 except (RuntimeError, TimeoutError):  # the loop is closed or too busy to hold: next time
@@ -114,7 +115,7 @@ class Checkpointer:
         finally:
             conn.close()
 
-    def finish(self, conn: sqlite3.Connection, frames: int, held: Callable[[Callable[[], Any]], Any]) -> None:
+    def finish(self, conn: sqlite3.Connection, frames: int) -> None:
         """Copy back the frames committed while the last pass ran, without holding anything while
         there are many (each pass is shorter than the one before while copying outpaces the writes),
         then the last few with this process's writes held."""
@@ -123,7 +124,7 @@ class Checkpointer:
             if now - frames <= HELD_FRAMES:  # committed during the pass just run: the held one copies about as many
                 break
             frames = now
-        held(lambda: self.checkpoint(conn))
+        self.held(lambda: self.checkpoint(conn))
 
     @staticmethod
     def checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
