@@ -582,14 +582,15 @@ class _GateReader:
         if metered:
             usage = self.usage_price(raw.get("usage"), f"{path}.usage")
             facilitator = r.get(raw, "facilitator_address", str, "", f"{path}.facilitator_address")
-            if not EVM_ADDRESS.match(facilitator):
+            if facilitator and not EVM_ADDRESS.match(facilitator):
                 r.problem(
                     f"{path}.facilitator_address",
-                    "required for upto: the address your facilitator settles from (its /supported kind's"
+                    "the address your facilitator settles from (its /supported kind's"
                     f" extra.facilitatorAddress; the development facilitator's is {DEV_FACILITATOR_ADDRESS}),"
-                    f" got {facilitator!r}",
+                    f" or left out to take the one the facilitator advertises, got {facilitator!r}",
                 )
-            extra = {**extra, "facilitatorAddress": facilitator}
+            if facilitator:  # left out: the facilitator's advertised one, read at start (gate/advertised.py)
+                extra = {**extra, "facilitatorAddress": facilitator}
         if isinstance(raw.get("accepts"), list):
             r.problem(f"{path}.accepts", "an offer cannot list offers of its own")
         if scheme == batch_settlement.SCHEME_NAME:
@@ -673,11 +674,11 @@ class _GateReader:
         gate's claims and refunds, how long a payer waits to withdraw alone, the smallest deposit."""
         r = self.r
         authorizer = r.get(raw, "receiver_authorizer", str, "", f"{path}.receiver_authorizer")
-        if not EVM_ADDRESS.match(authorizer) or int(authorizer, 16) == 0:
+        if authorizer and (not EVM_ADDRESS.match(authorizer) or int(authorizer, 16) == 0):
             r.problem(
                 f"{path}.receiver_authorizer",
-                "required for batch-settlement: the non-zero address that signs the gate's claims and refunds"
-                " (the facilitator's, when it holds that key), e.g. the `receiverAuthorizer` its /supported lists",
+                "the non-zero address that signs the gate's claims and refunds (the facilitator's, when it"
+                " holds that key), or left out to take the `receiverAuthorizer` the facilitator's /supported lists",
             )
         delay = r.get(
             raw, "withdraw_delay_seconds", int, batch_settlement.MIN_WITHDRAW_DELAY, f"{path}.withdraw_delay_seconds"
@@ -694,7 +695,12 @@ class _GateReader:
         if not isinstance(minimum, str) or not (minimum.isascii() and minimum.isdigit()) or int(minimum) < amount:
             r.problem(f"{path}.min_deposit", f"must be a whole number of atomic units, at least the amount ({amount})")
             minimum = str(amount)
-        return {"receiverAuthorizer": authorizer, "withdrawDelay": delay, "minDeposit": str(int(minimum))}
+        # left out, the authorizer is the facilitator's advertised one, read at start (gate/advertised.py)
+        return {
+            **({"receiverAuthorizer": authorizer} if authorizer else {}),
+            "withdrawDelay": delay,
+            "minDeposit": str(int(minimum)),
+        }
 
     def asset_extra(self, raw: dict[str, Any], network: str, asset: str, path: str) -> dict[str, Any]:
         """The asset's EIP-712 domain (`name`, `version`): a client cannot sign a payment without it.

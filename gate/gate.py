@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gate import channel_jobs, in_band, reconciler, sealing
+from gate import advertised, channel_jobs, in_band, reconciler, sealing
 from gate.chain import Chain
 from gate.claims import Claims
 from gate.facilitator import FacilitatorClient, Unavailable
@@ -81,7 +81,7 @@ class PaymentGate:
 
     def card_extensions(self, agent: AgentConfig, public_url: str) -> list[dict[str, Any]]:
         """Handed to the server's card: the x402 extensions a priced agent accepts."""
-        return in_band.card_extensions(self.parts.config.price(agent.name), agent_url(public_url, agent.name))
+        return in_band.card_extensions(self.parts.offers.agent(agent.name).price, agent_url(public_url, agent.name))
 
     async def readiness(self) -> dict[str, str]:
         return {"facilitator": await self.facilitator_ready(), "facilitator_breaker": self.facilitator.breaker.state}
@@ -122,6 +122,13 @@ class PaymentGate:
         await reconciler.check_clock(parts)
         self.background.append(asyncio.create_task(reconciler.renew_leases(parts)))
         await reconciler.recover(parts)
+        if parts.facilitator.configured and parts.offers.waiting():  # addresses left to the facilitator
+            stale = parts.answers_402.rendered.clear  # the 402s rendered before an offer changed
+            await advertised.learn_from(parts.offers, parts.facilitator)
+            stale()
+            interval = parts.config.reconcile_interval_seconds
+            learning = advertised.keep_learning(parts.offers, parts.facilitator, interval, stale)
+            self.background.append(asyncio.create_task(learning))
         if parts.facilitator.configured:
             self.background.append(asyncio.create_task(reconciler.reconcile_loop(parts)))
             if any(o.scheme == batch_settlement.SCHEME_NAME for o in offers(parts)):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gate import config as gate_config
+from gate.advertised import Offers
 from gate.chain import Chain
 from gate.channels import Channels
 from gate.charge import Charges
@@ -55,6 +56,7 @@ class GateParts:
     charges: Charges
     answers_402: PaymentRequiredAnswers
     in_band: InBand
+    offers: Offers  # what each agent can be offered now (addresses the facilitator advertises filled in)
     shared_buckets: SharedBuckets | None = None
     ready: tuple[float, str] = field(default=(0.0, ""))  # the facilitator's last readiness answer, cached
 
@@ -109,6 +111,7 @@ class GateParts:
             charges=Charges(claims, settler, log, metrics),
             answers_402=answers_402,
             in_band=InBand(server.store, server.methods, config.in_band, answers_402),
+            offers=Offers(config.agents),
             shared_buckets=shared_buckets,
         )
         settler.seal = lambda document, context: parts.sealer.seal(document, context)  # the key, when first needed

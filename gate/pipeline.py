@@ -56,11 +56,12 @@ async def handle_anonymous(parts: GateParts, request: Request, name: str) -> Res
             parts.metrics.limiter_refusals.labels("ip" if limiter is parts.ip_limiter else "agent").inc()
             return too_many_requests(wait)
     # 2. unknown, unexposed and unpriced agents all look the same
-    agent, terms = parts.agents.get(name), parts.config.agent(name)
-    if agent is None or not agent.exposed or terms.price is None:
+    agent, terms = parts.agents.get(name), parts.offers.agent(name)
+    priced = terms.price is not None or name in parts.offers.unavailable
+    if agent is None or not agent.exposed or not priced:
         return not_authenticated()
-    # 3. a priced door that cannot take payment now
-    if not parts.facilitator.configured:
+    # 3. a priced door that cannot take payment now (no facilitator, or every offer waits for what it advertises)
+    if not parts.facilitator.configured or terms.price is None:
         return JSONResponse({"detail": "Payment is not available for this agent now"}, status_code=501)
     # 4. envelope
     try:

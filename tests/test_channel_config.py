@@ -69,7 +69,6 @@ def test_the_single_scheme_form_still_reads_as_one_offer() -> None:
 @pytest.mark.parametrize(
     ("price", "path"),
     [
-        ({"scheme": "batch-settlement"}, "agents.paid.price.receiver_authorizer"),
         (
             {"scheme": "batch-settlement", "receiver_authorizer": "0x" + "00" * 20},
             "agents.paid.price.receiver_authorizer",
@@ -88,7 +87,7 @@ def test_the_single_scheme_form_still_reads_as_one_offer() -> None:
         ({"accepts": [{"scheme": "exact"}, {"scheme": "exact"}]}, "agents.paid.price.accepts"),
         ({"accepts": [{"scheme": "exact", "accepts": []}]}, "agents.paid.price.accepts[0].accepts"),
         (
-            {"accepts": [{"scheme": "exact"}, {"scheme": "batch-settlement"}]},
+            {"accepts": [{"scheme": "exact"}, {"scheme": "batch-settlement", "receiver_authorizer": "nobody"}]},
             "agents.paid.price.accepts[1].receiver_authorizer",
         ),
     ],

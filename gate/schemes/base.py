@@ -56,6 +56,9 @@ class Scheme(Protocol):
     scheme: str  # x402's scheme name (`accepts[].scheme`)
     transfer_method: str  # how the asset moves (`extra.assetTransferMethod`; "eip3009" when absent)
     channel: bool  # a payment channel: each payload is a voucher on a channel the gate keeps (`gate.channels`)
+    # `extra` keys the facilitator advertises for the scheme's kind in /supported, which an offer may
+    # leave to it (an address it signs or settles with; `gate.advertised` fills them in)
+    advertised: tuple[str, ...]
     definitive_reasons: frozenset[str]  # settle refusals that mean "never": written off, not retried
     nonce_used_reasons: frozenset[str]  # settle refusals that mean "this nonce is spent"
 

@@ -225,6 +225,7 @@ class BatchSettlement:
 
     scheme = SCHEME_NAME
     channel = True
+    advertised: tuple[str, ...] = ("receiverAuthorizer",)  # the facilitator countersigns claims and refunds
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS
 

@@ -44,6 +44,7 @@ class ExactEip3009:
     scheme = "exact"
     transfer_method = "eip3009"
     channel = False
+    advertised: tuple[str, ...] = ()
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS
 

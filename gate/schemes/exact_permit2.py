@@ -55,6 +55,7 @@ class ExactPermit2:
     scheme = "exact"
     transfer_method = "permit2"
     channel = False
+    advertised: tuple[str, ...] = ()
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS
 

@@ -48,6 +48,7 @@ class UptoPermit2(ExactPermit2):
     reading are the same (one Permit2 nonce, one claim)."""
 
     scheme = "upto"
+    advertised = ("facilitatorAddress",)  # the address the facilitator settles from (the permit's witness)
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = UPTO_NONCE_USED_REASONS
 

@@ -20,9 +20,9 @@ __all__ = ["serve_app"]
 
 @contextmanager
 def serve_app(
-    app: Any, *, host: str = "127.0.0.1", startup_timeout: float = 30.0, wait_on_exit: bool = True
+    app: Any, *, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0, wait_on_exit: bool = True
 ) -> Iterator[str]:
-    """Serve ``app`` on a free port of ``host``; yield its base URL (no trailing slash).
+    """Serve ``app`` on a free port of ``host`` (or on ``port``); yield its base URL (no trailing slash).
 
     The listening socket is bound here and handed to uvicorn, so no other
     process can grab the port between choosing it and serving on it.
@@ -32,7 +32,7 @@ def serve_app(
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+    sock.bind((host, port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
