@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from server import json_text
 from server.config import is_database_url
 from server.database import Database, Migration
+from server.ids import random_bytes
 
 ENV_KEY = "A2A_GATE_SEALING_KEY"
 
@@ -96,7 +97,7 @@ class Sealer:
             )
 
     def seal(self, document: dict[str, Any], context: str) -> str:
-        nonce = os.urandom(12)
+        nonce = random_bytes(12)  # from the OS CSPRNG, each byte handed out once (server/ids.py)
         data = json_text.encode(document)
         return base64.b64encode(nonce + self.aead.encrypt(nonce, data, context.encode())).decode()
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Iterable
@@ -33,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.ids import random_bytes
 
 logger = logging.getLogger("a2a_gate.requests")
 
@@ -136,7 +137,7 @@ class RequestIds:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = self.given(scope) or os.urandom(16).hex()
+        request_id = self.given(scope) or random_bytes(16).hex()
         header = (REQUEST_ID_NAME, request_id.encode())
 
         async def send_with_id(message: Message) -> None:

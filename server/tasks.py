@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -20,6 +19,7 @@ from typing import Any
 
 from server import json_text
 from server.database import Database, Migration, Statement
+from server.ids import random_bytes
 
 PENDING_OWNER = "payment-pending"  # an in-band payment request nobody has paid for yet
 _PENDING_LIKE = PENDING_OWNER + "%"
@@ -45,7 +45,7 @@ def now_iso() -> str:
 
 def new_id() -> str:
     """A random (version 4) UUID as text: `str(uuid.uuid4())`, without building the UUID object."""
-    raw = bytearray(os.urandom(16))
+    raw = bytearray(random_bytes(16))
     raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
     raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
     h = raw.hex()
