@@ -82,6 +82,8 @@ class GateMetrics:
         self.limiter_refusals = Counter(
             "a2a_gate_limiter_refusals", "Anonymous requests refused by a limiter", ["limiter"], registry=registry
         )
+        # looked up once: labels() takes a lock and checks its values, the 429's costliest step after the answer
+        self.refused = {"ip": self.limiter_refusals.labels("ip"), "agent": self.limiter_refusals.labels("agent")}
         self.limiter_shared = Gauge(
             "a2a_gate_limiter_shared",
             "1 while the limiters' buckets are shared through Redis, 0 while this replica answers from its own",

@@ -53,7 +53,7 @@ async def handle_anonymous(parts: GateParts, request: Request, name: str) -> Res
     for limiter, key in ((parts.ip_limiter, info.client), (parts.agent_limiters, name)):
         wait = await limiter.check(key)
         if wait:
-            parts.metrics.limiter_refusals.labels("ip" if limiter is parts.ip_limiter else "agent").inc()
+            parts.metrics.refused["ip" if limiter is parts.ip_limiter else "agent"].inc()
             return too_many_requests(wait)
     # 2. unknown, unexposed and unpriced agents all look the same
     agent, terms = parts.agents.get(name), parts.offers.agent(name)

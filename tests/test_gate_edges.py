@@ -91,6 +91,10 @@ def test_per_ip_limiter_answers_429_before_anything_else(tmp_path, facilitator, 
     # a spoofed X-Forwarded-For from a direct, untrusted peer changes nothing
     spoofed = httpx.post(f"{gate.url}/a2a/paid", json=send_body("x"), headers={"X-Forwarded-For": "203.0.113.9"})
     assert spoofed.status_code == 429
+    # each refusal is counted by the limiter that made it
+    metrics = httpx.get(f"{gate.url}/metrics").text
+    assert 'a2a_gate_limiter_refusals_total{limiter="ip"} 5.0' in metrics, metrics
+    assert 'a2a_gate_limiter_refusals_total{limiter="agent"} 0.0' in metrics
 
 
 def test_trusted_proxy_forwarded_address_is_the_limiter_key(tmp_path, facilitator, start_gate, write_config):
