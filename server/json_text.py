@@ -3,8 +3,9 @@
 orjson writes it (a task document in about a fifteenth of the standard library's time); what
 orjson refuses and JSON can still say (an integer past 64 bits, a dict key that is not a
 string, a lone surrogate a client sent) the standard library writes, with ASCII escapes. Either
-way the text is compact, UTF-8, and reads back to the same values. Reading stays with the standard
-library: orjson reads an integer past 64 bits as a float, which would change a stored value.
+way the text is compact, UTF-8, and reads back to the same values. Stored documents are read by
+the standard library: orjson reads an integer past 64 bits as a float, which would change a stored
+value (a request's body is orjson's only when it holds no such number: `server.jsonrpc.load_json`).
 Digests are not made here: their bytes must never change (`gate.tokens`, `gate.pipeline`).
 """
 

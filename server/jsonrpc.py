@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+import orjson
+from starlette.requests import Request
 from starlette.responses import Response
 
 from server import json_text
@@ -165,21 +166,28 @@ def error_response(call_id: Any, error: RpcError) -> Response:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The body, or RpcError(-32600) as soon as it passes `limit` bytes."""
-    declared = request.headers.get("content-length")
+    """The body, or RpcError(-32600) as soon as it passes `limit` bytes.
+
+    Read from the request's ASGI messages (`request.receive`) rather than `request.stream()`,
+    an async generator the event loop registers and finalises: 2.8 against 0.8 us a request.
+    The body is this function's to read, once; nothing else reads it.
+    """
+    declared = header(request.headers, "content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RpcError(INVALID_REQUEST, "Request body too large", {"limit": limit})
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise RpcError(INVALID_REQUEST, "Request body too large", {"limit": limit})
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise RpcError(INVALID_REQUEST, "Request body incomplete") from None
-    return b"".join(chunks)
+    while True:
+        message = await request.receive()
+        if message["type"] != "http.request":  # http.disconnect: the client left before its body ended
+            raise RpcError(INVALID_REQUEST, "Request body incomplete")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise RpcError(INVALID_REQUEST, "Request body too large", {"limit": limit})
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 MAX_DEPTH = 64  # objects and arrays nested deeper are refused before anything copies them
@@ -197,6 +205,7 @@ def _finite_float(text: str) -> float:
 
 
 _STRICT = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -270,7 +279,21 @@ def load_json(body: bytes) -> Any:
     """Strict JSON: no NaN or Infinity, no number too large for a float (ValueError).
 
     As `json.loads(body, ...)` reads bytes (UTF-8, -16 or -32), with one decoder made once
-    (`json.loads` with options builds a new one per call)."""
+    (`json.loads` with options builds a new one per call). orjson reads it first, four times
+    faster, unless the body holds a run of 19 digits (orjson reads an integer past 64 bits as a
+    float); what orjson refuses (a BOM, UTF-16, a lone surrogate, a number past a double, bad
+    JSON) goes to the standard library, which reads it or refuses it as before. Where both read
+    a body they read the same value (tests/test_load_json.py holds them to it)."""
+    if _LONG_NUMBER.search(body) is None:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+    return load_json_stdlib(body)
+
+
+def load_json_stdlib(body: bytes) -> Any:
+    """`load_json` by the standard library alone (what it always was)."""
     return _STRICT.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
 
 
