@@ -26,6 +26,7 @@ from gate.sealing import Sealer
 from server.anonymous import Parts
 from server.cards import agent_url
 from server.config import AgentConfig
+from server.request_log import RequestInfo
 
 # What a request on the anonymous path ends as, beside the server's outcomes (request log, metrics).
 OUTCOMES = frozenset({"paid", "replay", "payment_required", "rejected", "verify_unavailable", "in_flight"})
@@ -66,8 +67,8 @@ class PaymentGate:
     def sealer(self) -> Sealer:
         return self.parts.sealer
 
-    async def handle(self, request: Request, agent: str) -> Response:
-        return await handle_anonymous(self.parts, request, agent)
+    async def handle(self, request: Request, agent: str, info: RequestInfo) -> Response:
+        return await handle_anonymous(self.parts, request, agent, info)
 
     @staticmethod
     def scrub_message(message: dict[str, Any]) -> dict[str, Any]:

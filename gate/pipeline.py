@@ -47,8 +47,8 @@ from server.request_log import RequestInfo
 logger = logging.getLogger("a2a_gate.gate")
 
 
-async def handle_anonymous(parts: GateParts, request: Request, name: str) -> Response:
-    settings, info = parts.settings, request.state.info
+async def handle_anonymous(parts: GateParts, request: Request, name: str, info: RequestInfo) -> Response:
+    settings = parts.settings
     # 1. per-IP, then per-agent limiter
     for limiter, key in ((parts.ip_limiter, info.client), (parts.agent_limiters, name)):
         wait = await limiter.check(key)
@@ -71,14 +71,14 @@ async def handle_anonymous(parts: GateParts, request: Request, name: str) -> Res
     info.method = call.method
     try:
         if call.operation in ("get", "cancel", "subscribe", "list"):
-            return await bound_task_call(parts, request, call, agent, terms.price)
+            return await bound_task_call(parts, request, call, agent, terms.price, info.client)
         if call.operation not in ("send", "stream"):
             raise unsupported(call)
         if call.operation == "stream" and not agent.streaming:
             raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
         # 5. the message must be usable before a token is looked for
         plan = plan_send(call)
-        return await paid_send(parts, request, plan, agent, terms)
+        return await paid_send(parts, request, plan, agent, terms, info)
     except RpcError as exc:
         return error_response(call.id, exc)
     except DatabaseUnavailable as exc:  # nothing runs without a claim; a retry is safe
@@ -116,9 +116,9 @@ class Attempt:
 
 
 async def paid_send(
-    parts: GateParts, request: Request, plan: SendPlan, agent: AgentConfig, terms: AgentPayment
+    parts: GateParts, request: Request, plan: SendPlan, agent: AgentConfig, terms: AgentPayment, info: RequestInfo
 ) -> Response:
-    price, info = terms.price, request.state.info
+    price = terms.price
     assert price is not None
     resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
     offer = Offer(agent.name, price, resource, agent.description)
@@ -376,7 +376,9 @@ async def replay(parts: GateParts, plan: SendPlan, claim: Claim, payment: Paymen
     return task_answer(plan, task, {**headers, "X-Idempotent-Replay": "true", **receipt})
 
 
-async def bound_task_call(parts: GateParts, request: Request, call: Call, agent: AgentConfig, price: Price) -> Response:
+async def bound_task_call(
+    parts: GateParts, request: Request, call: Call, agent: AgentConfig, price: Price, client: str
+) -> Response:
     """Task calls for a payer: every failure is the same -32001 bytes (a list, an empty page)."""
     owner = await prove_payer(parts, request, call, agent, price)
     if owner is None:
@@ -384,7 +386,7 @@ async def bound_task_call(parts: GateParts, request: Request, call: Call, agent:
             return result_response(call.id, await parts.methods.list(call, agent.name, None))
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
     try:
-        return await parts.methods.task_call(call, agent.name, owner, request.state.info.client)
+        return await parts.methods.task_call(call, agent.name, owner, client)
     except RpcError as exc:
         return error_response(call.id, exc)
 

@@ -27,6 +27,7 @@ from server.execution import Runner
 from server.methods import Methods
 from server.metrics import Metrics
 from server.registry import AgentRegistry
+from server.request_log import RequestInfo
 from server.tasks import TaskStore
 
 
@@ -48,8 +49,9 @@ class AnonymousPath(Protocol):
 
     outcomes: frozenset[str]  # what its requests may end as in the request log and metrics, beside the server's
 
-    async def handle(self, request: Request, agent: str) -> Response:
-        """Answer one anonymous POST to `/a2a/{agent}`."""
+    async def handle(self, request: Request, agent: str, info: RequestInfo) -> Response:
+        """Answer one anonymous POST to `/a2a/{agent}`; `info` is its request-log line, for the path
+        to name the method, the payer and the outcome on."""
 
     def scrub_message(self, message: dict[str, Any]) -> dict[str, Any]:
         """A message as it may be stored, run and echoed (on every path, principals' too)."""
@@ -118,7 +120,7 @@ class KeysOnly:
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
 
-    async def handle(self, request: Request, agent: str) -> Response:
+    async def handle(self, request: Request, agent: str, info: RequestInfo) -> Response:
         return not_authenticated()
 
     def scrub_message(self, message: dict[str, Any]) -> dict[str, Any]:

@@ -162,7 +162,7 @@ def forbidden() -> JSONResponse:
 async def a2a_endpoint(request: Request) -> Response:
     services: Services = request.app.state.services
     name = request.path_params["agent"]
-    info = request.state.info = RequestInfo(
+    info = RequestInfo(
         agent=agent_label(name, services.agents.get(name)), client=request.client.host if request.client else "-"
     )
     response = await branch(services, request, name, info)
@@ -183,7 +183,7 @@ async def branch(services: Services, request: Request, name: str, info: RequestI
         info.set("store_unavailable")
         return error_response(None, store_unavailable())
     if principal is None:
-        return await services.anonymous.handle(request, name)
+        return await services.anonymous.handle(request, name, info)
     info.caller = principal.owner
     if not principal.may_use(name):
         return forbidden()
