@@ -126,7 +126,8 @@ class PaymentRequiredAnswers:
     """
 
     def __init__(self, maxsize: int = 1024) -> None:
-        self.rendered: LRUCache[tuple[str, str], tuple[bytes, str]] = LRUCache(maxsize=maxsize)
+        # the body, and the PAYMENT-REQUIRED header as it goes on the wire (a kilobyte, encoded once)
+        self.rendered: LRUCache[tuple[str, str], tuple[bytes, tuple[bytes, bytes]]] = LRUCache(maxsize=maxsize)
 
     def response(self, agent: str, price: Price, resource_url: str, description: str = "") -> Response:
         rendered = self.rendered.get((agent, resource_url))
@@ -134,10 +135,11 @@ class PaymentRequiredAnswers:
             document = payment_required(price, resource_url, description)
             v1 = payment_required_v1(price, resource_url, description)
             body = bytes(JSONResponse({**v1, "detail": "Payment required", "payment_required": document}).body)
-            rendered = self.rendered[(agent, resource_url)] = (body, b64_json(document))
-        return Response(
-            rendered[0], status_code=402, headers={"PAYMENT-REQUIRED": rendered[1]}, media_type="application/json"
-        )
+            header = (b"payment-required", b64_json(document).encode("ascii"))
+            rendered = self.rendered[(agent, resource_url)] = (body, header)
+        response = Response(rendered[0], status_code=402, media_type="application/json")
+        response.raw_headers.append(rendered[1])
+        return response
 
     def corrective(
         self, price: Price, resource_url: str, description: str, error: str, state: dict[str, dict[str, Any]]
