@@ -116,6 +116,11 @@ class Offers:
         """Every offer still waiting for the facilitator."""
         return [o for t in self.terms.values() if t.price is not None for o in t.price.offers if waiting(o)]
 
+    def describe(self) -> str:
+        """ "ok", or what the offers withheld wait for (readiness reports it; it never decides it)."""
+        missing = sorted({f"{offer.scheme} {key}" for offer in self.waiting() for key in waiting(offer)})
+        return "ok" if not missing else "withheld until the facilitator's /supported lists " + ", ".join(missing)
+
     def learn(self, supported: Any) -> bool:
         """Fill in what `/supported` advertises (a price's own address is kept: warned of if it
         differs); whether any offer changed."""
@@ -145,11 +150,8 @@ async def learn_from(offers: Offers, facilitator: FacilitatorClient) -> bool:
         )
         return False
     changed = offers.learn(supported)
-    missing = sorted({f"{offer.scheme} {key}" for offer in offers.waiting() for key in waiting(offer)})
-    if missing:
-        logger.warning(
-            "the facilitator's /supported does not advertise %s: offers waiting for it are withheld", ", ".join(missing)
-        )
+    if offers.waiting():
+        logger.warning("offers %s", offers.describe())
     return changed
 
 

@@ -85,7 +85,11 @@ class PaymentGate:
         return in_band.card_extensions(self.parts.offers.agent(agent.name).price, agent_url(public_url, agent.name))
 
     async def readiness(self) -> dict[str, str]:
-        return {"facilitator": await self.facilitator_ready(), "facilitator_breaker": self.facilitator.breaker.state}
+        return {
+            "facilitator": await self.facilitator_ready(),
+            "facilitator_breaker": self.facilitator.breaker.state,
+            "offers": self.parts.offers.describe(),
+        }
 
     async def expire(self, older_than_seconds: float) -> None:
         await self.claims.expire(older_than_seconds)

@@ -115,6 +115,11 @@ class GateMetrics:
             "1 when the facilitator answered the last readiness check (GET /readyz, at most every 10 s), else 0",
             registry=registry,
         )
+        self.offers_withheld = Gauge(
+            "a2a_gate_offers_withheld",
+            "Offers not made until the facilitator's /supported advertises the address they leave to it",
+            registry=registry,
+        )
         self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling", registry=registry)
         self.reconciler_backlog = Gauge(
             "a2a_gate_reconciler_backlog", "Delivered work awaiting settlement", registry=registry

@@ -93,6 +93,12 @@ class GateParts:
         )
         answers_402 = PaymentRequiredAnswers()
         server.metrics.before_scrape.append(lambda: metrics.read_state(claims))
+        offers = Offers(config.agents)
+
+        async def count_withheld() -> None:
+            metrics.offers_withheld.set(len(offers.waiting()))
+
+        server.metrics.before_scrape.append(count_withheld)
         parts = cls(
             settings=settings,
             config=config,
@@ -111,7 +117,7 @@ class GateParts:
             charges=Charges(claims, settler, log, metrics),
             answers_402=answers_402,
             in_band=InBand(server.store, server.methods, config.in_band, answers_402),
-            offers=Offers(config.agents),
+            offers=offers,
             shared_buckets=shared_buckets,
         )
         settler.seal = lambda document, context: parts.sealer.seal(document, context)  # the key, when first needed

@@ -133,6 +133,13 @@ def test_offers_waiting_for_a_facilitator_down_at_start_are_withheld_until_it_an
         card = httpx.get(f"{gate.url}/a2a/mixed/.well-known/agent-card.json").json()
         listed = [a["scheme"] for e in card["capabilities"]["extensions"] for a in e["params"]["accepts"]]
         assert listed and set(listed) == {"exact"}
+        # readiness says what waits, and does not decide on it; the gauge counts the offers withheld
+        ready = httpx.get(f"{gate.url}/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["offers"] == (
+            "withheld until the facilitator's /supported lists batch-settlement receiverAuthorizer"
+        )
+        assert "a2a_gate_offers_withheld 2.0" in httpx.get(f"{gate.url}/metrics").text
         # the facilitator comes up on its port: within a reconcile interval or two, both are offered
         with serve_app(create_app(ChannelChain()), port=facilitator_port, wait_on_exit=False):
             deadline = time.monotonic() + 15
@@ -142,6 +149,8 @@ def test_offers_waiting_for_a_facilitator_down_at_start_are_withheld_until_it_an
             assert accepts[1]["extra"]["receiverAuthorizer"] == RECEIVER_AUTHORIZER  # type: ignore[index]
             (only,) = offered(gate.url, "channel-only")
             assert only["extra"]["receiverAuthorizer"] == RECEIVER_AUTHORIZER  # type: ignore[index]
+            assert httpx.get(f"{gate.url}/readyz").json()["offers"] == "ok"
+            assert "a2a_gate_offers_withheld 0.0" in httpx.get(f"{gate.url}/metrics").text
         log = (tmp_path / "serve.log").read_text()
         assert re.search(r"/supported did not answer .*withheld", log), log[-3000:]
 

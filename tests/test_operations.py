@@ -79,7 +79,13 @@ def test_health_and_readiness(paid):
     assert httpx.get(f"{paid.gate.url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{paid.gate.url}/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready", "database": "ok", "facilitator": "ok", "facilitator_breaker": "closed"}
+    assert ready.json() == {
+        "status": "ready",
+        "database": "ok",
+        "facilitator": "ok",
+        "facilitator_breaker": "closed",
+        "offers": "ok",
+    }
 
 
 def test_readiness_is_the_replicas_own_the_facilitator_only_reported(start_gate, write_config, own_postgres):
