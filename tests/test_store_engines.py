@@ -647,8 +647,10 @@ def test_sqlite_wal_starts_over_under_writes_that_never_pause(tmp_path: Path) ->
 
     longest, restarts, rows = with_db(str(path), body)
     assert rows == commits
-    # two frames a commit and more: six times RESTART_FRAMES, had the WAL never started over
-    assert restarts >= 2 and longest < 4 * sqlite_store.RESTART_FRAMES, (longest, restarts)
+    # two frames a commit and more: six times RESTART_FRAMES, had the WAL never started over. How
+    # long it grows before each restart depends on when the checkpointer's thread gets a core (a
+    # CI machine running the suite on every core reached 22,263 frames): the restarts are the test.
+    assert restarts >= 2 and longest < 6 * sqlite_store.RESTART_FRAMES, (longest, restarts)
 
 
 def wal_progress(path: Path) -> tuple[int, int]:
