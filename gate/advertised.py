@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from gate import schemes
-from gate.config import AgentPayment
+from gate.config import EVM_ADDRESS, AgentPayment
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.price import Price
 
 logger = logging.getLogger("a2a_gate.gate")
 
-ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
 SUPPORTED_VERSION = 2  # the kinds of x402 v2 (v1 has no such schemes)
 
 
@@ -54,7 +52,7 @@ def advertised_extra(supported: Any, scheme: str, network: str) -> dict[str, str
         return {
             key: value
             for key, value in extra.items()
-            if isinstance(key, str) and isinstance(value, str) and ADDRESS.match(value) and int(value, 16) != 0
+            if isinstance(key, str) and isinstance(value, str) and EVM_ADDRESS.match(value) and int(value, 16) != 0
         }
     return {}
 
@@ -76,7 +74,7 @@ def offerable(price: Price) -> Price | None:
         return None
     if len(ready) == len(price.offers):
         return price
-    return replace(ready[0], alternatives=tuple(ready[1:]))
+    return Price.of(ready)
 
 
 def differs(offer: Price, supported: Any) -> list[str]:
@@ -135,7 +133,7 @@ class Offers:
             offers = [filled(offer, supported) for offer in terms.price.offers]
             if offers != list(terms.price.offers):
                 changed = True
-                self.terms[name] = replace(terms, price=replace(offers[0], alternatives=tuple(offers[1:])))
+                self.terms[name] = replace(terms, price=Price.of(offers))
         self._settle()
         return changed
 
@@ -150,8 +148,9 @@ async def learn_from(offers: Offers, facilitator: FacilitatorClient) -> bool:
         )
         return False
     changed = offers.learn(supported)
-    if offers.waiting():
-        logger.warning("offers %s", offers.describe())
+    still = offers.describe()
+    if still != "ok":
+        logger.warning("offers %s", still)
     return changed
 
 

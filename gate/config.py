@@ -482,7 +482,7 @@ class _GateReader:
         price = None if price_raw is None else self.offers(price_raw, f"{path}.price")
         if price is not None:
             fitted = [self.fit_payment_window(agent, offer, price_raw, facilitator) for offer in price.offers]
-            price = replace(fitted[0], alternatives=tuple(fitted[1:]))
+            price = Price.of(fitted)
         per_agent = raw.get("per_agent_per_minute")
         policy = r.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
         if policy not in SETTLE_FAILURE_POLICIES:
@@ -538,7 +538,7 @@ class _GateReader:
         kinds = [(o.scheme, o.asset_transfer_method) for o in listed]
         if len(set(kinds)) != len(kinds):
             self.r.problem(f"{path}.accepts", "lists one scheme (and transfer method) twice")
-        return replace(listed[0], alternatives=tuple(listed[1:]))
+        return Price.of(listed)
 
     def price(self, raw: Any, path: str) -> Price | None:
         r = self.r

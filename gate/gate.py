@@ -128,10 +128,9 @@ class PaymentGate:
         self.background.append(asyncio.create_task(reconciler.renew_leases(parts)))
         await reconciler.recover(parts)
         if parts.facilitator.configured and parts.offers.waiting():  # addresses left to the facilitator
-            stale = parts.answers_402.rendered.clear  # the 402s rendered before an offer changed
-            await advertised.learn_from(parts.offers, parts.facilitator)
-            stale()
+            await advertised.learn_from(parts.offers, parts.facilitator)  # before any 402 is rendered
             interval = parts.config.reconcile_interval_seconds
+            stale = parts.answers_402.rendered.clear  # the 402s rendered before an offer changed
             learning = advertised.keep_learning(parts.offers, parts.facilitator, interval, stale)
             self.background.append(asyncio.create_task(learning))
         if parts.facilitator.configured:

@@ -11,7 +11,8 @@ never more.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gate.usage_price import UsagePrice
@@ -30,6 +31,11 @@ class Price:
     asset_transfer_method: str = "eip3009"  # with `scheme`, names the payment scheme (gate/schemes/)
     usage: UsagePrice | None = None  # a usage price: `amount` is its ceiling, the charge is the priced usage
     alternatives: tuple[Price, ...] = ()  # the other offers of the same price, in the order the 402 lists them
+
+    @staticmethod
+    def of(offers: Sequence[Price]) -> Price:
+        """One price from its offers, in the order the 402 lists them: the first, the rest its alternatives."""
+        return replace(offers[0], alternatives=tuple(offers[1:]))
 
     @property
     def offers(self) -> tuple[Price, ...]:

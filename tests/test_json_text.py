@@ -11,9 +11,16 @@ from server import json_text
 
 # what a stored task can hold: JSON a client sent (big integers, lone surrogates included) and what we add
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
-values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20
-)
+
+
+def documents(leaves: st.SearchStrategy) -> st.SearchStrategy:
+    """JSON-shaped values (lists, string-keyed dicts) with these leaves."""
+    return st.recursive(
+        leaves, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20
+    )
+
+
+values = documents(scalars)
 
 
 @given(values)
