@@ -33,6 +33,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from server.config import HttpConfig
 from server.shutdown import grace_seconds
+from server.writes import WritesGathered
 
 
 def raw_answer(status: str, detail: str) -> bytes:
@@ -141,7 +142,7 @@ class ReadDeadlines:
         self.transport.close()
 
 
-class H11Deadlines(ReadDeadlines, H11Protocol):  # type: ignore[misc]
+class H11Deadlines(ReadDeadlines, WritesGathered, H11Protocol):  # type: ignore[misc]
     """uvicorn's h11 protocol with the read deadlines."""
 
     def body_pending(self) -> bool:
@@ -156,7 +157,7 @@ except ImportError:  # httptools is optional
 
 if HttpToolsProtocol is not None:
 
-    class HttpToolsDeadlines(ReadDeadlines, HttpToolsProtocol):  # type: ignore[misc]
+    class HttpToolsDeadlines(ReadDeadlines, WritesGathered, HttpToolsProtocol):  # type: ignore[misc]
         """uvicorn's httptools protocol with the read deadlines (module-level: workers pickle it)."""
 
         receiving_body = False

@@ -1,0 +1,183 @@
+"""One send per answer (`server/writes.py`): uvicorn's own protocols, both of them, with the
+gate's mixins, over a transport that records what it is handed.
+
+An answer's head and body reach the transport as one write; a kept-alive connection's next
+answer is its own write; a streamed answer's chunks are handed over as they are sent, not
+when the stream ends; closing hands over what is gathered; a turn that gathers more than
+`GATHER_BYTES` hands it over at once, so flow control sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+from uvicorn.server import ServerState
+
+from server.config import HttpConfig
+from server.deadlines import server_config
+from server.writes import GATHER_BYTES, GatheredWrites
+
+
+class Recorder(asyncio.Transport):
+    """What the socket would be sent, one entry per write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def make_app(gate: dict[str, asyncio.Event]) -> Starlette:
+    async def answer(request: Request) -> JSONResponse:
+        return JSONResponse({"jsonrpc": "2.0", "id": 1, "result": {"text": "x" * 200}})
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"data: first\n\n"
+        await gate["release"].wait()
+        yield b"data: second\n\n"
+
+    async def stream(request: Request) -> StreamingResponse:
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/answer", answer), Route("/stream", stream)])
+
+
+def request(path: str, *, close: bool = False) -> bytes:
+    connection = b"connection: close\r\n" if close else b""
+    return b"GET %s HTTP/1.1\r\nhost: 127.0.0.1\r\n%s\r\n" % (path.encode(), connection)
+
+
+async def connected(implementation: str, gate: dict[str, asyncio.Event]) -> tuple[Any, Recorder]:
+    config = server_config(make_app(gate), HttpConfig(implementation=implementation), log_level="warning")
+    config.load()
+    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
+    transport = Recorder()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
+async def turns(count: int = 20) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+IMPLEMENTATIONS = ["h11", "httptools"]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_an_answer_leaves_in_one_write_and_the_next_in_its_own(implementation: str) -> None:
+    async def run() -> None:
+        protocol, transport = await connected(implementation, {"release": asyncio.Event()})
+        protocol.data_received(request("/answer"))
+        await turns()
+        assert len(transport.writes) == 1, transport.writes
+        head, _, body = transport.writes[0].partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and body.endswith(b'"}}')
+        assert b"content-length: %d" % len(body) in head
+        protocol.data_received(request("/answer", close=True))
+        await turns()
+        assert len(transport.writes) == 2 and transport.writes[1].startswith(b"HTTP/1.1 200")
+        assert transport.closed  # closed after what it gathered was handed over
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_a_streamed_answer_leaves_as_it_is_sent(implementation: str) -> None:
+    async def run() -> None:
+        gate = {"release": asyncio.Event()}
+        protocol, transport = await connected(implementation, gate)
+        protocol.data_received(request("/stream"))
+        await turns()
+        sent = b"".join(transport.writes)
+        assert b"data: first" in sent and b"data: second" not in sent  # not held until the stream ends
+        gate["release"].set()
+        await turns()
+        assert b"data: second" in b"".join(transport.writes)
+
+    asyncio.run(run())
+
+
+def test_writes_of_one_turn_are_handed_over_together_at_its_end() -> None:
+    async def run() -> None:
+        real = Recorder()
+        writes = GatheredWrites(real, asyncio.get_running_loop())
+        writes.write(b"head")
+        writes.write(b"body")
+        assert real.writes == [] and writes.get_write_buffer_size() == 8
+        await asyncio.sleep(0)
+        assert real.writes == [b"headbody"] and writes.get_write_buffer_size() == 0
+
+    asyncio.run(run())
+
+
+def test_a_large_turn_is_handed_over_at_once() -> None:
+    async def run() -> None:
+        real = Recorder()
+        writes = GatheredWrites(real, asyncio.get_running_loop())
+        writes.write(b"x" * GATHER_BYTES)
+        assert real.writes == []
+        writes.write(b"y")  # past the bound: the transport has it now, and its flow control with it
+        assert real.writes == [b"x" * GATHER_BYTES + b"y"]
+        writes.write(b"z")
+        await asyncio.sleep(0)
+        assert real.writes[1:] == [b"z"]
+
+    asyncio.run(run())
+
+
+def test_close_hands_over_abort_drops_and_a_closed_transport_gets_nothing() -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        real = Recorder()
+        writes = GatheredWrites(real, loop)
+        writes.write(b"last words")
+        writes.close()
+        assert real.writes == [b"last words"] and real.closed
+
+        real = Recorder()
+        writes = GatheredWrites(real, loop)
+        writes.write(b"never")
+        writes.abort()
+        await asyncio.sleep(0)
+        assert real.writes == [] and real.closed
+
+        real = Recorder()
+        writes = GatheredWrites(real, loop)
+        writes.write(b"too late")
+        real.closed = True  # the peer went away during the turn
+        await asyncio.sleep(0)
+        assert real.writes == []
+
+    asyncio.run(run())
