@@ -37,7 +37,7 @@ CAIP2_FOR_V1 = {v: k for k, v in V1_NETWORKS.items()}
 PAYMENT_REQUIRED_ERROR = "Payment required to use this agent"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Offer:
     """What one request is asked to pay: the agent, its price, and the door its token is minted for."""
 
@@ -118,6 +118,17 @@ def payment_required_v1(
     return {"x402Version": 1, "accepts": accepts, "error": error}
 
 
+class Rendered(Response):
+    """An answer made once and sent many times: its status, body and headers as they go on the
+    wire, without Starlette building the headers again for each request (`init_headers`)."""
+
+    def __init__(self, status_code: int, body: bytes, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = status_code
+        self.body = body
+        self.background = None
+        self.raw_headers = list(raw_headers)  # each answer's own: what is added to one stays there
+
+
 class PaymentRequiredAnswers:
     """HTTP 402 answers: the document in the `PAYMENT-REQUIRED` header and in the body.
 
@@ -126,20 +137,18 @@ class PaymentRequiredAnswers:
     """
 
     def __init__(self, maxsize: int = 1024) -> None:
-        # the body, and the PAYMENT-REQUIRED header as it goes on the wire (a kilobyte, encoded once)
-        self.rendered: LRUCache[tuple[str, str], tuple[bytes, tuple[bytes, bytes]]] = LRUCache(maxsize=maxsize)
+        # the body, and its headers as they go on the wire (PAYMENT-REQUIRED: a kilobyte, encoded once)
+        self.rendered: LRUCache[tuple[str, str], tuple[bytes, list[tuple[bytes, bytes]]]] = LRUCache(maxsize=maxsize)
 
     def response(self, agent: str, price: Price, resource_url: str, description: str = "") -> Response:
         rendered = self.rendered.get((agent, resource_url))
         if rendered is None:
             document = payment_required(price, resource_url, description)
             v1 = payment_required_v1(price, resource_url, description)
-            body = bytes(JSONResponse({**v1, "detail": "Payment required", "payment_required": document}).body)
-            header = (b"payment-required", b64_json(document).encode("ascii"))
-            rendered = self.rendered[(agent, resource_url)] = (body, header)
-        response = Response(rendered[0], status_code=402, media_type="application/json")
-        response.raw_headers.append(rendered[1])
-        return response
+            first = JSONResponse({**v1, "detail": "Payment required", "payment_required": document}, status_code=402)
+            first.raw_headers.append((b"payment-required", b64_json(document).encode("ascii")))
+            rendered = self.rendered[(agent, resource_url)] = (bytes(first.body), first.raw_headers)
+        return Rendered(402, *rendered)
 
     def corrective(
         self, price: Price, resource_url: str, description: str, error: str, state: dict[str, dict[str, Any]]

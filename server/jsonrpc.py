@@ -102,7 +102,7 @@ def shutting_down() -> RpcError:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Call:
     """One parsed JSON-RPC request."""
 

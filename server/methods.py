@@ -63,7 +63,7 @@ __all__ = ["Methods", "SendPlan", "finished", "plan_send", "sse", "unsupported"]
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 100  # ListTasks, as the a2a-sdk
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class SendPlan:
     """A read send request: the message, and how the caller wants the answer."""
 
