@@ -4,13 +4,18 @@ gate's mixins, over a transport that records what it is handed.
 An answer's head and body reach the transport as one write; a kept-alive connection's next
 answer is its own write; a streamed answer's chunks are handed over as they are sent, not
 when the stream ends; closing hands over what is gathered; a turn that gathers more than
-`GATHER_BYTES` hands it over at once, so flow control sees it.
+`GATHER_BYTES` hands it over at once, so flow control sees it; and a real gate answers
+pipelined requests whole and in order on both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +28,7 @@ from uvicorn.server import ServerState
 from server.config import HttpConfig
 from server.deadlines import server_config
 from server.writes import GATHER_BYTES, GatheredWrites
+from tests.support.gate_process import GateProcess, free_port
 
 
 class Recorder(asyncio.Transport):
@@ -181,3 +187,68 @@ def test_close_hands_over_abort_drops_and_a_closed_transport_gets_nothing() -> N
         assert real.writes == []
 
     asyncio.run(run())
+
+
+PIPELINE_CONFIG = """
+database = "gate.db"
+
+[http]
+implementation = "IMPLEMENTATION"
+
+[facilitator]
+url = "http://127.0.0.1:9"  # configured, never reached: a request without a token is answered 402
+
+[agents.paid]
+price = { network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318f3dCF7e", amount = "1000", pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C" }
+"""
+
+SEND = (
+    b'{"jsonrpc":"2.0","id":ID,"method":"message/send","params":{"message":{"kind":"message",'
+    b'"role":"user","messageId":"mID","parts":[{"kind":"text","text":"hi"}]}}}'
+)
+
+
+def read_answers(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
+    """`count` whole HTTP/1.1 answers (status, body), each framed by its content-length."""
+    data, answers = b"", []
+    while len(answers) < count:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {len(answers)} answers"
+            data += chunk
+        head, _, data = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+        while len(data) < length:
+            chunk = sock.recv(65536)
+            assert chunk, "closed inside a body"
+            data += chunk
+        answers.append((int(head.split(b" ", 2)[1]), data[:length]))
+        data = data[length:]
+    assert data == b"", data[:200]  # nothing more than the answers asked for
+    return answers
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_pipelined_requests_are_answered_whole_and_in_order_by_a_real_gate(implementation: str, tmp_path: Path) -> None:
+    """A client may send its next requests before the first answer (HTTP/1.1 pipelining): the
+    answers, each gathered into one write, still leave whole and in the order asked."""
+    config = tmp_path / "gate.toml"
+    config.write_text(PIPELINE_CONFIG.replace("IMPLEMENTATION", implementation))
+    requests = []
+    for i in range(1, 6):
+        body = SEND.replace(b"ID", str(i).encode())
+        requests.append(
+            b"POST /a2a/paid HTTP/1.1\r\nHost: gate\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        requests.append(b"GET /healthz HTTP/1.1\r\nHost: gate\r\n\r\n")
+    with (
+        GateProcess(config, tmp_path / "gate.log", port=free_port()) as gate,
+        socket.create_connection(("127.0.0.1", gate.port), timeout=15) as sock,
+    ):
+        sock.sendall(b"".join(requests))  # all ten in one go
+        answers = read_answers(sock, len(requests))
+    assert [status for status, _ in answers] == [402, 200] * 5
+    for _, body in answers[::2]:
+        assert json.loads(body)["payment_required"]["resource"]["url"].endswith("/a2a/paid")
+    assert all(json.loads(body) == {"status": "ok"} for _, body in answers[1::2])
