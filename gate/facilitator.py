@@ -202,7 +202,7 @@ class FacilitatorClient:
             verdict = True  # the facilitator is up: it answered
             raise
         except Unavailable as exc:
-            verdict = None if exc.reason in ("busy", "auth_failed") else False
+            verdict = None if exc.reason in ("busy", "auth_failed", "closed") else False  # ours, not its
             if self.metrics is not None:
                 self.metrics.facilitator_errors.labels(call, exc.reason).inc()
             raise
@@ -245,6 +245,8 @@ class FacilitatorClient:
     async def _post_once(
         self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]
     ) -> dict[str, Any]:
+        if self.client.is_closed:  # the gate is stopping: what a call would settle stays owed, for the reconciler
+            raise Unavailable("closed")
         body = {"x402Version": version, "paymentPayload": payload, "paymentRequirements": requirements}
         headers = await self._auth_headers(path.strip("/"))
         async with self._slot():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
@@ -9,6 +10,8 @@ import httpx
 import pytest
 
 from gate.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from gate.config import FacilitatorConfig
+from gate.facilitator import FacilitatorClient, Unavailable
 from tests.support.gate_process import free_port
 from tests.support.paid import PaidSetup, Payer, paid_config, send_body
 
@@ -135,3 +138,21 @@ def test_without_credentials_or_with_a_broken_callable_it_is_our_outage(
     assert guard.seen == []
     log = paid.gate.log.read_text()
     assert "facilitator auth callable failed: RuntimeError" in log and SECRET not in log
+
+
+def test_a_call_once_the_client_is_closed_is_our_outage_not_an_error():
+    """A settle still retrying while the gate stops (its drain over, the client closed) gets
+    `Unavailable("closed")`: the claim stays owed for the reconciler, nothing raises past the
+    settlement's handling (httpx's own RuntimeError did, as a traceback in the stop's log), and
+    the breaker, which judges the facilitator, is not moved by it."""
+
+    async def run() -> None:
+        client = FacilitatorClient(FacilitatorConfig(url="http://127.0.0.1:9", breaker_failures=1))
+        await client.aclose()
+        for call in (client.settle, client.verify):
+            with pytest.raises(Unavailable) as raised:
+                await call(2, {}, {})
+            assert raised.value.reason == "closed"
+        assert client.breaker.state == CLOSED
+
+    asyncio.run(run())
