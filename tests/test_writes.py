@@ -208,9 +208,10 @@ SEND = (
 )
 
 
-def read_answers(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
-    """`count` whole HTTP/1.1 answers (status, body), each framed by its content-length."""
-    data, answers = b"", []
+def read_answers(sock: socket.socket, count: int, data: bytes = b"") -> list[tuple[int, bytes]]:
+    """`count` whole HTTP/1.1 answers (status, body), each framed by its content-length, from what
+    was received already (`data`) and what follows."""
+    answers: list[tuple[int, bytes]] = []
     while len(answers) < count:
         while b"\r\n\r\n" not in data:
             chunk = sock.recv(65536)
@@ -252,3 +253,32 @@ def test_pipelined_requests_are_answered_whole_and_in_order_by_a_real_gate(imple
     for _, body in answers[::2]:
         assert json.loads(body)["payment_required"]["resource"]["url"].endswith("/a2a/paid")
     assert all(json.loads(body) == {"status": "ok"} for _, body in answers[1::2])
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_an_interim_100_continue_leaves_before_the_body_is_sent(implementation: str, tmp_path: Path) -> None:
+    """curl and others send `Expect: 100-continue` with a larger body and hold the body back until
+    the interim answer comes (curl waits a second): the 100 is written as the application reads
+    the body, and gathered writes hand it over at the end of that turn, not with the answer."""
+    config = tmp_path / "gate.toml"
+    config.write_text(PIPELINE_CONFIG.replace("IMPLEMENTATION", implementation))
+    body = SEND.replace(b"ID", b"1")
+    head = (
+        b"POST /a2a/paid HTTP/1.1\r\nHost: gate\r\nContent-Type: application/json\r\n"
+        b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    with (
+        GateProcess(config, tmp_path / "gate.log", port=free_port()) as gate,
+        socket.create_connection(("127.0.0.1", gate.port), timeout=5) as sock,
+    ):
+        sock.sendall(head)
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = sock.recv(65536)
+            assert chunk, "closed before the interim answer"
+            interim += chunk
+        assert interim.startswith(b"HTTP/1.1 100 "), interim[:200]
+        sock.sendall(body)
+        rest = interim.partition(b"\r\n\r\n")[2]
+        [(status, answer)] = read_answers(sock, 1, rest)
+    assert status == 402 and json.loads(answer)["payment_required"]["resource"]["url"].endswith("/a2a/paid")
