@@ -17,25 +17,22 @@ import threading
 from typing import Any
 
 import httpx
+import psycopg
 
 from devnet.payer import encode_header
 from tests.support import replicas as support
 from tests.support.gate_helpers import wait_for
 from tests.support.paid import Payer, send_body
 from tests.support.replicas import post
-from tests.test_redteam_delivery_window import ANSWER, LEASE, WORK, claim_row_locked
+from tests.test_redteam_delivery_window import ANSWER, LEASE, WORK, blocked_by, claim_row_locked
 
 replicas = support.replicas
 
 
-def bind_waiting(fleet: support.Replicas) -> list[tuple[Any, ...]]:
-    """The bind, waiting on the claim row: on its own, or sent with the task's INSERT (one query,
-    whose text pg_stat_activity cuts at 1 kB, before the bind if the task is long)."""
-    return fleet.rows(
-        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND (query LIKE %s OR query LIKE %s)",
-        "%UPDATE claims SET payer%",
-        "INSERT INTO tasks %",
-    )
+def bind_waiting(fleet: support.Replicas, holder: psycopg.Connection[Any]) -> list[int]:
+    """The bind, waiting on `holder`'s claim row lock: on its own, or sent with the task's INSERT
+    (one query, whose text pg_stat_activity cuts at 1 kB, before the bind if the task is long)."""
+    return blocked_by(fleet, holder, "%UPDATE claims SET payer%", "INSERT INTO tasks %")
 
 
 def test_a_charge_whose_bind_failed_is_answered_on_retry(replicas) -> None:
@@ -55,9 +52,9 @@ def test_a_charge_whose_bind_failed_is_answered_on_retry(replicas) -> None:
     on_a = threading.Thread(target=send_on_a)
     on_a.start()
     wait_for(lambda: replicas.claim_states() == ["running"])  # claimed, verify under way
-    with claim_row_locked(replicas):
-        wait_for(lambda: bool(bind_waiting(replicas)), timeout=20)
-        [(pid,)] = bind_waiting(replicas)
+    with claim_row_locked(replicas) as holder:
+        wait_for(lambda: bool(bind_waiting(replicas, holder)), timeout=20)
+        [pid] = bind_waiting(replicas, holder)
         replicas.rows("SELECT pg_terminate_backend(%s)", pid)
     on_a.join(30)
     first = answers.get("first")

@@ -50,13 +50,30 @@ def claim_row_locked(fleet: Replicas) -> Iterator[psycopg.Connection[Any]]:
         conn.close()
 
 
-def delivery_waiting(fleet: Replicas) -> bool:
-    """A's write recording the delivery (it sets `withheld`) waits on the row lock."""
+DELIVERY_WRITE = "%UPDATE claims SET state = %withheld%"  # A's write recording the delivery
+
+
+def blocked_by(fleet: Replicas, holder: psycopg.Connection[Any], *statements: str) -> list[int]:
+    """The backends waiting behind `holder`'s lock, directly or behind another waiter (a second
+    writer of the row queues behind the first: A's lease renewal often), running one of
+    `statements` (LIKE patterns). This test's own: pg_stat_activity lists the whole server's, and
+    other tests' same statements may wait on locks of their own at the same moment."""
+    like = " OR ".join(["query LIKE %s"] * len(statements))
     rows = fleet.rows(
-        "SELECT query FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
-        "%UPDATE claims SET state = %withheld%",
+        "WITH RECURSIVE behind(pid) AS ("
+        " SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+        " UNION SELECT waiting.pid FROM pg_stat_activity waiting"
+        " JOIN behind ON behind.pid = ANY(pg_blocking_pids(waiting.pid)))"
+        f" SELECT pid FROM pg_stat_activity JOIN behind USING (pid) WHERE wait_event_type = 'Lock' AND ({like})",
+        holder.info.backend_pid,
+        *statements,
     )
-    return bool(rows)
+    return [pid for (pid,) in rows]
+
+
+def delivery_waiting(fleet: Replicas, holder: psycopg.Connection[Any]) -> bool:
+    """A's write recording the delivery (it sets `withheld`) waits on `holder`'s row lock."""
+    return bool(blocked_by(fleet, holder, DELIVERY_WRITE))
 
 
 def take_over_and_release(conn: psycopg.Connection[Any]) -> int:
@@ -109,7 +126,7 @@ def test_the_answer_is_not_visible_while_its_delivery_is_unrecorded(replicas) ->
     )
     [(task_id,)] = replicas.rows("SELECT task_id FROM claims")
     with claim_row_locked(replicas) as conn:
-        wait_for(lambda: delivery_waiting(replicas), timeout=20)
+        wait_for(lambda: delivery_waiting(replicas, conn), timeout=20)
         get = {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task_id}}
         seen_by_get = post(a, "paid-slow", get, headers, timeout=10).text
         resubscribe = {"jsonrpc": "2.0", "id": 3, "method": "tasks/resubscribe", "params": {"id": task_id}}

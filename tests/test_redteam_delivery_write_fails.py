@@ -22,7 +22,15 @@ from tests.support import replicas as support
 from tests.support.gate_helpers import wait_for
 from tests.support.paid import Payer, send_body
 from tests.support.replicas import post
-from tests.test_redteam_delivery_window import ANSWER, LEASE, WORK, claim_row_locked, delivery_waiting
+from tests.test_redteam_delivery_window import (
+    ANSWER,
+    DELIVERY_WRITE,
+    LEASE,
+    WORK,
+    blocked_by,
+    claim_row_locked,
+    delivery_waiting,
+)
 
 replicas = support.replicas
 
@@ -44,12 +52,10 @@ def test_an_unrecorded_delivery_does_not_answer_with_the_work(replicas) -> None:
     wait_for(
         lambda: [(s, bool(t)) for s, t in replicas.rows("SELECT state, task_id FROM claims")] == [("running", True)]
     )
-    with claim_row_locked(replicas):
-        wait_for(lambda: delivery_waiting(replicas), timeout=20)
-        cut = replicas.rows(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
-            "%UPDATE claims SET state = %withheld%",
-        )
+    with claim_row_locked(replicas) as holder:
+        wait_for(lambda: delivery_waiting(replicas, holder), timeout=20)
+        [pid] = blocked_by(replicas, holder, DELIVERY_WRITE)
+        cut = replicas.rows("SELECT pg_terminate_backend(%s)", pid)
         assert cut == [(True,)], cut
     on_a.join(30)
     assert not on_a.is_alive(), "replica A never answered"

@@ -53,7 +53,7 @@ def test_a_stream_whose_claim_was_lost_before_delivery_did_not_carry_the_answer(
         lambda: [(s, bool(t)) for s, t in replicas.rows("SELECT state, task_id FROM claims")] == [("running", True)]
     )
     with claim_row_locked(replicas) as conn:
-        wait_for(lambda: delivery_waiting(replicas), timeout=20)
+        wait_for(lambda: delivery_waiting(replicas, conn), timeout=20)
         released = take_over_and_release(conn)
     on_a.join(30)
     assert not on_a.is_alive(), "A's stream never ended"
