@@ -6,10 +6,9 @@ can, two `send(2)` calls and two TCP segments for every answer, however small. T
 messages arrive in the same turn of the loop (Starlette's `Response` sends them back to
 back), so the protocol's transport is wrapped in one that gathers the writes of a turn and
 hands them to the real transport once, at the end of the turn (`loop.call_soon`). Nothing
-waits longer than that: a streamed answer's chunks still leave as they are sent, and
-closing sends what is gathered first, and a turn that gathers more than `GATHER_BYTES` hands
-them over at once, so the real transport's flow control (`pause_writing`) sees a large answer
-as it always did.
+waits longer than that: a streamed answer's chunks still leave as they are sent; closing sends
+what is gathered first; and a turn that gathers more than `GATHER_BYTES` hands it over at once,
+so the real transport's flow control (`pause_writing`) sees a large answer as it always did.
 """
 
 from __future__ import annotations

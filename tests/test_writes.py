@@ -14,8 +14,7 @@ import asyncio
 import json
 import re
 import socket
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -189,7 +188,7 @@ def test_close_hands_over_abort_drops_and_a_closed_transport_gets_nothing() -> N
     asyncio.run(run())
 
 
-PIPELINE_CONFIG = """
+GATE_CONFIG = """
 database = "gate.db"
 
 [http]
@@ -208,16 +207,22 @@ SEND = (
 )
 
 
+def read_head(sock: socket.socket, data: bytes = b"") -> tuple[bytes, bytes]:
+    """An answer's head, from what was received already (`data`) and what follows; (head, the rest)."""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "closed before a whole head"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
 def read_answers(sock: socket.socket, count: int, data: bytes = b"") -> list[tuple[int, bytes]]:
     """`count` whole HTTP/1.1 answers (status, body), each framed by its content-length, from what
     was received already (`data`) and what follows."""
     answers: list[tuple[int, bytes]] = []
     while len(answers) < count:
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            assert chunk, f"closed after {len(answers)} answers"
-            data += chunk
-        head, _, data = data.partition(b"\r\n\r\n")
+        head, data = read_head(sock, data)
         length = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
         while len(data) < length:
             chunk = sock.recv(65536)
@@ -229,24 +234,33 @@ def read_answers(sock: socket.socket, count: int, data: bytes = b"") -> list[tup
     return answers
 
 
-@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_pipelined_requests_are_answered_whole_and_in_order_by_a_real_gate(implementation: str, tmp_path: Path) -> None:
+def paid_head(length: int, headers: bytes = b"") -> bytes:
+    """The head of a `message/send` to the priced agent without a token (answered 402)."""
+    return (
+        b"POST /a2a/paid HTTP/1.1\r\nHost: gate\r\nContent-Type: application/json\r\n"
+        b"%sContent-Length: %d\r\n\r\n" % (headers, length)
+    )
+
+
+@pytest.fixture(scope="module", params=IMPLEMENTATIONS)
+def gate(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateProcess]:
+    """A real gate per HTTP implementation, shared by the tests below (each on its own connection)."""
+    folder = tmp_path_factory.mktemp(f"writes-{request.param}")
+    config = folder / "gate.toml"
+    config.write_text(GATE_CONFIG.replace("IMPLEMENTATION", request.param))
+    with GateProcess(config, folder / "gate.log", port=free_port()) as process:
+        yield process
+
+
+def test_pipelined_requests_are_answered_whole_and_in_order_by_a_real_gate(gate: GateProcess) -> None:
     """A client may send its next requests before the first answer (HTTP/1.1 pipelining): the
     answers, each gathered into one write, still leave whole and in the order asked."""
-    config = tmp_path / "gate.toml"
-    config.write_text(PIPELINE_CONFIG.replace("IMPLEMENTATION", implementation))
     requests = []
     for i in range(1, 6):
         body = SEND.replace(b"ID", str(i).encode())
-        requests.append(
-            b"POST /a2a/paid HTTP/1.1\r\nHost: gate\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
+        requests.append(paid_head(len(body)) + body)
         requests.append(b"GET /healthz HTTP/1.1\r\nHost: gate\r\n\r\n")
-    with (
-        GateProcess(config, tmp_path / "gate.log", port=free_port()) as gate,
-        socket.create_connection(("127.0.0.1", gate.port), timeout=15) as sock,
-    ):
+    with socket.create_connection(("127.0.0.1", gate.port), timeout=15) as sock:
         sock.sendall(b"".join(requests))  # all ten in one go
         answers = read_answers(sock, len(requests))
     assert [status for status, _ in answers] == [402, 200] * 5
@@ -255,30 +269,16 @@ def test_pipelined_requests_are_answered_whole_and_in_order_by_a_real_gate(imple
     assert all(json.loads(body) == {"status": "ok"} for _, body in answers[1::2])
 
 
-@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_an_interim_100_continue_leaves_before_the_body_is_sent(implementation: str, tmp_path: Path) -> None:
+def test_an_interim_100_continue_leaves_before_the_body_is_sent(gate: GateProcess) -> None:
     """curl and others send `Expect: 100-continue` with a larger body and hold the body back until
     the interim answer comes (curl waits a second): the 100 is written as the application reads
     the body, and gathered writes hand it over at the end of that turn, not with the answer."""
-    config = tmp_path / "gate.toml"
-    config.write_text(PIPELINE_CONFIG.replace("IMPLEMENTATION", implementation))
     body = SEND.replace(b"ID", b"1")
-    head = (
-        b"POST /a2a/paid HTTP/1.1\r\nHost: gate\r\nContent-Type: application/json\r\n"
-        b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
-    )
-    with (
-        GateProcess(config, tmp_path / "gate.log", port=free_port()) as gate,
-        socket.create_connection(("127.0.0.1", gate.port), timeout=5) as sock,
-    ):
+    head = paid_head(len(body), b"Expect: 100-continue\r\n")
+    with socket.create_connection(("127.0.0.1", gate.port), timeout=5) as sock:
         sock.sendall(head)
-        interim = b""
-        while b"\r\n\r\n" not in interim:
-            chunk = sock.recv(65536)
-            assert chunk, "closed before the interim answer"
-            interim += chunk
+        interim, rest = read_head(sock)
         assert interim.startswith(b"HTTP/1.1 100 "), interim[:200]
         sock.sendall(body)
-        rest = interim.partition(b"\r\n\r\n")[2]
         [(status, answer)] = read_answers(sock, 1, rest)
     assert status == 402 and json.loads(answer)["payment_required"]["resource"]["url"].endswith("/a2a/paid")
