@@ -44,10 +44,15 @@ def now_iso() -> str:
 
 
 def new_id() -> str:
-    """A random (version 4) UUID as text: `str(uuid.uuid4())`, without building the UUID object."""
-    raw = bytearray(random_bytes(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
-    raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    """A time-ordered (version 7, RFC 9562) UUID as text: the millisecond it was made, then 74
+    random bits. Tasks are keyed by their id, so ids that grow with time append to the key's
+    B-tree instead of landing on a random page of it: a commit writes fewer pages (on SQLite
+    about a tenth less CPU per stored task in the benchmark; on PostgreSQL less WAL). The
+    random part keeps an id unguessable; the time in it is the task's own creation time,
+    which the task shows anyway."""
+    raw = bytearray((time.time_ns() // 1_000_000).to_bytes(6, "big") + random_bytes(10))
+    raw[6] = (raw[6] & 0x0F) | 0x70  # version 7
+    raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 9562 variant
     h = raw.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
