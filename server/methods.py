@@ -163,7 +163,8 @@ class Methods:
                 )
             task, interrupted = found, found["status"]["state"]
             message = {**message, "contextId": task["contextId"]}
-            message.setdefault("messageId", new_id())
+            if "messageId" not in message:  # required of a request: an id is minted only when missing
+                message["messageId"] = new_id()
             task.setdefault("history", []).append(message)
             set_status(task, "working")  # resumed: it was submitted on its first turn, not now
             # the turn starts now, and so does its deadline; unless another message or a cancel came first

@@ -61,7 +61,8 @@ def new_task(context_id: str | None, message: dict[str, Any]) -> dict[str, Any]:
     task_id = new_id()
     context_id = context_id or new_id()
     message = {**message, "taskId": task_id, "contextId": context_id}
-    message.setdefault("messageId", new_id())
+    if "messageId" not in message:  # required of a request: an id is minted only when missing
+        message["messageId"] = new_id()
     return {
         "kind": "task",
         "id": task_id,

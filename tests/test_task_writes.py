@@ -111,27 +111,6 @@ def test_a_blocking_send_that_runs_long_is_written_while_it_runs(tmp_path, monke
     with_services(tmp_path, body)
 
 
-def test_task_ids_are_time_ordered_version_7_uuids_in_canonical_text():
-    """Unique, canonical RFC 9562 version 7 text, and ordered by the millisecond they were made
-    in (the tasks table's key grows at its end); within one millisecond the order is random."""
-    import time
-    import uuid
-
-    from server.tasks import new_id
-
-    before = time.time_ns() // 1_000_000
-    ids = [new_id() for _ in range(1000)]
-    after = time.time_ns() // 1_000_000
-    assert len(set(ids)) == 1000
-    stamps = []
-    for text in ids:
-        parsed = uuid.UUID(text)
-        assert parsed.version == 7 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
-        stamps.append(int.from_bytes(parsed.bytes[:6], "big"))
-    assert stamps == sorted(stamps) and before <= stamps[0] and stamps[-1] <= after
-    assert len({text[14:] for text in ids}) == 1000  # the random part alone tells them apart
-
-
 def test_a_new_task_is_written_with_the_rows_that_belong_with_it(tmp_path):
     """`start_send(with_writes=...)`: the caller's rows for the new task, in the task's own
     transaction (one commit here; one round trip on PostgreSQL)."""
