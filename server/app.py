@@ -24,6 +24,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from server import request_log
 from server.anonymous import AnonymousFactory, KeysOnly, Parts
@@ -197,6 +198,18 @@ async def branch(services: Services, request: Request, name: str, info: RequestI
     return await dispatch_free(services, call, name, principal.owner, info.client)
 
 
+class A2AEndpoint:
+    """`POST /a2a/{agent}` as an ASGI application of its own (Starlette routes to a class
+    endpoint as it is). A function endpoint is wrapped per request in closures that catch what
+    it raises for Starlette's exception handlers and relay every message it sends; this one
+    answers every failure itself, and anything it still raises is the app's exception
+    middleware's, as before."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await a2a_endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+
 def outcome_of(response: Response) -> str:
     """The log and metric outcome of an answer no step named explicitly."""
     code = getattr(response, "rpc_error", None)
@@ -347,8 +360,8 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
             await services.close()
 
     routes = [
-        Route("/a2a/{agent}", a2a_endpoint, methods=["POST"]),
-        Route("/a2a/{agent}/", a2a_endpoint, methods=["POST"]),  # answered, not redirected: clients drop a 307's body
+        Route("/a2a/{agent}", A2AEndpoint(), methods=["POST"]),
+        Route("/a2a/{agent}/", A2AEndpoint(), methods=["POST"]),  # answered, not redirected: clients drop a 307's body
         Route("/a2a/{agent}/.well-known/agent-card.json", card_endpoint, methods=["GET"]),
         Route("/a2a/{agent}/.well-known/agent.json", card_endpoint, methods=["GET"]),
         Route("/.well-known/agent-card.json", card_endpoint, methods=["GET"]),

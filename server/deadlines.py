@@ -185,12 +185,15 @@ def protocol_class(implementation: str) -> type:
 
 def server_config(app: Any, http: HttpConfig, **options: Any) -> uvicorn.Config:
     """A uvicorn configuration with the deadlines, the head size limit and the stack of `http`."""
-    # ws="none": the gate serves no WebSocket, so an upgrade request is an ordinary request
+    # ws="none": the gate serves no WebSocket, so an upgrade request is an ordinary request;
+    # no `server: uvicorn` header: it tells a scanner what runs here, and is one header more to
+    # validate and write on every answer
     config = uvicorn.Config(
         app,
         http=protocol_class(http.implementation),
         loop=http.loop,
         ws="none",
+        server_header=False,
         timeout_keep_alive=http.keep_alive_seconds,  # type: ignore[arg-type]
         timeout_graceful_shutdown=grace_seconds(http.drain_seconds),  # the drain began at the signal
         h11_max_incomplete_event_size=http.max_head_bytes,

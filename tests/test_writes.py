@@ -282,3 +282,14 @@ def test_an_interim_100_continue_leaves_before_the_body_is_sent(gate: GateProces
         sock.sendall(body)
         [(status, answer)] = read_answers(sock, 1, rest)
     assert status == 402 and json.loads(answer)["payment_required"]["resource"]["url"].endswith("/a2a/paid")
+
+
+def test_answers_carry_a_date_and_name_no_server_software(gate: GateProcess) -> None:
+    """`server: uvicorn` is off (`server_config`): it tells a scanner what runs here. The date
+    an origin server with a clock must send (RFC 9110 6.6.1) stays."""
+    body = SEND.replace(b"ID", b"1")
+    for request in (paid_head(len(body)) + body, b"GET /healthz HTTP/1.1\r\nHost: gate\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", gate.port), timeout=5) as sock:
+            sock.sendall(request)
+            head, _ = read_head(sock)
+        assert re.search(rb"(?im)^date: ", head) and not re.search(rb"(?im)^server:", head), head
