@@ -123,8 +123,8 @@ def install(counters: Counters) -> None:
 
 def count_requests(counters: Counters) -> None:
     """Count the A2A requests the replica answers (`server.app.a2a_endpoint`, which the app's A2A route
-    name when it is built), so a window's round trips are divided by the requests of the same window,
-    however late its marks land on a busy machine."""
+    looks up by name on every request), so a window's round trips are divided by the requests of the
+    same window, however late its marks land on a busy machine."""
     import server.app
 
     endpoint = getattr(server.app, "a2a_endpoint", None)

@@ -33,17 +33,17 @@ def test_a_forked_child_never_hands_out_the_parents_bytes() -> None:
     assert len(from_child) == 64 and from_child != ids.random_bytes(64)
 
 
-def test_task_ids_are_time_ordered_version_7_uuids_in_canonical_text():
+def test_task_ids_are_time_ordered_version_7_uuids_in_canonical_text() -> None:
     """Unique, canonical RFC 9562 version 7 text, and ordered by the millisecond they were made
     in (the tasks table's key grows at its end); within one millisecond the order is random."""
     before = time.time_ns() // 1_000_000
-    ids = [new_id() for _ in range(1000)]
+    minted = [new_id() for _ in range(1000)]  # not `ids`: that is the module under test
     after = time.time_ns() // 1_000_000
-    assert len(set(ids)) == 1000
+    assert len(set(minted)) == 1000
     stamps = []
-    for text in ids:
+    for text in minted:
         parsed = uuid.UUID(text)
         assert parsed.version == 7 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
         stamps.append(int.from_bytes(parsed.bytes[:6], "big"))
     assert stamps == sorted(stamps) and before <= stamps[0] and stamps[-1] <= after
-    assert len({text[14:] for text in ids}) == 1000  # the random part alone tells them apart
+    assert len({text[14:] for text in minted}) == 1000  # the random part alone tells them apart
