@@ -51,10 +51,30 @@ class SealingKeyMissing(Exception):
     """No key every replica shares: settling another replica's owed work would be impossible."""
 
 
+class SealingKeyMalformed(SealingKeyMissing):
+    """A key that is not a base64 AES key is as good as none; the message names where it came from."""
+
+
+KEY_SIZES = (16, 24, 32)  # AES-128/192/256: what AESGCM takes (the gate makes 32-byte keys)
+
+
+def decode_key(text: str, source: str) -> bytes:
+    """The key `text` (urlsafe base64) holds, or SealingKeyMalformed naming `source`, never the text."""
+    try:
+        key = base64.b64decode(text.strip().encode("ascii"), altchars=b"-_", validate=True)
+    except (ValueError, UnicodeEncodeError):
+        key = b""
+    if len(key) not in KEY_SIZES:
+        raise SealingKeyMalformed(
+            f"{source} is not a sealing key: it must be 32 random bytes (16 or 24 also do) in urlsafe base64"
+        )
+    return key
+
+
 def load_key(database: str) -> bytes:
     env = os.environ.get(ENV_KEY)
     if env:
-        return base64.urlsafe_b64decode(env)
+        return decode_key(env, ENV_KEY)
     if is_database_url(database):
         raise SealingKeyMissing(
             f"a PostgreSQL database needs {ENV_KEY} (the same on every replica); make one with:"
@@ -69,7 +89,7 @@ def load_key(database: str) -> bytes:
         for _ in range(50):  # another worker may have created it a moment ago
             text = path.read_text().strip()
             if text:
-                return base64.urlsafe_b64decode(text)
+                return decode_key(text, f"sealing key file {path}")
             time.sleep(0.02)
         raise RuntimeError(f"sealing key file {path} is empty") from None
     key = AESGCM.generate_key(bit_length=256)

@@ -17,6 +17,7 @@ import ipaddress
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,18 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError([f"{file}: not valid TOML: {exc}"]) from None
 
 
+def state_directory(environ: Mapping[str, str]) -> Path | None:
+    """The directory systemd made for this service's state (`StateDirectory=`), if it names one.
+
+    A relative `database` resolves there rather than beside the configuration, which a hardened
+    unit mounts read-only; systemd lists several directories with colons, the first is ours."""
+    first = environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(first) if first else None
+
+
 def load_config(path: str | os.PathLike[str]) -> Settings:
-    """Read and validate a TOML file for the server alone; relative database paths resolve beside it."""
+    """Read and validate a TOML file for the server alone; relative database paths resolve beside
+    it, or in the service's state directory when systemd names one."""
     return parse_config(read_toml(path), base_dir=Path(path).resolve().parent, source=str(path))
 
 
@@ -255,7 +266,7 @@ class Reader:
             public_url = self.http_url(public_url, "public_url")
         database = self.get(raw, "database", str, defaults.database, "database")
         if not is_database_url(database) and database != ":memory:" and not os.path.isabs(database):
-            database = str(base_dir / database)
+            database = str((state_directory(os.environ) or base_dir) / database)
         proxy = self.table(raw, "proxy", "proxy")
         self.unknown(proxy, {"trusted"}, "proxy")
         trusted = self.get(proxy, "trusted", list, [], "proxy.trusted")
