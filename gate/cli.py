@@ -31,6 +31,7 @@ from gate.app import CONFIG_ENV, apply_overrides, build_app, load_settings
 from gate.config import load_config
 from gate.payment_log import ACTIONS
 from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
+from server import secret_files
 from server.config import ConfigError, Settings, is_database_url
 from server.database import DatabaseRefused, DatabaseUnavailable
 
@@ -606,12 +607,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        secret_files.load()  # NAME_FILE and systemd credentials, before anything reads a secret
         return args.func(args)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except (SealingKeyMissing, SealingKeyMismatch, NoDatabase) as exc:
+    except (SealingKeyMissing, SealingKeyMismatch, NoDatabase, secret_files.SecretFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (DatabaseRefused, DatabaseUnavailable) as exc:  # a management command's database
