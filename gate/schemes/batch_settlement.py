@@ -153,17 +153,33 @@ def voucher_digest(channel: str, max_claimable: int, network: str) -> bytes:
     return keccak(b"\x19\x01" + domain_separator(chain_id(network)) + struct)
 
 
+# secp256k1's group order, and the largest `s` OpenZeppelin's ECDSA (and Circle's ECRecover) accept: n / 2.
+SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+HALF_N = SECP256K1_N // 2
+
+
 def recover(digest: bytes, signature: str) -> str | None:
-    """The address that signed `digest` (a 65-byte r || s || v signature), or None."""
+    """The address that signed `digest`, in the one encoding the settlement contract accepts; else None.
+
+    `x402BatchSettlement` checks an EOA payer authorizer's voucher with OpenZeppelin's
+    `ECDSA.recoverCalldata` (v5.5), and a claim carrying any other form reverts the whole batch:
+    exactly 65 bytes `r || s || v`, `s <= n/2` (`ECDSAInvalidSignatureS` above it), `v` 27 or 28
+    (ecrecover recovers nobody for any other `v`: `ECDSAInvalidSignature`), `r` and `s` non-zero and
+    below n. Refused here although ecrecover maps them to the same signer: the high-s twin
+    (`s' = n - s`, `v` flipped), `v` as 0/1, and EIP-2098's 64-byte compact form (`recoverCalldata`
+    takes 65 bytes only). A payer authorizer is always an EOA (ERC-1271 is not consulted for it); a
+    zero payer authorizer's voucher is the payer's own, checked by `SignatureChecker` (ERC-1271 for a
+    contract payer), which only the facilitator can do: `local_verifiable` is False for those.
+    """
     raw = bytes.fromhex(signature.removeprefix("0x"))
-    if len(raw) != 65:
+    if len(raw) != 65 or raw[64] not in (27, 28):
         return None
-    v = raw[64] - 27 if raw[64] >= 27 else raw[64]
-    if v not in (0, 1):
+    r, s = int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:64], "big")
+    if not (0 < r < SECP256K1_N and 0 < s <= HALF_N):
         return None
     try:
-        key = PublicKey.from_signature_and_message(raw[:64] + bytes([v]), digest, hasher=None)
-    except ValueError:  # r, s or the recovered point out of range: no signer
+        key = PublicKey.from_signature_and_message(raw[:64] + bytes([raw[64] - 27]), digest, hasher=None)
+    except ValueError:  # no point has this r: no signer
         return None
     return _address_of(key.format(compressed=False)[1:])
 
