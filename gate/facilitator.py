@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 import pkgutil
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from prometheus_client import Counter, Gauge
 from gate.breaker import OPEN, STATE_VALUES, CircuitBreaker
 from gate.config import FacilitatorConfig
 from gate.metrics import GateMetrics
+from server.secret_files import secret
 
 logger = logging.getLogger("a2a_gate.gate")
 
@@ -102,8 +102,9 @@ class FacilitatorClient:
         if metrics is not None:
             self._watch(metrics)
         headers = {"content-type": "application/json"}
-        if config.auth_header_env and os.environ.get(config.auth_header_env):
-            headers["authorization"] = os.environ[config.auth_header_env]
+        credential = secret(config.auth_header_env) if config.auth_header_env else None
+        if credential:
+            headers["authorization"] = credential
         limits = httpx.Limits(max_connections=config.connections, max_keepalive_connections=config.connections)
         self.client = httpx.AsyncClient(
             base_url=config.url,

@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.config import HttpConfig
+from server.secret_files import secret
 
 UNKNOWN_AGENT = "unknown"  # a name no agent is configured under
 HIDDEN_AGENT = "other"  # a configured agent that is not exposed
@@ -81,7 +82,7 @@ class MetricsAccess:
         self.app = app
         self.listen = http.metrics_listen
         # a token variable that is set but empty, or unset, refuses everyone (`serve` stops first)
-        self.token = environ.get(http.metrics_token_env, "").encode() if http.metrics_token_env else None
+        self.token = (secret(http.metrics_token_env, environ) or "").encode() if http.metrics_token_env else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

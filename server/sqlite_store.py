@@ -48,7 +48,7 @@ from typing import Any
 
 import sqlite_utils
 
-from server.database import Database, DatabaseUnavailable, Row
+from server.database import Database, DatabaseRefused, DatabaseUnavailable, Row
 
 logger = logging.getLogger("a2a_gate.database")
 
@@ -98,7 +98,12 @@ class Checkpointer:
 
     def run(self) -> None:
         # the last pass of a checkpoint runs on a worker thread of the loop, while this one waits
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
+        try:
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
+        except sqlite3.OperationalError as exc:  # no such directory, or not ours to write: waiting won't help
+            raise DatabaseRefused(
+                f"{self.path}: {exc} (its directory must exist and be writable by this user)"
+            ) from None
         try:
             conn.execute("PRAGMA busy_timeout=10000")
             while not self.stopping:
@@ -161,7 +166,12 @@ class SQLiteDatabase(Database):
     async def open(self) -> None:
         if self._db is not None:
             return
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
+        try:
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
+        except sqlite3.OperationalError as exc:  # no such directory, or not ours to write: waiting won't help
+            raise DatabaseRefused(
+                f"{self.path}: {exc} (its directory must exist and be writable by this user)"
+            ) from None
         try:
             db = sqlite_utils.Database(conn)
             if self.path != ":memory:":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from server.dialects import (
     state_from_any,
 )
 from server.jsonrpc import TASK_NOT_FOUND, load_json
+from server.secret_files import secret
 from server.tasks import new_id
 
 logger = logging.getLogger("a2a_gate.upstream")
@@ -135,8 +135,9 @@ class UpstreamBackend:
         self.agent = agent
         self.url = agent.url
         headers = {"content-type": "application/json"}
-        if agent.upstream_auth_env and os.environ.get(agent.upstream_auth_env):
-            headers["authorization"] = os.environ[agent.upstream_auth_env]
+        credential = secret(agent.upstream_auth_env) if agent.upstream_auth_env else None
+        if credential:
+            headers["authorization"] = credential
         self.client = httpx.AsyncClient(headers=headers, timeout=agent.timeout_seconds, follow_redirects=False)
         self.running: dict[str, str] = {}  # our task id -> the upstream's, while we poll it
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.dns import name_server
 from tests.support.gate_helpers import create_key
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.nginx import nginx_or_skip
@@ -100,9 +101,47 @@ def test_the_readme_site(tmp_path, start_gate, write_config):
         assert_serves_the_public_and_keeps_metrics(url, key)
 
 
+def deploy_site(replicas: str, resolver: str = "127.0.0.11") -> str:
+    """deploy/nginx.conf with the replicas' name (and port) and the resolver it asks replaced."""
+    site = (REPO / "deploy" / "nginx.conf").read_text()
+    assert '"replicas:8000"' in site and "resolver 127.0.0.11 valid=10s" in site
+    return site.replace('"replicas:8000"', f'"{replicas}"').replace(
+        "resolver 127.0.0.11 valid=10s", f"resolver {resolver} valid=1s"
+    )
+
+
 def test_the_deploy_site(tmp_path, start_gate, write_config):
     gate, key = gate_behind(tmp_path, start_gate, write_config)
-    site = (REPO / "deploy" / "nginx.conf").read_text()
-    site = site.replace("gate1:8000", f"127.0.0.1:{gate.port}").replace("gate2:8000", f"127.0.0.1:{gate.port}")
-    with nginx_site(site, tmp_path / "nginx") as url:
+    with nginx_site(deploy_site(f"127.0.0.1:{gate.port}"), tmp_path / "nginx") as url:
         assert_serves_the_public_and_keeps_metrics(url, key)
+
+
+def test_the_deploy_site_follows_the_replicas_name_without_a_reload(tmp_path, start_gate, write_config):
+    """A replica recreated at another address is reached once the name says so: nginx asks the
+    resolver again (here every second) instead of keeping what it resolved at start."""
+    port = free_port()
+    replicas = {}
+    for address, label in (("127.0.0.2", "first"), ("127.0.0.3", "second")):
+        config = write_config(
+            f'database = "{label}.db"\n\n[proxy]\ntrusted = ["127.0.0.1"]\n\n'
+            f'[agents.echo]\ndescription = "The {label} replica"\n',
+            name=f"{label}.toml",
+        )
+        replicas[label] = start_gate(config, port=port, host=address)
+
+    def answered_by(url: str) -> str:
+        card = httpx.get(f"{url}/a2a/echo/.well-known/agent-card.json", timeout=5)
+        return card.json()["description"] if card.status_code == 200 else f"HTTP {card.status_code}"
+
+    with name_server() as dns:
+        dns.names["replicas"] = "127.0.0.2"
+        site = deploy_site(f"replicas:{port}", resolver=f"127.0.0.1:{dns.port}")
+        with nginx_site(site, tmp_path / "nginx") as url:
+            assert answered_by(url) == "The first replica"
+            dns.names["replicas"] = "127.0.0.3"  # the first replica is gone; its name moved
+            replicas["first"].stop()  # until nginx asks again (within a second) it answers 502
+            deadline = time.monotonic() + 15
+            while (seen := answered_by(url)) != "The second replica":
+                assert time.monotonic() < deadline, seen
+                time.sleep(0.25)
+        assert dns.asked.count("replicas") >= 2

@@ -18,8 +18,9 @@ from server.config import state_directory
 def test_a_name_file_stands_for_the_variable(tmp_path: Path):
     (tmp_path / "key").write_text("s3cret-value\n")
     env = {"PGPASSWORD_FILE": str(tmp_path / "key")}
-    assert secret_files.load(env) == ["PGPASSWORD"]
-    assert env["PGPASSWORD"] == "s3cret-value"  # one trailing newline dropped, nothing else
+    assert secret_files.secret("PGPASSWORD", env) == "s3cret-value"  # one trailing newline dropped
+    assert secret_files.load(environ=env) == ["PGPASSWORD"]
+    assert env["PGPASSWORD"] == "s3cret-value"
 
 
 def test_a_systemd_credential_stands_for_the_variable(tmp_path: Path):
@@ -27,14 +28,15 @@ def test_a_systemd_credential_stands_for_the_variable(tmp_path: Path):
     credentials.mkdir()
     (credentials / "A2A_GATE_SEALING_KEY").write_text("k\n")
     env = {"CREDENTIALS_DIRECTORY": str(credentials)}
-    assert secret_files.load(env) == ["A2A_GATE_SEALING_KEY"]
+    assert secret_files.load(environ=env) == ["A2A_GATE_SEALING_KEY"]
     assert env["A2A_GATE_SEALING_KEY"] == "k"
+    assert secret_files.secret("OTHER", env) is None
 
 
 def test_a_variable_that_is_set_wins_over_its_files(tmp_path: Path):
     (tmp_path / "key").write_text("from-file")
     env = {"PGPASSWORD": "from-env", "PGPASSWORD_FILE": str(tmp_path / "key")}
-    assert secret_files.load(env) == []
+    assert secret_files.load(environ=env) == []
     assert env["PGPASSWORD"] == "from-env"
 
 
@@ -44,23 +46,24 @@ def test_a_name_file_wins_over_a_credential(tmp_path: Path):
     (credentials / "TOKEN").write_text("credential")
     (tmp_path / "token").write_text("file")
     env = {"CREDENTIALS_DIRECTORY": str(credentials), "TOKEN_FILE": str(tmp_path / "token")}
-    secret_files.load(env)
-    assert env["TOKEN"] == "file"
+    assert secret_files.secret("TOKEN", env) == "file"
 
 
 def test_an_unreadable_file_names_the_variable_and_never_a_value(tmp_path: Path):
     env = {"A2A_GATE_SEALING_KEY_FILE": str(tmp_path / "missing")}
     with pytest.raises(secret_files.SecretFileError) as raised:
-        secret_files.load(env)
+        secret_files.load(environ=env)
     assert str(raised.value).startswith("A2A_GATE_SEALING_KEY_FILE: ")
     assert "No such file" in str(raised.value)
     assert "A2A_GATE_SEALING_KEY" not in env
 
 
-def test_a_bare_file_suffix_or_an_empty_value_is_no_secret():
-    env = {"_FILE": "/etc/passwd", "EMPTY_FILE": ""}
-    assert secret_files.load(env) == []
-    assert set(env) == {"_FILE", "EMPTY_FILE"}
+def test_only_the_names_asked_for_are_looked_up(tmp_path: Path):
+    """Another program's *_FILE variable (TF_CLI_CONFIG_FILE, say) is none of the gate's business."""
+    env = {"TF_CLI_CONFIG_FILE": str(tmp_path / "missing"), "EMPTY_FILE": ""}
+    assert secret_files.load(environ=env) == []
+    assert secret_files.secret("EMPTY", env) is None
+    assert set(env) == {"TF_CLI_CONFIG_FILE", "EMPTY_FILE"}
 
 
 def test_a_sealing_key_decodes_or_names_its_source():
