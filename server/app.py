@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from server import request_log
 from server.anonymous import AnonymousFactory, KeysOnly, Parts
-from server.cards import agent_card
+from server.cards import INDEX_PATHS, agent_card, index_entry
 from server.config import Settings
 from server.database import Database, DatabaseUnavailable
 from server.engines import open_database
@@ -260,6 +260,19 @@ async def card_endpoint(request: Request) -> Response:
     return cached(request, card, services.started_at)
 
 
+async def index_endpoint(request: Request) -> Response:
+    """The exposed agents, each with its card's URL, its endpoint and what its card declares: a
+    person or an agent finds every door here (hidden agents stay as unknown as on their cards)."""
+    services: Services = request.app.state.services
+    public_url = public_base_url(request, services.settings.public_url)
+    agents = [
+        index_entry(agent_card(agent, public_url, services.anonymous.card_extensions(agent, public_url)), public_url)
+        for agent in services.agents.configs.values()
+        if agent.exposed
+    ]
+    return cached(request, JSONResponse({"agents": agents}), services.started_at)
+
+
 CARD_MAX_AGE_SECONDS = 300
 
 
@@ -366,6 +379,7 @@ def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> St
         Route("/a2a/{agent}/.well-known/agent.json", card_endpoint, methods=["GET"]),
         Route("/.well-known/agent-card.json", card_endpoint, methods=["GET"]),
         Route("/.well-known/agent.json", card_endpoint, methods=["GET"]),
+        *(Route(path, index_endpoint, methods=["GET"]) for path in INDEX_PATHS),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

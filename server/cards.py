@@ -75,3 +75,32 @@ def agent_card(agent: AgentConfig, public_url: str, extensions: list[dict[str, A
             for s in agent.skills
         ],
     }
+
+
+INDEX_PATHS = ("/", "/a2a", "/a2a/")
+
+
+def card_url(public_url: str, agent: str) -> str:
+    return f"{agent_url(public_url, agent)}/.well-known/agent-card.json"
+
+
+def index_entry(card: dict[str, Any], public_url: str) -> dict[str, Any]:
+    """One agent in the index: where its card and endpoint are, what it does, and the extensions its
+    card declares, those with the same parameters given once with all their URIs (the gate declares
+    one payment extension under each URI a client may know it by)."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for extension in card["capabilities"].get("extensions", []):
+        key = repr((extension.get("required", False), extension.get("params")))
+        entry = grouped.setdefault(
+            key, {"uris": [], "required": extension.get("required", False), "params": extension.get("params")}
+        )
+        entry["uris"].append(extension["uri"])
+    return {
+        "name": card["name"],
+        "description": card["description"],
+        "url": card["url"],
+        "card": card_url(public_url, card["name"]),
+        "streaming": card["capabilities"]["streaming"],
+        "skills": [{"id": s["id"], "name": s["name"]} for s in card["skills"]],
+        "extensions": list(grouped.values()),
+    }
