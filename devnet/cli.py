@@ -1,7 +1,14 @@
 """``a2a-gate-devnet``: run the development facilitator, or pay a priced agent.
 
 The x402 package and eth-account come with the ``dev`` extra; without them the command
-says how to install them instead of failing with a traceback.
+says how to install them instead of failing with a traceback. The facilitator checks at its
+start what its Permit2 schemes import on their first verify (x402's extensions), so a missing
+piece is one line and a refusal to start, not a 500 to every Permit2 payment.
+
+``pay`` exits 0 only for a paid answer (every request answered, settled, with its receipt);
+a refusal (any HTTP status but 200, a JSON-RPC error, a task that did not complete, a payment
+not completed) or an error (the gate unreachable, an offer the client cannot sign) is one line
+on stderr and exit status 1, after the answer it got, if any, on stdout.
 """
 
 from __future__ import annotations
@@ -13,10 +20,16 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 #: What ``pip install "a2a-gate[dev]"`` adds; ``main`` checks for them before anything else.
 EXTRA_MODULES = ("x402", "eth_account")
 MISSING_EXTRA_STATUS = 3
+#: ``pay``: the payment was refused, or could not be made.
+NOT_PAID_STATUS = 1
+#: What the facilitator's Permit2 schemes (exact by Permit2, upto) import when first used.
+PERMIT2_MODULES = ("x402.extensions",)
+INSTALL_HINT = 'pip install "a2a-gate[dev]" (or pip install -e ".[dev]" in a checkout)'
 
 
 def missing_modules() -> list[str]:
@@ -30,9 +43,27 @@ def missing_modules() -> list[str]:
     return missing
 
 
+def unimportable(modules: tuple[str, ...]) -> str:
+    """The first of `modules` that cannot be imported, with why; empty when all can."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            return f"{name} ({exc})"
+    return ""
+
+
 def cmd_facilitator(args: argparse.Namespace) -> int:
     from devnet.facilitator import run
 
+    broken = unimportable(PERMIT2_MODULES) if args.permit2 else ""
+    if broken:
+        print(
+            f"error: the development facilitator's Permit2 schemes (exact by Permit2, upto) need {broken}: "
+            f"{INSTALL_HINT}, or run it with --no-permit2",
+            file=sys.stderr,
+        )
+        return MISSING_EXTRA_STATUS
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run(
         args.host,
@@ -51,11 +82,55 @@ def cmd_facilitator(args: argparse.Namespace) -> int:
 def cmd_pay(args: argparse.Namespace) -> int:
     from devnet.client import pay
 
-    result = asyncio.run(
-        pay(args.url, args.text, private_key=args.key, scheme=args.scheme, rpc_url=args.rpc_url, count=args.count)
-    )
+    try:
+        result = asyncio.run(
+            pay(args.url, args.text, private_key=args.key, scheme=args.scheme, rpc_url=args.rpc_url, count=args.count)
+        )
+    except Exception as exc:  # noqa: BLE001 -- unreachable, refused by the client's own checks: one line, not a traceback
+        print(f"error: no payment made: {one_line(exc)}", file=sys.stderr)
+        return NOT_PAID_STATUS
     print(json.dumps(result, indent=2))
+    problem = not_paid(result, args.count)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return NOT_PAID_STATUS
     return 0
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def not_paid(result: dict[str, Any], count: int = 1) -> str:
+    """Why `pay`'s outcome is not a paid answer; empty when it is (the last answer, and one receipt
+    for each of the `count` requests)."""
+    status, answer = result.get("http_status"), result.get("answer")
+    if status != 200:
+        detail = answer if not isinstance(answer, dict) else answer.get("error") or answer.get("detail") or ""
+        return f"HTTP {status}: {' '.join(str(detail).split())[:200] or 'no detail'}"
+    if not isinstance(answer, dict):
+        return "the answer is not JSON"
+    if "error" in answer:
+        error = answer["error"] if isinstance(answer["error"], dict) else {}
+        data = error.get("data")
+        code = f" ({data['code']})" if isinstance(data, dict) and "code" in data else ""
+        return f"JSON-RPC error {error.get('code')}{code}: {error.get('message', '')}"
+    task = answer.get("result")
+    if not isinstance(task, dict):
+        return "the answer has no result"
+    state = (task.get("status") or {}).get("state")
+    metadata = task.get("metadata") or {}
+    payment = metadata.get("x402.payment.status")
+    if state is not None and state != "completed":
+        return f"the task ended {state}" + (f" ({payment})" if payment else "")
+    if payment != "payment-completed":
+        error = metadata.get("x402.payment.error", "")
+        return f"not paid: {payment or 'no payment status'}" + (f": {error}" if error else "")
+    receipts = len(result.get("payment_responses", [])) if count > 1 else int("payment_response" in result)
+    if receipts != count:
+        return f"{receipts} of {count} requests carry a payment receipt"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = missing_modules()
     if missing:
         print(
-            f"error: the development network needs {', '.join(missing)}: "
-            'pip install "a2a-gate[dev]" (or pip install -e ".[dev]" in a checkout)',
+            f"error: the development network needs {', '.join(missing)}: {INSTALL_HINT}",
             file=sys.stderr,
         )
         return MISSING_EXTRA_STATUS
