@@ -101,6 +101,7 @@ class Services:
         while True:
             await asyncio.sleep(FLUSH_SECONDS)
             await self.counts.flush()
+            await self.principals.flush_use()
 
     def begin_drain(self) -> None:
         """Stop taking on work and drain what runs (`Runner.drain`); once, from the stop signal on."""
@@ -115,6 +116,7 @@ class Services:
         assert self.draining is not None
         await self.draining
         await self.counts.flush()
+        await self.principals.flush_use()
         await self.anonymous.close()
         await self.agents.aclose()
         await self.db.close()

@@ -2,7 +2,12 @@
 
 `identify` answers one of three things for a request (DESIGN section 3): anonymous
 (no bearer, or a bearer that is no known key, such as a payment token), refused
-(a known key that may not use this agent: HTTP 403, final), or the principal.
+(a known key that may not use this agent, is revoked or has expired: HTTP 403, final), or the
+principal.
+
+A key may carry an expiry; each process notes when a key was last used in memory and writes it
+with the request counts (at most every few seconds, never on the request's path). A revoked key
+frees its name: only live keys' names are unique.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 from cachetools import TTLCache
 
 from server.config import ApiKey
-from server.database import Database, Migration
+from server.database import Database, DatabaseUnavailable, Migration
 
 KEY_PREFIX = "a2g_"
 
@@ -27,13 +32,18 @@ class Principal:
     name: str
     agents: tuple[str, ...]
     revoked: bool = False
+    expires_at: float | None = None  # epoch seconds; None: never
 
     @property
     def owner(self) -> str:
         return f"key:{self.name}"
 
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and time.time() >= self.expires_at
+
     def may_use(self, agent: str) -> bool:
-        return not self.revoked and ("*" in self.agents or agent in self.agents)
+        return not self.revoked and not self.expired and ("*" in self.agents or agent in self.agents)
 
 
 ANONYMOUS = None
@@ -62,9 +72,20 @@ _TABLES = (
     " created_at DOUBLE PRECISION)",
     "CREATE UNIQUE INDEX IF NOT EXISTS api_keys_name ON api_keys (name)",
 )
+# a revoked key frees its name: only live keys' names are unique
+_LIVE_NAMES = (
+    "DROP INDEX IF EXISTS api_keys_name",
+    "CREATE UNIQUE INDEX IF NOT EXISTS api_keys_live_name ON api_keys (name) WHERE revoked = 0",
+)
+_ADDED = ("expires_at DOUBLE PRECISION", "last_used_at DOUBLE PRECISION")
 MIGRATIONS = (
     Migration(sqlite=_TABLES[:1], postgresql=_TABLES[:1]),
     Migration(sqlite=_TABLES[1:], postgresql=_TABLES[1:]),
+    Migration(
+        sqlite=tuple(f"ALTER TABLE api_keys ADD COLUMN {c}" for c in _ADDED),
+        postgresql=tuple(f"ALTER TABLE api_keys ADD COLUMN IF NOT EXISTS {c}" for c in _ADDED),
+    ),
+    Migration(sqlite=_LIVE_NAMES, postgresql=_LIVE_NAMES),
 )
 
 
@@ -83,6 +104,7 @@ class Principals:
         self.db = db
         self.configured = {k.sha256: Principal(k.name, k.agents, k.revoked) for k in configured}
         self.cache: TTLCache[str, tuple[str, Principal | None]] = TTLCache(maxsize=4096, ttl=cache_seconds)
+        self.used: dict[str, float] = {}  # digest -> when this process last saw it, until `flush_use`
 
     async def identify(self, authorization: str | None) -> Principal | None:
         """The principal for a bearer key, or None for an anonymous caller."""
@@ -93,6 +115,8 @@ class Principals:
         stored, principal = await self.lookup(wanted)
         if principal is None or not hmac.compare_digest(stored, wanted):
             return ANONYMOUS
+        if wanted not in self.configured:
+            self.used[wanted] = time.time()
         return principal
 
     async def lookup(self, wanted: str) -> tuple[str, Principal | None]:
@@ -101,31 +125,54 @@ class Principals:
         cached = self.cache.get(wanted)
         if cached is not None:
             return cached
-        row = await self.db.fetchrow("SELECT sha256, name, agents, revoked FROM api_keys WHERE sha256 = ?", (wanted,))
+        row = await self.db.fetchrow(
+            "SELECT sha256, name, agents, revoked, expires_at FROM api_keys WHERE sha256 = ?", (wanted,)
+        )
         found: tuple[str, Principal | None] = ("", None)
         if row is not None:
-            found = (row["sha256"], Principal(row["name"], tuple(json.loads(row["agents"])), bool(row["revoked"])))
+            agents = tuple(json.loads(row["agents"]))
+            found = (row["sha256"], Principal(row["name"], agents, bool(row["revoked"]), row["expires_at"]))
         self.cache[wanted] = found
         return found
 
+    async def flush_use(self) -> None:
+        """Write when each key was last used here (a later time never goes back to an earlier one)."""
+        used, self.used = self.used, {}
+        if not used:
+            return
+        try:
+            async with self.db.transaction():
+                for sha256, when in sorted(used.items()):
+                    await self.db.execute(
+                        "UPDATE api_keys SET last_used_at = ?"
+                        " WHERE sha256 = ? AND (last_used_at IS NULL OR last_used_at < ?)",
+                        (when, sha256, when),
+                    )
+        except DatabaseUnavailable:  # kept for the next flush; a newer use of the same key wins
+            for sha256, when in used.items():
+                self.used[sha256] = max(when, self.used.get(sha256, 0.0))
 
-async def create_key(db: Database, name: str, agents: list[str]) -> tuple[str, str]:
+
+async def create_key(db: Database, name: str, agents: list[str], expires_at: float | None = None) -> tuple[str, str]:
     """Store a new key; returns (the key, its digest). The key itself is never stored."""
     key = generate_key()
     added = await db.execute(
-        "INSERT INTO api_keys (sha256, name, agents, revoked, created_at) VALUES (?, ?, ?, 0, ?)"
+        "INSERT INTO api_keys (sha256, name, agents, revoked, created_at, expires_at) VALUES (?, ?, ?, 0, ?, ?)"
         " ON CONFLICT DO NOTHING",
-        (digest(key), name, json.dumps(agents), time.time()),
+        (digest(key), name, json.dumps(agents), time.time(), expires_at),
     )
     if not added:
-        raise ValueError(f"a key named {name!r} exists already")
+        raise ValueError(f"a live key named {name!r} exists already")
     return key, digest(key)
 
 
 async def revoke_key(db: Database, name: str) -> int:
-    return await db.execute("UPDATE api_keys SET revoked = 1 WHERE name = ?", (name,))
+    """Revoke the live key of that name; its name is free again."""
+    return await db.execute("UPDATE api_keys SET revoked = 1 WHERE name = ? AND revoked = 0", (name,))
 
 
 async def list_keys(db: Database) -> list[dict]:
-    rows = await db.fetch("SELECT name, sha256, agents, revoked, created_at FROM api_keys ORDER BY created_at")
+    rows = await db.fetch(
+        "SELECT name, sha256, agents, revoked, created_at, expires_at, last_used_at FROM api_keys ORDER BY created_at"
+    )
     return [{**r, "agents": json.loads(r["agents"]), "revoked": bool(r["revoked"])} for r in rows]
