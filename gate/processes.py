@@ -35,12 +35,18 @@ def dev_facilitator(port: int, ledger: str) -> Iterator[str]:
     it dies (SIGKILL, a crash), so it never outlives the gate holding its port.
     """
     url = f"http://127.0.0.1:{port}"
+    taken = port_in_use("127.0.0.1", port)
+    if taken:
+        raise SystemExit(
+            f"error: --dev-facilitator {port}: 127.0.0.1:{port} is in use ({taken}):"
+            " stop what holds it, or name a free port"
+        )
     process = subprocess.Popen(
         [sys.executable, "-m", "devnet", "facilitator", "--port", str(port), "--db", ledger],
         preexec_fn=die_with_parent(),
     )
     try:
-        wait_for(f"{url}/healthz", process)
+        wait_for(f"{url}/healthz", process, port=port)
         yield url
     finally:
         process.terminate()
@@ -108,8 +114,24 @@ def listen(address: tuple[str, int]) -> socket.socket:
     return tcp(sock)
 
 
-def wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    """Wait for `process` to answer on `url`; stop at once if it exits (the message is its own)."""
+def port_in_use(host: str, port: int) -> str:
+    """Why `host:port` cannot be listened on (the system's words), or empty if it can. Bound as
+    uvicorn binds (SO_REUSEADDR), so a connection of an earlier run in TIME_WAIT is no obstacle."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return (exc.strerror or str(exc)).lower()
+    return ""
+
+
+def wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0, *, port: int = 0) -> None:
+    """Wait for `process` to answer on `url`; stop at once if it exits (the message is its own).
+
+    With `port`, the answer counts only once `process` is seen listening there (Linux: /proc):
+    a process that took the port after `port_in_use` looked would otherwise answer for it."""
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -117,9 +139,35 @@ def wait_for(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) 
         if process.poll() is not None:
             raise SystemExit(f"error: the development facilitator exited with status {process.returncode}")
         try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
+            if httpx.get(url, timeout=1.0).status_code == 200 and (not port or listens(process.pid, port)):
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
     raise SystemExit(f"error: {url} did not come up within {timeout:g}s")
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether `pid` holds a socket listening on `port`; True where /proc cannot say (not Linux)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as listing:
+                lines = listing.read().splitlines()[1:]
+        except OSError:
+            return True
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return True
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
