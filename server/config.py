@@ -29,6 +29,32 @@ AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 BACKENDS = ("echo", "upstream", "python", "a2a-sdk")
 
 
+def trusted_proxy_problem(value: str) -> str:
+    """Why `value` cannot name a trusted proxy (`[proxy] trusted`, `serve --trusted-proxy`); empty if it can.
+
+    An IP address or a CIDR network, nothing else: the forwarded headers are believed when the
+    peer's address is one of these, so a host name ("nginx", "localhost") never matches, and every
+    caller would be the proxy's address (one rate-limit bucket for all). A network is written as
+    uvicorn reads it (no host bits set: "10.0.0.0/24", not "10.0.0.5/24", which it keeps as a
+    literal matching nothing). "*" (uvicorn's "trust every peer") is refused: any client could then
+    name its own address."""
+    if value == "*":
+        return "must be an IP address or a CIDR network: '*' would let any client name its own address"
+    try:
+        if "/" in value:
+            ipaddress.ip_network(value)
+        else:
+            ipaddress.ip_address(value)
+    except ValueError as exc:
+        kind = "a CIDR network" if "/" in value else "an IP address"
+        why = str(exc).removeprefix(f"{value!r} ").removeprefix(f"{value} ")
+        return (
+            f"must be an IP address or a CIDR network (a host name never matches a peer): {value!r} is not {kind}"
+            + (f" ({why})" if "/" in value else "")
+        )
+    return ""
+
+
 class ConfigError(Exception):
     """A configuration that cannot run; `problems` holds one line per fault."""
 
@@ -273,6 +299,8 @@ class Reader:
         for i, item in enumerate(trusted):
             if not isinstance(item, str) or not item:
                 self.problem(f"proxy.trusted[{i}]", "must be an address or network string")
+            elif problem := trusted_proxy_problem(item):
+                self.problem(f"proxy.trusted[{i}]", problem)
 
         agents_raw = self.table(raw, "agents", "agents")
         agents = {name: self.agent(name, body) for name, body in agents_raw.items()}
