@@ -42,26 +42,37 @@ from eth_account import Account
 from eth_account.messages import encode_typed_data
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from x402.mechanisms.evm.batch_settlement.constants import VOUCHER_TYPES
 from x402.mechanisms.evm.batch_settlement.utils import coerce_bytes32, get_batch_settlement_eip712_domain
 
 from gate.sealing import Sealer, SealingKeyMismatch
 from server.engines import open_database
-from tests.support import money_world
+from tests.support import money_channels, money_world
 from tests.support.money_world import (
     CEILINGS,
+    HELD_METERED,
     LEASE,
     MAX_DELAY,
+    OPERATORS,
     PASS_INTERVAL,
     PAY_TO,
     PRICE,
     ChannelToken,
+    Operator,
     Replica,
     Token,
     World,
     answer_for,
     priced,
+    streamed_chunk,
 )
 
 USAGES = st.one_of(st.just(0), st.integers(1, 100), st.integers(1, 10_000))  # a usage-priced agent's units
@@ -89,6 +100,7 @@ class MoneyWorld(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        self.stored: list[dict[str, Any]] | None = None
         self.loop = asyncio.new_event_loop()
         self.world = World(self.database_location(), self.workdir)
         self.run(self.world.add_replica(0.0))
@@ -113,6 +125,7 @@ class MoneyWorld(RuleBasedStateMachine):
             await db.close()
 
     def run(self, coroutine: Any) -> Any:
+        self.stored = None  # the world may change: read the store again
         return self.loop.run_until_complete(coroutine)
 
     def live(self) -> list[Replica]:
@@ -155,7 +168,7 @@ class MoneyWorld(RuleBasedStateMachine):
             url, json=body, headers={"PAYMENT-SIGNATURE": token.header(f"http://gate.test{url}")}, timeout=None
         )
         assert response.status_code != 500, response.text
-        if isinstance(token, ChannelToken):
+        if isinstance(token, ChannelToken) and not token.decoy:
             self.world.payer.heard(token, response)
         document = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
         result = document.get("result") if isinstance(document, dict) else None
@@ -176,15 +189,15 @@ class MoneyWorld(RuleBasedStateMachine):
 
     def rows(self, sql: str) -> list[dict[str, Any]]:
         db = self.world.replicas[0].services.db
-        return self.run(db.fetch(sql))
+        return self.loop.run_until_complete(db.fetch(sql))
 
     def token_of(self, nonce_key: str) -> Token | None:
         nonce = nonce_key.rsplit("|", 1)[-1]
         return next((t for t in self.world.tokens if t.nonce == nonce), None)
 
     def deliveries(self, token: Token | ChannelToken) -> set[str]:
-        """The tasks that showed this token's answer: to a client, or in the store."""
-        answer = answer_for(token.text)
+        """The tasks that showed this token's answer (a streamed one's first chunk): to a client, or in the store."""
+        answer = streamed_chunk(token.text, 0) if token.agent == "metered-stream" else answer_for(token.text)
         seen = {task["id"] for t, task in self.world.answers if t is token and answer in json.dumps(task)}
         for row in self.stored_tasks():
             if answer in row["document"]:
@@ -192,7 +205,11 @@ class MoneyWorld(RuleBasedStateMachine):
         return seen
 
     def stored_tasks(self) -> list[dict[str, Any]]:
-        return self.rows("SELECT id, document FROM tasks")
+        """The stored tasks, read once while the world stands still (invariants read them often)."""
+        if self.stored is None:
+            db = self.world.replicas[0].services.db
+            self.stored = self.loop.run_until_complete(db.fetch("SELECT id, document FROM tasks"))
+        return self.stored
 
     def check_withheld_surface(self, token: Token | ChannelToken, surface: str) -> None:
         if isinstance(token, Token) and token.agent == "withheld" and answer_for(token.text) in surface:
@@ -406,14 +423,37 @@ class MoneyWorld(RuleBasedStateMachine):
             if not token.metered:
                 continue
             moved = self.world.chain.moved(token.authorizer, token.nonce)
-            usage_priced = self.world.priced.get(claim["task_id"])
             receipt = json.loads(claim["receipt"])
+            assert moved == int(receipt["amount"]) <= CEILINGS[token.agent], (
+                f"{token.text} ({claim['state']}): moved {moved}, receipt {receipt}, ceiling {CEILINGS[token.agent]}"
+            )
+            if token.agent == "metered-stream":
+                usage_priced = self.streamed_price(token)
+                if usage_priced is None:
+                    continue  # an odd report: whatever was charged, within the ceiling
+            else:
+                usage_priced = self.world.priced.get(claim["task_id"])
             assert usage_priced is not None, f"{token.text}: charged for work its agent never completed"
-            assert moved == usage_priced == int(receipt["amount"]), (
+            assert moved == usage_priced, (
                 f"{token.text} ({claim['state']}): moved {moved}, usage priced {usage_priced}, receipt {receipt}"
             )
-            assert moved <= CEILINGS[token.agent]
             assert (claim["state"] == "no_charge") == (usage_priced == 0)
+
+    def chunks_delivered(self, token: Token) -> int:
+        """How many of a streamed answer's chunks a client was shown, or the store holds."""
+        surfaces = [json.dumps(task) for t, task in self.world.answers if t is token]
+        surfaces += [row["document"] for row in self.stored_tasks() if token.text in row["document"]]
+        usages = self.world.streams[token.text]
+        return max(
+            (sum(1 for i in range(len(usages)) if streamed_chunk(token.text, i) in s) for s in surfaces), default=0
+        )
+
+    def streamed_price(self, token: Token) -> int | None:
+        """What the usage reported with the chunks delivered prices at (None when a report was odd)."""
+        usages = self.world.streams[token.text][: self.chunks_delivered(token)]
+        if not all(isinstance(u, int) for u in usages):
+            return None
+        return priced(token.agent, sum(int(u) for u in usages))
 
     @invariant()
     def only_delivered_work_is_charged(self) -> None:
@@ -443,7 +483,10 @@ class MoneyWorld(RuleBasedStateMachine):
 
     @invariant()
     def nothing_needs_an_operator_while_the_chain_answers(self) -> None:
-        """(The chain is not asked about Permit2 nonces: an unknown upto settle ends there, by design.)"""
+        """(The chain is not asked about Permit2 nonces: an unknown upto settle ends there, by design;
+        and an operator who set no `rpc_url` left the gate no chain to ask.)"""
+        if not self.world.operator.watched:
+            return
         stuck = self.rows("SELECT state, last_error, nonce_key FROM claims WHERE state = 'needs_attention'")
         stuck = [c for c in stuck if "|permit2|" not in c["nonce_key"]]
         assert not stuck, stuck
@@ -460,6 +503,8 @@ class MoneyWorld(RuleBasedStateMachine):
                 self.loop.run_until_complete(replica.client.aclose())
                 self.loop.run_until_complete(replica.services.db.close())
             money_world.CALLS.clear()
+            money_world.STREAMS.clear()
+            self.world.channel_chain.close()
             self.loop.close()
 
     def calm_down(self) -> None:
@@ -487,8 +532,11 @@ class MoneyWorld(RuleBasedStateMachine):
         }
         for token in self.world.tokens:
             paid = self.world.chain.paid_to_us(token.authorizer, token.nonce, 1 if token.metered else money_world.PRICE)
-            assert not paid or len(self.deliveries(token)) == 1, f"{token.text}: charged but not delivered"
-            recorded = ("settled", "needs_attention") if token.metered else ("settled",)
+            # without [networks] rpc_url an unknown settle ends needs_attention, a withheld answer with it
+            withheld = not self.world.operator.watched and ended.get(token.nonce) == "needs_attention"
+            assert not paid or len(self.deliveries(token)) == 1 or withheld, f"{token.text}: charged but not delivered"
+            unasked = token.metered or not self.world.operator.watched  # an unknown settle the chain cannot end
+            recorded = ("settled", "needs_attention") if unasked else ("settled",)
             assert not paid or ended.get(token.nonce) in recorded, f"{token.text}: charged, no settled claim records it"
         self.an_upto_charge_is_the_priced_usage_of_the_delivered_work()
         self.calm_channel()
@@ -552,8 +600,8 @@ class MoneyWorldWithChannels(MoneyWorld):
         return delivered
 
     def channel_row(self) -> dict[str, Any] | None:
-        rows = self.rows("SELECT * FROM channels")
-        assert len(rows) <= 1, rows
+        """The payer's channel, as the gate keeps it."""
+        rows = self.rows(f"SELECT * FROM channels WHERE channel_id = '{self.world.payer.channel_id}'")
         return rows[0] if rows else None
 
     @invariant()
@@ -578,12 +626,15 @@ class MoneyWorldWithChannels(MoneyWorld):
                 message_types=VOUCHER_TYPES,
                 message_data={"channelId": coerce_bytes32(row["channel_id"]), "maxClaimableAmount": charged},
             )
+            if not money_channels.canonical(voucher["signature"]):
+                return  # the operator's invariant below says so
             signer = Account.recover_message(signable, signature=voucher["signature"])
             assert signer == self.world.payer.account.address, "the kept voucher is not the payer's"
 
     def calm_channel(self) -> None:
-        """Every delivered increment is charged, or its deposit written off; a claim pass puts the
-        charged total on chain, claimed for payTo."""
+        """Every delivered increment is charged, or its deposit written off; a claim pass puts every
+        channel's charged total on chain, claimed for payTo: every channel whose claim the contract
+        takes (its voucher canonical, its balance covering it), whatever another channel's row does."""
         row = self.channel_row()
         if row is None:
             return
@@ -596,14 +647,26 @@ class MoneyWorldWithChannels(MoneyWorld):
             assert not tasks or cap in settled or cap <= int(row["charged"]) or self.written_off(cap), (
                 f"the increment to {cap} was delivered, and neither charged nor written off"
             )
-        charged = int(row["charged"])
         replica = self.live()[0]
         outcomes = self.run(replica.gate.claim_channels(now=True))
-        on_chain = self.world.chain.channels.get(row["channel_id"])
-        if charged:
-            assert on_chain is not None and on_chain.total_claimed == charged, (
-                f"a claim pass left the chain's claimed total short of the charged total {charged}: {outcomes}"
-            )
+        on_chain = self.world.channel_chain.channels()
+        claimable, refused = [], []
+        for channel in self.rows("SELECT channel_id, charged, sealed_voucher FROM channels WHERE charged != '0'"):
+            balance, _ = on_chain.get(channel["channel_id"], (0, 0))
+            voucher = self.world.replicas[0].gate.sealer.unseal(channel["sealed_voucher"], channel["channel_id"])
+            if int(channel["charged"]) <= balance and money_channels.canonical(voucher["signature"]):
+                claimable.append(channel)
+            else:
+                refused.append(channel["channel_id"])
+        short = [c for c in claimable if on_chain[c["channel_id"]][1] != int(c["charged"])]
+        assert not short or not refused, (
+            f"one refused claim row stopped another channel's claim: {len(short)} channel(s) left unclaimed"
+            f" beside {len(refused)} the contract refuses: {outcomes[-3:]}"
+        )
+        assert not short, (
+            f"a claim pass left the chain's claimed total short of the charged total"
+            f" {[(c['channel_id'][:10], c['charged']) for c in short[:3]]}: {outcomes[-3:]}"
+        )
 
     def written_off(self, cap: int) -> bool:
         return any(
@@ -612,13 +675,173 @@ class MoneyWorldWithChannels(MoneyWorld):
         )
 
 
+class OperatorMoneyWorld(MoneyWorldWithChannels):
+    """The channel world with what an adversarial payer can do on chain and off, and the operator's
+    invariants (DESIGN 6, "Both sides' invariants"). The payer sends voucher signatures in forms the
+    contract refuses, withdraws (initiates, waits out the withdraw delay while the gate's claim
+    schedule runs, or while the gate is down, and finalizes), and opens more channels than a page of
+    any listing the gate reads; the operator chose a setting (`OPERATORS`) that check-config accepted
+    (one it refuses is recorded and the default runs instead). After every step, besides the rest:
+
+    - a voucher the gate charged is one the contract takes (canonical: low s, v 27/28);
+    - no channel is charged past its balance on chain (but one its payer emptied while the gate was down);
+    - a scheduled claim pass claims every channel whose first unclaimed charge is `claim_after_seconds` old;
+    - when a payer's withdrawal can be finalized, payTo holds every increment charged on its channel;
+    and at the end one refused claim row (a channel emptied during an outage) never stops another's claim.
+    (A machine of its own: the channel mutants of tests/test_simulation_finds_reverted_fixes.py keep
+    the search of `MoneyWorldWithChannels` they were found with.)"""
+
+    @initialize(operator=st.sampled_from(OPERATORS))
+    def operator_configures(self, operator: Operator) -> None:
+        """The operator's setting, as check-config takes it (one it refuses leaves the default)."""
+        if operator != Operator():
+            self.run(self.reconfigure(operator))
+
+    async def reconfigure(self, operator: Operator) -> None:
+        for replica in self.world.replicas:
+            await replica.client.aclose()
+            await replica.services.db.close()
+        self.world.replicas = []
+        self.world.settings = self.world.configure(operator)
+        await self.world.add_replica(0.0)
+        await self.world.add_replica(45.0)
+
+    @rule(pick=st.integers(0, 7), form=st.sampled_from(["", "high-s", "v01"]))
+    def pay_channel_now(self, pick: int, form: str) -> None:
+        """The payer's next voucher to an agent that answers at once; with `form`, its signature in a
+        form the contract refuses (high s with v flipped, or v as 0/1: the same signer recovers)."""
+        replica = self.replica(pick)
+        if replica is not None:
+            self.start(replica, self.world.new_channel_token("channel-now", form))
+            self.run(self.quiet())
+
+    @precondition(lambda self: not self.world.decoys)
+    @rule(pick=st.integers(0, 7))
+    def open_many_channels(self, pick: int) -> None:
+        """More channels than a page of any listing the gate reads, each charged once (another payer's)."""
+        replica = self.replica(pick)
+        if replica is None:
+            return
+        for token in self.world.decoy_tokens():
+            self.run(self.send(replica, token))
+
+    @rule(pick=st.integers(0, 7))
+    def claim_pass(self, pick: int) -> None:
+        """One pass of the gate's claim schedule (`claim_loop`), on a running replica."""
+        replica = self.replica(pick)
+        if replica is not None:
+            self.scheduled_claims(replica)
+
+    def scheduled_claims(self, replica: Replica) -> None:
+        """A pass of the schedule; with the facilitator answering, every channel whose first unclaimed
+        charge is `claim_after_seconds` old, never refused nor failed before, is claimed by it."""
+        mode = self.world.facilitator.mode
+        self.record_charges()
+        before = self.rows("SELECT * FROM channels WHERE charged != total_claimed")
+        on_chain = self.world.channel_chain.channels()
+        outcomes = self.run(replica.gate.claim_channels())
+        self.run(self.quiet())
+        if mode != "ok":
+            return
+        after = self.world.channel_chain.channels()
+        for row in before:
+            channel_id, charged = row["channel_id"], int(row["charged"])
+            balance, claimed = on_chain.get(channel_id, (0, 0))
+            first = self.first_unclaimed_charge(channel_id, claimed)
+            if first is None or int(row["claim_failures"]) or charged > balance or row["claim_fence"]:
+                continue
+            voucher = replica.gate.sealer.unseal(row["sealed_voucher"], channel_id)
+            if not money_channels.canonical(voucher["signature"]):
+                continue
+            age = self.world.now - first
+            assert age < self.world.operator.claim_after_seconds or after[channel_id][1] >= charged, (
+                f"channel {channel_id[:10]}: a charge {age:g} s old was left unclaimed by a scheduled pass"
+                f" ({self.world.operator}): {outcomes[-2:]}"
+            )
+
+    def first_unclaimed_charge(self, channel_id: str, claimed: int) -> float | None:
+        """When the first charge above what is claimed was made (as the simulation saw it)."""
+        times = [t for total, t in self.world.charge_times.get(channel_id, []) if total > claimed]
+        return min(times) if times else None
+
+    @precondition(lambda self: self.channel_row() is not None)
+    @rule(outage=st.booleans(), busy=st.booleans(), stale=st.booleans(), pick=st.integers(0, 7))
+    def withdraw(self, outage: bool, busy: bool, stale: bool, pick: int) -> None:
+        """The payer asks to withdraw everything unclaimed (`initiateWithdraw`), waits out the withdraw
+        delay (paying on, when `busy`) while the gate's claim schedule runs each claim interval (or
+        while the gate is down: `outage`), and finalizes. When it can, payTo must hold every increment
+        charged on the channel, or the operator's setting is one check-config refuses. Then it pays on
+        as it believes the channel stands (`stale`: as before the withdrawal)."""
+        chain, payer = self.world.channel_chain, self.world.payer
+        balance, claimed, pending, _ = chain.channel(payer.channel_id)
+        if balance <= claimed or pending:
+            return
+        assert chain.transact("initiateWithdraw", payer.config, balance - claimed) is not None
+        finalizable = self.world.now + money_channels.WITHDRAW_DELAY
+        while self.world.now < finalizable:
+            replica = self.replica(pick)
+            if busy and replica is not None:
+                self.start(replica, self.world.new_channel_token("channel-now"))
+                self.run(self.quiet())
+            self.world.now = min(finalizable, self.world.now + self.world.operator.claim_interval_seconds)
+            for running in [] if outage else self.live():
+                self.run(running.gate.claims.renew())
+            if replica is not None and not outage:
+                self.scheduled_claims(replica)
+        self.record_charges()
+        row = self.channel_row()
+        assert row is not None
+        charged, (_, claimed, _, _) = int(row["charged"]), chain.channel(payer.channel_id)
+        if outage:
+            self.world.withdrawn_in_outage.add(payer.channel_id)
+        else:
+            assert claimed >= charged, (
+                f"the payer can finalize its withdrawal with {charged - claimed} of {charged} charged still"
+                f" unclaimed, and check-config accepts the operator's setting ({self.world.operator})"
+            )
+        assert chain.transact("finalizeWithdraw", payer.config) is not None
+        if not stale:
+            payer.balance = chain.channel(payer.channel_id)[0]
+
+    def record_charges(self) -> None:
+        """When each channel's charged total reached what it is now (the first step that saw it)."""
+        for row in self.rows("SELECT channel_id, charged FROM channels"):
+            seen = self.world.charge_times.setdefault(row["channel_id"], [])
+            if int(row["charged"]) and (not seen or seen[-1][0] != int(row["charged"])):
+                seen.append((int(row["charged"]), self.world.now))
+
+    @invariant()
+    def a_charged_voucher_is_one_the_contract_takes(self) -> None:
+        self.record_charges()
+        for row in self.rows("SELECT channel_id, sealed_voucher FROM channels WHERE sealed_voucher != ''"):
+            voucher = self.world.replicas[0].gate.sealer.unseal(row["sealed_voucher"], row["channel_id"])
+            assert money_channels.canonical(voucher["signature"]), (
+                f"channel {row['channel_id'][:10]} is charged with a voucher whose signature the contract"
+                f" refuses (not low s, v 27/28): {voucher['signature'][-2:]}"
+            )
+
+    @invariant()
+    def no_channel_is_charged_past_its_balance(self) -> None:
+        on_chain = self.world.channel_chain.channels()
+        for row in self.rows("SELECT channel_id, charged FROM channels"):
+            balance, _ = on_chain.get(row["channel_id"], (0, 0))
+            if row["channel_id"] not in self.world.withdrawn_in_outage:
+                assert int(row["charged"]) <= balance, (
+                    f"channel {row['channel_id'][:10]} charged {row['charged']} past its balance {balance}:"
+                    " work delivered that nothing pays for"
+                )
+
+
 class UptoMoneyWorld(MoneyWorld):
     """The same world with usage-priced (upto) requests besides: random usages, two ceilings, every
-    settle outcome. (A machine of its own: the fixed-price machine's search stays as it was, and
-    tests/test_simulation_finds_reverted_fixes.py keeps finding what it finds.)"""
+    settle outcome; one agent priced by an `async def` callable (unless check-config refuses it), and
+    a streaming agent, streamed against its ceiling and reporting odd usage. (A machine of its own: the
+    fixed-price machine's search stays as it was, and tests/test_simulation_finds_reverted_fixes.py
+    keeps finding what it finds.) Besides the rest, after every step: no chunk of a streamed answer
+    is delivered past the one whose usage reached the ceiling (the work past it nobody pays for)."""
 
     @rule(
-        agent=st.sampled_from(list(CEILINGS)),
+        agent=st.sampled_from(HELD_METERED),
         pick=st.integers(0, 7),
         then=st.sampled_from(FINISHES),
         units=USAGES,
@@ -627,7 +850,7 @@ class UptoMoneyWorld(MoneyWorld):
         """A usage-priced request, run to its end at once: the agent fails, or completes having used
         `units` and its settle is answered as `then` says (where the charge meets every settle outcome)."""
         replica = self.replica(pick)
-        if replica is None:
+        if replica is None or (agent == "metered-async" and not self.world.async_pricing):
             return
         token = self.world.new_token(agent)
         self.start(replica, token)
@@ -635,6 +858,47 @@ class UptoMoneyWorld(MoneyWorld):
         call = next((c for c in money_world.CALLS.values() if c.text == token.text), None)
         if call is not None:
             self.finish_call(call, then, units)
+
+    @rule(pick=st.integers(0, 7), usages=st.lists(st.integers(0, 400), min_size=1, max_size=6))
+    def stream_against_the_ceiling(self, pick: int, usages: list[int]) -> None:
+        """A usage-priced answer streamed chunk by chunk, each followed by the units it used: the
+        ceiling (5,000 at 7 a unit) is often reached before its end."""
+        self.stream(pick, list(usages))
+
+    @rule(
+        pick=st.integers(0, 7),
+        before=st.integers(0, 100),
+        odd=st.sampled_from([float("nan"), float("inf"), -1.0, 1e308]),
+        twice=st.booleans(),
+    )
+    def report_odd_usage(self, pick: int, before: int, odd: float, twice: bool) -> None:
+        """A streamed answer whose agent reports an odd usage (once or twice), then one chunk more."""
+        self.stream(pick, [before, odd, *([odd] if twice else []), 1])
+
+    def stream(self, pick: int, usages: list[float]) -> None:
+        replica = self.replica(pick)
+        if replica is None:
+            return
+        token = self.world.new_token("metered-stream")
+        money_world.STREAMS[token.text] = self.world.streams[token.text] = usages
+        self.start(replica, token)
+        self.run(self.quiet())
+
+    @invariant()
+    def no_chunk_is_delivered_past_the_ceiling(self) -> None:
+        for token in self.world.tokens:
+            if token.agent != "metered-stream":
+                continue
+            ceiling, used, reached = CEILINGS[token.agent], 0.0, 0
+            for reached, units in enumerate(self.world.streams[token.text], 1):  # noqa: B007
+                used += units if isinstance(units, int) or (units >= 0 and units != float("inf")) else 0
+                if money_world.UNIT_PRICE * used >= ceiling:
+                    break
+            delivered = self.chunks_delivered(token)
+            assert delivered <= reached, (
+                f"{token.text}: {delivered} chunks delivered, {delivered - reached} past the one whose usage"
+                f" reached the ceiling of {ceiling} (chunk {reached}): work nobody pays for"
+            )
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -650,9 +914,7 @@ def world_on(
     yield database, tmp_path
 
 
-@pytest.mark.parametrize(
-    "world", [MoneyWorldWithChannels, UptoMoneyWorld], ids=["fixed price and a channel", "usage price"]
-)
+@pytest.mark.parametrize("world", [OperatorMoneyWorld, UptoMoneyWorld], ids=["fixed price and channels", "usage price"])
 def test_money_invariants_hold_across_replicas_clocks_and_chain_facts(
     world_on: tuple[str, Path], world: type[MoneyWorld]
 ) -> None:

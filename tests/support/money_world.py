@@ -35,24 +35,23 @@ from typing import Any
 
 import httpx
 from eth_account import Account
-from x402.mechanisms.evm.batch_settlement.client.voucher import sign_voucher
-from x402.mechanisms.evm.batch_settlement.types import ChannelConfig
-from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id
-from x402.mechanisms.evm.signers import EthAccountSigner
 
 from gate import chain as gate_chain
 from gate.config import load_config
 from gate.gate import PaymentGate
-from gate.schemes.batch_settlement import PERMIT2_DEPOSIT_COLLECTOR
-from server.agents import AgentReply, AgentRequest
+from server.agents import AgentReply, AgentRequest, Usage
 from server.app import Services, create_app
+from server.config import ConfigError
+from tests.support import money_channels
+from tests.support.money_channels import ChannelChain
 
 NETWORK = "eip155:84532"
 ASSET = "0x036cbd53842c5426634e7929541ec2318f3dcf7e"
 PAY_TO = "0x209693bc6afc0c5328ba36faf03c514ef312287c"
 PRICE = 1000
 # usage-priced agents: their ceilings, and the price per reported unit
-CEILINGS = {"metered-small": 500, "metered-large": 50_000}
+CEILINGS = {"metered-small": 500, "metered-large": 50_000, "metered-async": 50_000, "metered-stream": 5_000}
+HELD_METERED = ("metered-small", "metered-large", "metered-async")  # priced when the simulation finishes them
 UNIT_PRICE = 7
 FACILITATOR_ADDRESS = "0xfb0b6d1f8b44caeac383d5ac8c0b374bb08e2619"
 UPTO_PROXY = "0x4020a4f3b7b90cca423b9fabcc0ce57c6c240002"
@@ -96,6 +95,36 @@ async def held(request: AgentRequest) -> AgentReply:
     return AgentReply(parts=[{"kind": "text", "text": answer_for(request.text)}], usage={"units": call.units})
 
 
+async def at_once(request: AgentRequest) -> AgentReply:
+    """An agent that answers at once (`tests.support.money_world:at_once`): many channels, a busy payer."""
+    return AgentReply(parts=[{"kind": "text", "text": answer_for(request.text)}])
+
+
+STREAMS: dict[str, list[float]] = {}  # request text -> the usage its streaming agent reports after each chunk
+
+
+async def streamed(request: AgentRequest) -> Any:
+    """The simulation's streaming agent (`tests.support.money_world:streamed`): chunk by chunk, each
+    followed by what it used for it (odd values included: the agent reports what it likes)."""
+    for index, used in enumerate(STREAMS[request.text]):
+        yield streamed_chunk(request.text, index)
+        yield Usage({"units": used})
+
+
+def streamed_chunk(text: str, index: int) -> str:
+    return f"<chunk {index} of {text}>"
+
+
+def price_units(used: dict[str, Any]) -> int:
+    """What the usage-priced agents' rule prices `used` at (the world's pricing callable, synchronous)."""
+    return UNIT_PRICE * int(used.get("units", 0))
+
+
+async def async_price(used: dict[str, Any]) -> int:
+    """The same rule, as an operator might write it: `async def` (`tests.support.money_world:async_price`)."""
+    return price_units(used)
+
+
 def priced(agent: str, units: int) -> int:
     """What a usage-priced agent charges for `units`: the unit price, capped at its ceiling."""
     return min(UNIT_PRICE * units, CEILINGS[agent])
@@ -122,33 +151,14 @@ class Spend:
     value: int = 0
 
 
-@dataclass
-class OnChainChannel:
-    """A channel on the settlement contract: what was deposited, what the receiver claimed."""
-
-    balance: int = 0
-    total_claimed: int = 0
-
-    def state(self, channel_id: str) -> dict[str, Any]:
-        return {
-            "channelId": channel_id,
-            "balance": str(self.balance),
-            "totalClaimed": str(self.total_claimed),
-            "withdrawRequestedAt": 0,
-            "refundNonce": "0",
-        }
-
-
 class Chain:
-    """The token contract: one spend per (authorizer, nonce), and who was paid by it; and the
-    settlement contract's channels, with the deposits that landed (one per deposit salt)."""
+    """The token contract: one spend per (authorizer, nonce), and who was paid by it. (The payment
+    channels' settlement contract is the development chain's: `money_channels.ChannelChain`.)"""
 
     def __init__(self, world: World) -> None:
         self.world = world
         self.spends: dict[tuple[str, str], Spend] = {}
         self.receipts: dict[str, dict[str, Any]] = {}
-        self.channels: dict[str, OnChainChannel] = {}
-        self.deposits: dict[str, str] = {}  # deposit salt -> the transaction that landed it
 
     def spend(self, authorizer: str, nonce: str, kind: str, to: str = "", value: int = 0) -> Spend | None:
         key = (authorizer.lower(), nonce.lower())
@@ -183,10 +193,7 @@ class Chain:
         method, params = body["method"], body["params"]
         result: Any = None
         if method == "eth_call" and params[0]["to"].lower() == SETTLEMENT_CONTRACT:
-            data = params[0]["data"]
-            channel = self.channels.get("0x" + data[10:74].lower(), OnChainChannel())
-            words = (channel.balance, channel.total_claimed) if data.startswith(gate_chain.CHANNELS) else (0, 0)
-            result = "0x" + "".join(format(w, "064x") for w in words)
+            result = self.world.channel_chain.rpc.answer(method, params)  # the development chain's contract
         elif method == "eth_call":
             data = params[0]["data"]
             authorizer, nonce = "0x" + data[10 + 24 : 10 + 64], "0x" + data[10 + 64 :]
@@ -217,7 +224,7 @@ class Facilitator:
         if "permit2Authorization" in body["paymentPayload"]["payload"]:
             return self.handle_upto(request, body)
         if "type" in body["paymentPayload"]["payload"]:
-            return self.handle_channel(request, body["paymentPayload"]["payload"])
+            return self.handle_channel(request, body)
         auth = body["paymentPayload"]["payload"]["authorization"]
         authorizer, nonce = auth["from"], auth["nonce"]
         spent = (authorizer.lower(), nonce.lower()) in self.chain.spends
@@ -277,52 +284,20 @@ class Facilitator:
         answer = {"success": True, "transaction": spend.tx, "network": NETWORK, "payer": owner, "amount": str(amount)}
         return httpx.Response(200, json=answer)
 
-    def handle_channel(self, request: httpx.Request, inner: dict[str, Any]) -> httpx.Response:
-        """batch-settlement as the binding's facilitator answers it (signatures are the gate's to
-        check: this one trusts them, as the exact side does). A deposit settled again answers as the
-        first time (the package's facilitator caches deposit settlements)."""
-        chain = self.chain
-        kind = inner["type"]
-        if kind in ("deposit", "voucher"):
-            channel_id = inner["voucher"]["channelId"].lower()
-            channel = chain.channels.setdefault(channel_id, OnChainChannel())
-            payer = inner["channelConfig"]["payer"].lower()
-            cap = int(inner["voucher"]["maxClaimableAmount"])
+    def handle_channel(self, request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
+        """batch-settlement, decided by the development facilitator's scheme over the development
+        chain's settlement contract (`money_channels.ChannelChain`), in the mode the simulation chose
+        for settles (a deposit settled again answers as the first time: the package's facilitator
+        caches deposit settlements)."""
+        chain = self.chain.world.channel_chain
         if request.url.path.endswith("/verify"):
-            deposit = int(inner["deposit"]["amount"]) if kind == "deposit" else 0
-            if cap > channel.balance + deposit or cap <= channel.total_claimed:
-                reason = "invalid_batch_settlement_evm_cumulative_exceeds_balance"
-                return httpx.Response(200, json={"isValid": False, "invalidReason": reason, "payer": payer})
-            return httpx.Response(200, json={"isValid": True, "payer": payer, "extra": channel.state(channel_id)})
+            return httpx.Response(200, json=chain.decide("verify", body))
         self.settles += 1
         if self.mode == "refused":
             return httpx.Response(200, json={"success": False, "errorReason": "insufficient_funds"})
         if self.mode == "unknown_lost":
             return httpx.Response(503, text="down")
-        if kind == "deposit":  # one deposit moves once, whichever collector it goes through
-            authorization = inner["deposit"]["authorization"]
-            erc3009, permit2 = authorization.get("erc3009Authorization"), authorization.get("permit2Authorization")
-            salt = erc3009["salt"] if erc3009 else permit2["nonce"]
-            if salt not in chain.deposits:
-                chain.deposits[salt] = "0x" + secrets.token_hex(32)
-                channel.balance += int(inner["deposit"]["amount"])
-            answer = {
-                "success": True,
-                "transaction": chain.deposits[salt],
-                "network": NETWORK,
-                "payer": payer,
-                "extra": {"channelState": channel.state(channel_id)},
-            }
-        elif kind == "claim":
-            for entry in inner["claims"]:
-                config = ChannelConfig.from_dict(entry["voucher"]["channel"])
-                claimed = chain.channels.setdefault(compute_channel_id(config, NETWORK).lower(), OnChainChannel())
-                total = int(entry["totalClaimed"])
-                assert total <= int(entry["voucher"]["maxClaimableAmount"]) and total <= claimed.balance, entry
-                claimed.total_claimed = max(claimed.total_claimed, total)
-            answer = {"success": True, "transaction": "0x" + secrets.token_hex(32), "network": NETWORK, "payer": ""}
-        else:  # the sweep of claimed funds to the receiver
-            answer = {"success": True, "transaction": "0x" + secrets.token_hex(32), "network": NETWORK, "payer": ""}
+        answer = chain.decide("settle", body)
         if self.mode == "unknown_landed":
             return httpx.Response(504, text="timeout")
         return httpx.Response(200, json=answer)
@@ -409,7 +384,7 @@ class Token:
         return base64.b64encode(json.dumps(payload).encode()).decode()
 
 
-CHANNEL_AUTHORIZER = "0x" + "a5" * 20
+CHANNEL_AUTHORIZER = money_channels.RECEIVER_AUTHORIZER
 SETTLEMENT_CONTRACT = "0x4020074e9df2ce1dee5a9c1b5c3f541d02a10003"
 DEPOSIT = 20 * PRICE
 
@@ -424,6 +399,7 @@ class ChannelToken:
     payload: dict[str, Any]
     agent: str = "channel"
     method: str = "eip3009"  # the offer it pays: the channel's ERC-3009 or Permit2 deposits
+    decoy: bool = False  # one of many channels' (`World.decoy_tokens`), not the payer's
 
     @property
     def text(self) -> str:
@@ -446,57 +422,30 @@ class ChannelToken:
 
 
 class ChannelPayer:
-    """One payer with one channel, and what it believes the channel has charged (from its answers)."""
+    """One payer with one channel, and what it believes the channel has charged (from its answers).
+    Its deposits and vouchers are signed by the x402 package's client code, for the development chain."""
 
     def __init__(self) -> None:
         self.account = Account.create()
-        self.config = {
-            "payer": self.account.address,
-            "payerAuthorizer": self.account.address,
-            "receiver": PAY_TO,
-            "receiverAuthorizer": CHANNEL_AUTHORIZER,
-            "token": ASSET,
-            "withdrawDelay": 900,
-            "salt": "0x" + "00" * 32,
-        }
-        self.channel_id = compute_channel_id(ChannelConfig.from_dict(self.config), NETWORK).lower()
+        self.config = money_channels.channel_config(self.account.address)
+        self.channel_id = money_channels.channel_id_of(self.config)
         self.charged = 0  # what the payer believes
         self.balance = 0  # what it believes it deposited
 
-    def sign(self, index: int, now: float) -> ChannelToken:
+    def sign(self, index: int, now: float, agent: str = "channel", form: str = "") -> ChannelToken:
+        """Its next voucher (a deposit first, and again when it runs out), through either collector;
+        with `form`, its signature in a form the contract refuses (`money_channels.non_canonical`)."""
         cap = self.charged + PRICE
-        voucher = sign_voucher(EthAccountSigner(self.account), self.channel_id, str(cap), NETWORK).to_dict()
-        payload: dict[str, Any] = {"type": "voucher", "channelConfig": self.config, "voucher": voucher}
         kind, method = "voucher", "permit2" if index % 2 else "eip3009"  # either offer takes a voucher
-        if cap > self.balance:  # a deposit first (and again when it runs out), through either collector
+        if cap > self.balance:
             kind = "deposit"
-            if method == "permit2":
-                authorization = {
-                    "permit2Authorization": {
-                        "from": self.account.address,
-                        "permitted": {"token": ASSET, "amount": str(DEPOSIT)},
-                        "spender": PERMIT2_DEPOSIT_COLLECTOR,
-                        "nonce": str(secrets.randbits(128)),
-                        "deadline": str(int(now) + WINDOW),
-                        "witness": {"channelId": self.channel_id},
-                        "signature": "0x" + "33" * 65,
-                    }
-                }
-            else:
-                authorization = {
-                    "erc3009Authorization": {
-                        "validAfter": "0",
-                        "validBefore": str(int(now) + WINDOW),
-                        "salt": "0x" + secrets.token_hex(32),
-                        "signature": "0x" + "22" * 65,
-                    }
-                }
-            payload = {
-                **payload,
-                "type": "deposit",
-                "deposit": {"amount": str(DEPOSIT), "authorization": authorization},
-            }
-        return ChannelToken(index, kind, cap, payload, method=method)
+            payload = money_channels.deposit_payload(self.account, self.config, DEPOSIT, cap, now + WINDOW, method)
+        else:
+            voucher = money_channels.voucher(self.account, self.channel_id, cap)
+            payload = {"type": "voucher", "channelConfig": self.config, "voucher": voucher}
+        if form:
+            payload["voucher"]["signature"] = money_channels.non_canonical(payload["voucher"]["signature"], form)
+        return ChannelToken(index, kind, cap, payload, agent=agent, method=method)
 
     def heard(self, token: ChannelToken, response: httpx.Response) -> None:
         """What the answer tells the payer: a receipt (charged, and its deposit counted), or a
@@ -538,9 +487,10 @@ settle_passes = {passes}
 settle_max_delay_seconds = {max_delay}
 breaker_failures = 1000000
 
-[networks."{network}"]
-rpc_url = "http://chain.test/rpc"
-
+[channels]
+claim_interval_seconds = {claim_interval}
+claim_after_seconds = {claim_after}
+{networks}
 [agents.paid]
 backend = "python"
 callable = "tests.support.money_world:held"
@@ -565,6 +515,18 @@ callable = "tests.support.money_world:held"
 deadline_seconds = 60
 price = {{ network = "{network}", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}", scheme = "batch-settlement", receiver_authorizer = "{authorizer}", accepts = [{{}}, {{ asset_transfer_method = "permit2" }}] }}
 
+[agents.channel-now]
+backend = "python"
+callable = "tests.support.money_world:at_once"
+deadline_seconds = 60
+price = {{ network = "{network}", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}", scheme = "batch-settlement", receiver_authorizer = "{authorizer}", accepts = [{{}}, {{ asset_transfer_method = "permit2" }}] }}
+
+[agents.metered-stream]
+backend = "python"
+callable = "tests.support.money_world:streamed"
+deadline_seconds = 60
+price = {{ scheme = "upto", network = "{network}", asset = "{asset}", ceiling = "{stream}", pay_to = "{pay_to}", facilitator_address = "{facilitator}", usage = {{ unit = "units", unit_price = "{unit_price}" }} }}
+{async_agent}
 [agents.withheld]
 backend = "python"
 callable = "tests.support.money_world:held"
@@ -572,6 +534,42 @@ deadline_seconds = 60
 on_settle_failure = "withhold"
 price = {{ network = "{network}", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}" }}
 """
+
+
+ASYNC_PRICED = """
+[agents.metered-async]
+backend = "python"
+callable = "tests.support.money_world:held"
+deadline_seconds = 60
+price = {{ scheme = "upto", network = "{network}", asset = "{asset}", ceiling = "{large}", pay_to = "{pay_to}", facilitator_address = "{facilitator}", usage = {{ callable = "tests.support.money_world:async_price" }} }}
+"""
+WATCHED = """
+[networks."{network}"]
+rpc_url = "http://chain.test/rpc"
+"""
+
+
+@dataclass(frozen=True)
+class Operator:
+    """What the operator set that decides when channels are claimed: whether the gate can ask the
+    chain (`[networks] rpc_url`: the withdrawal watch, and an exact settle's ground truth), and the
+    claim schedule (`[channels]`)."""
+
+    watched: bool = True
+    claim_after_seconds: float = 300.0
+    claim_interval_seconds: float = 60.0
+
+    def __str__(self) -> str:
+        watch = "[networks] rpc_url set" if self.watched else "no [networks] rpc_url"
+        return f"{watch}, [channels] claim_after_seconds = {self.claim_after_seconds:g}"
+
+
+OPERATORS = [
+    Operator(),
+    Operator(watched=False),
+    Operator(claim_after_seconds=3600.0),
+    Operator(watched=False, claim_after_seconds=3600.0),
+]
 
 
 class Replica:
@@ -603,45 +601,99 @@ class Replica:
         await self.services.open_store()
 
 
+WORLDS = itertools.count()
+
+
 class World:
-    """The database, the chain, the facilitator, the replicas and the virtual clock."""
+    """The database, the chains, the facilitator, the replicas and the virtual clock."""
 
     def __init__(self, database: str, workdir: Path) -> None:
         self.now = 1_900_000_000.0  # the database's clock
-        config = workdir / "gate.toml"
-        config.write_text(
-            CONFIG.format(
-                database=database,
-                pass_interval=PASS_INTERVAL,
-                lease=LEASE,
-                passes=PASSES,
-                max_delay=MAX_DELAY,
-                network=NETWORK,
-                asset=ASSET,
-                price=PRICE,
-                pay_to=PAY_TO,
-                small=CEILINGS["metered-small"],
-                large=CEILINGS["metered-large"],
-                facilitator=FACILITATOR_ADDRESS,
-                unit_price=UNIT_PRICE,
-                authorizer=CHANNEL_AUTHORIZER,
-            )
-        )
-        self.settings = load_config(str(config))
+        self.database, self.workdir = database, workdir
+        self.operator = Operator()
+        # what check-config refused when the simulation asked for it: (the setting, its problems)
+        self.refused: list[tuple[str, list[str]]] = []
+        self.async_pricing = True  # an `async def` pricing callable is configured (not refused)
+        self.settings = self.configure(Operator())
         self.chain = Chain(self)
+        self.channel_chain = ChannelChain(workdir / f"chain-{next(WORLDS)}.db", lambda: self.now)
         self.facilitator = Facilitator(self.chain)
         self.replicas: list[Replica] = []
         self.tokens: list[Token] = []
         self.indexes = itertools.count()
-        self.priced: dict[str, int] = {}  # task id -> what its usage priced at, when its agent completed
+        self.priced: dict[str, int | None] = {}  # task id -> its usage's price when its agent completed (None: odd)
         self.answers: list[tuple[Token | ChannelToken, dict[str, Any]]] = []  # every Task a client was answered
         self.payer = ChannelPayer()
         self.channel_tokens: list[ChannelToken] = []
+        self.decoys: list[ChannelToken] = []  # one payment for each of many channels (`money_channels.DECOYS`)
+        self.streams: dict[str, list[float]] = {}  # a streamed request's text -> the usage after each chunk
+        # channels whose payer took its unclaimed balance back while the gate was down (no setting helps)
+        self.withdrawn_in_outage: set[str] = set()
+        self.charge_times: dict[str, list[tuple[int, float]]] = {}  # channel -> (charged total, when first seen)
 
-    def new_channel_token(self) -> ChannelToken:
-        token = self.payer.sign(next(self.indexes), self.now)
+    def config_text(self, operator: Operator, async_pricing: bool) -> str:
+        return CONFIG.format(
+            database=self.database,
+            pass_interval=PASS_INTERVAL,
+            lease=LEASE,
+            passes=PASSES,
+            max_delay=MAX_DELAY,
+            network=NETWORK,
+            asset=ASSET,
+            price=PRICE,
+            pay_to=PAY_TO,
+            small=CEILINGS["metered-small"],
+            large=CEILINGS["metered-large"],
+            stream=CEILINGS["metered-stream"],
+            facilitator=FACILITATOR_ADDRESS,
+            unit_price=UNIT_PRICE,
+            authorizer=CHANNEL_AUTHORIZER,
+            claim_interval=operator.claim_interval_seconds,
+            claim_after=operator.claim_after_seconds,
+            networks=WATCHED.format(network=NETWORK) if operator.watched else "",
+            async_agent=ASYNC_PRICED.format(
+                network=NETWORK,
+                asset=ASSET,
+                large=CEILINGS["metered-async"],
+                pay_to=PAY_TO,
+                facilitator=FACILITATOR_ADDRESS,
+            )
+            if async_pricing
+            else "",
+        )
+
+    def configure(self, operator: Operator) -> Any:
+        """The settings for `operator`, as check-config reads them. A setting it refuses is recorded
+        (`refused`) and left out: the operator's own (then the default schedule, watched), or the
+        agent priced by an `async def` callable."""
+        config = self.workdir / "gate.toml"
+        for async_pricing in (True, False):
+            for candidate in (operator, Operator()):
+                config.write_text(self.config_text(candidate, async_pricing))
+                try:
+                    settings = load_config(str(config))
+                except ConfigError as refused:
+                    pricing = ", and an agent priced by an `async def` callable" if async_pricing else ""
+                    self.refused.append((f"{candidate}{pricing}", refused.problems))
+                    continue
+                self.operator, self.async_pricing = candidate, async_pricing
+                return settings
+        raise AssertionError(f"check-config refuses every setting the simulation tried: {self.refused}")
+
+    def new_channel_token(self, agent: str = "channel", form: str = "") -> ChannelToken:
+        token = self.payer.sign(next(self.indexes), self.now, agent, form)
         self.channel_tokens.append(token)
         return token
+
+    def decoy_tokens(self) -> list[ChannelToken]:
+        """A payment for each of many channels: one payer, a channel per salt, one request each."""
+        tokens = []
+        for payload in money_channels.decoy_payloads():
+            tokens.append(
+                ChannelToken(next(self.indexes), "deposit", PRICE, json.loads(payload), agent="channel-now", decoy=True)
+            )
+        self.decoys.extend(tokens)
+        return tokens
 
     def clock_property(self) -> property:
         return property(lambda db: repr(float(self.now)))
