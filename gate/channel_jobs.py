@@ -20,6 +20,20 @@ After as many failed claims in a row as an owed settle gets passes (`settle_pass
 each time, the schedule stops claiming that channel and says so (`needs_attention`);
 `a2a-gate channels claim` tries it again.
 
+One row the contract refuses never sinks its batch: a refused batch is halved until the refused
+rows stand alone, the rest is claimed in the same pass, and each refused row is set aside
+(`refused`, terminal for its voucher: a `channel_claim_failed` and a `needs_attention` row,
+`a2a_gate_channel_transactions{action="claim",outcome="refused"}`). A row is the refused one only
+when another row of its batch landed or the chain shows its balance no longer backs it; when every
+row is refused alone the facilitator is the likelier cause, and they are failed claims as before.
+
+The claim obligation (DESIGN 6): every charged voucher increment is claimed before its payer could
+withdraw it. Each pass walks every channel with unclaimed charges, page by page, never a capped
+list: the withdrawal watch reads each from the chain, and a payer's withdrawal makes its channel due
+at once; otherwise a channel is due `claim_after_seconds` after its FIRST unclaimed charge (the
+oldest money first). `gate.config.claim_obligation_problems` refuses a schedule that could not
+land a claim, one failure included, inside the withdraw delay an offer states.
+
 A channel idle for `refund_after_seconds` is refunded cooperatively: what it holds beyond its
 charged total goes back to its payer, its unclaimed vouchers claimed in the same transaction
 (`channel_refund`). It is closed to vouchers from the moment its refund is taken (so no request
@@ -36,7 +50,8 @@ from typing import Any
 
 from gate.chain import ChainUnavailable
 from gate.channels import Channel, Mirror
-from gate.facilitator import Unavailable
+from gate.config import channel_offers
+from gate.facilitator import SettleAnswer, Unavailable
 from gate.parts import GateParts
 from gate.schemes import batch_settlement
 from server.database import commit_until_stored
@@ -60,47 +75,75 @@ def requirements(network: str, asset: str, receiver: str) -> dict[str, Any]:
     }
 
 
+WATCH_CONCURRENCY = 8  # channels read from the chain at once by the withdrawal watch
+
+
 async def watch(parts: GateParts) -> list[dict[str, Any]]:
-    """Where the chain can be asked (`[networks] rpc_url`), read every channel with unclaimed charges:
-    a claim whose answer was lost is settled by what the chain says it claimed, and a payer's
-    withdrawal request makes its channel due now (it may take the unclaimed balance once the
-    withdraw delay runs out)."""
-    outcomes = []
-    for channel in await parts.channels.claimable(0, 0.0):  # (a claim in flight is its claimer's to record)
-        if not parts.chain.knows(channel.network):
-            continue
-        try:
-            balance, claimed, withdrawal = await parts.chain.channel(
-                channel.network, batch_settlement.SETTLEMENT_CONTRACT, channel.channel_id
+    """Where the chain can be asked (`[networks] rpc_url`), read every channel with unclaimed charges,
+    page by page (nothing caps how many): a claim whose answer was lost is settled by what the chain
+    says it claimed, and a payer's withdrawal request makes its channel due now (it may take the
+    unclaimed balance once the withdraw delay runs out)."""
+    outcomes: list[dict[str, Any]] = []
+    slots = asyncio.Semaphore(WATCH_CONCURRENCY)
+
+    async def read(channel: Channel) -> list[dict[str, Any]]:
+        async with slots:
+            return await watch_one(parts, channel)
+
+    async for page in parts.channels.unclaimed():
+        # (a claim in flight is its claimer's to record)
+        watched = [c for c in page if parts.chain.knows(c.network) and not in_flight(c)]
+        for found in await asyncio.gather(*(read(c) for c in watched)):
+            outcomes.extend(found)
+    return outcomes
+
+
+def in_flight(channel: Channel) -> bool:
+    return bool(channel.claim_fence) and channel.claim_until >= channel.now
+
+
+async def watch_one(parts: GateParts, channel: Channel) -> list[dict[str, Any]]:
+    try:
+        balance, claimed, withdrawal = await parts.chain.channel(
+            channel.network, batch_settlement.SETTLEMENT_CONTRACT, channel.channel_id
+        )
+    except ChainUnavailable as exc:
+        logger.warning("the chain cannot say where channel %s stands: %s", channel.channel_id[:18], exc.reason)
+        return []
+    outcomes: list[dict[str, Any]] = []
+    mirror = Mirror(balance, claimed, withdrawal, channel.refund_nonce)
+    landed = claimed > channel.total_claimed
+    await parts.channels.mirror(channel.channel_id, mirror)
+    if landed:
+        parts.metrics.revenue.labels(channel.network, channel.asset).inc(claimed - channel.total_claimed)
+        await parts.log.append(
+            "channel_claim",
+            agent="",
+            token_digest=channel.voucher_digest,
+            payer=channel.payer,
+            amount=str(claimed - channel.total_claimed),
+            network=channel.network,
+            asset=channel.asset,
+            error=f"confirmed on chain: channel {channel.channel_id[:18]} claimed to {claimed}",
+        )
+        outcomes.append(
+            {
+                "outcome": "confirmed",
+                "channel": channel.channel_id,
+                "claimed": claimed,
+                "receiver": (channel.network, channel.asset, channel.receiver),
+            }
+        )
+    if withdrawal and claimed < channel.charged:
+        if not channel.withdraw_requested_at:
+            logger.warning(
+                "channel %s: its payer asked to withdraw (at %d, final after %d s) with %d unclaimed: due now",
+                channel.channel_id[:18],
+                withdrawal,
+                channel.withdraw_delay,
+                channel.charged - claimed,
             )
-        except ChainUnavailable as exc:
-            logger.warning("the chain cannot say where channel %s stands: %s", channel.channel_id[:18], exc.reason)
-            continue
-        mirror = Mirror(balance, claimed, withdrawal, channel.refund_nonce)
-        landed = claimed > channel.total_claimed
-        await parts.channels.mirror(channel.channel_id, mirror)
-        if landed:
-            parts.metrics.revenue.labels(channel.network, channel.asset).inc(claimed - channel.total_claimed)
-            await parts.log.append(
-                "channel_claim",
-                agent="",
-                token_digest=channel.voucher_digest,
-                payer=channel.payer,
-                amount=str(claimed - channel.total_claimed),
-                network=channel.network,
-                asset=channel.asset,
-                error=f"confirmed on chain: channel {channel.channel_id[:18]} claimed to {claimed}",
-            )
-            outcomes.append(
-                {
-                    "outcome": "confirmed",
-                    "channel": channel.channel_id,
-                    "claimed": claimed,
-                    "receiver": (channel.network, channel.asset, channel.receiver),
-                }
-            )
-        if withdrawal:
-            outcomes.append({"outcome": "withdrawal_requested", "channel": channel.channel_id})
+        outcomes.append({"outcome": "withdrawal_requested", "channel": channel.channel_id})
     return outcomes
 
 
@@ -114,7 +157,7 @@ async def claim_due(parts: GateParts, *, now: bool = False) -> list[dict[str, An
     budget = None if now else parts.config.facilitator.settle_passes
     due = await parts.channels.claimable(min_amount, max_age, max_failures=budget)
     batches: dict[tuple[str, str, str], list[Channel]] = defaultdict(list)
-    for channel in due:
+    for channel in due:  # pending withdrawals first, then the oldest unclaimed charge
         batches[(channel.network, channel.asset, channel.receiver)].append(channel)
     outcomes: list[dict[str, Any]] = [{k: v for k, v in o.items() if k != "receiver"} for o in watched]
     confirmed = {o["receiver"] for o in watched if o["outcome"] == "confirmed"}
@@ -124,9 +167,9 @@ async def claim_due(parts: GateParts, *, now: bool = False) -> list[dict[str, An
         claimed = (network, asset, receiver) in confirmed
         for start in range(0, len(channels), MAX_CLAIMS_PER_BATCH):
             batch = channels[start : start + MAX_CLAIMS_PER_BATCH]
-            outcome = await claim_batch(parts, network, asset, receiver, batch)
-            claimed = claimed or outcome["outcome"] == "claimed"
-            outcomes.append(outcome)
+            done = await claim_batch(parts, network, asset, receiver, batch)
+            claimed = claimed or any(o["outcome"] == "claimed" for o in done)
+            outcomes.extend(done)
         if claimed:
             outcomes.append(await sweep(parts, network, asset, receiver))
     return outcomes
@@ -134,13 +177,51 @@ async def claim_due(parts: GateParts, *, now: bool = False) -> list[dict[str, An
 
 async def claim_batch(
     parts: GateParts, network: str, asset: str, receiver: str, channels: list[Channel]
-) -> dict[str, Any]:
+) -> list[dict[str, Any]]:
+    """Claim `channels` (one receiver's) in one transaction; if the contract refuses the batch, find the
+    row(s) it refuses by halving it, claim the rest, and set the refused rows aside (`set_aside`): one
+    voucher the contract will not take never holds back another channel's claim."""
     fence = secrets.token_hex(8)
     taken = [c for c in channels if await parts.channels.take_claim(c, fence, CLAIM_LEASE_SECONDS)]
     if not taken:
-        return {"outcome": "skipped", "channels": 0, "receiver": receiver}
+        return [{"outcome": "skipped", "channels": 0, "receiver": receiver}]
+    outcomes: list[dict[str, Any]] = []
+    refused: list[tuple[Channel, str]] = []
+
+    async def attempt(rows: list[Channel]) -> None:
+        try:
+            answer = await send_claims(parts, network, asset, receiver, rows)
+        except Unavailable as exc:  # nobody knows: the whole of it is tried again (the chain decides)
+            outcomes.append(await claim_failed(parts, rows, fence, f"claim_unavailable: {exc.reason}", unknown=True))
+            return
+        if answer.success:
+            outcomes.append(await claimed_rows(parts, network, asset, rows, fence, answer))
+        elif len(rows) == 1:
+            refused.append((rows[0], answer.reason))
+        else:  # a refused batch: which of its rows? each half on its own
+            middle = len(rows) // 2
+            await attempt(rows[:middle])
+            await attempt(rows[middle:])
+
+    await attempt(taken)
+    landed = any(o["outcome"] == "claimed" for o in outcomes)
+    failed: list[Channel] = []
+    for channel, reason in refused:
+        # refused alone while another row landed, or the chain shows why: the row's own; else every row
+        # was refused, which says more of the facilitator than of them: failed claims, tried again
+        evidence = await refused_on_chain(parts, channel)
+        if landed or evidence:
+            outcomes.append(await set_aside(parts, channel, fence, evidence or reason))
+        else:
+            failed.append(channel)
+    if failed:
+        outcomes.append(await claim_failed(parts, failed, fence, refused[0][1], unknown=False))
+    return outcomes
+
+
+async def send_claims(parts: GateParts, network: str, asset: str, receiver: str, rows: list[Channel]) -> SettleAnswer:
     entries = []
-    for channel in taken:
+    for channel in rows:
         voucher = parts.sealer.unseal(channel.sealed_voucher, channel.channel_id)
         entries.append(
             {
@@ -151,12 +232,12 @@ async def claim_batch(
         )
     wanted = requirements(network, asset, receiver)
     payload = {"x402Version": 2, "payload": {"type": "claim", "claims": entries}, "accepted": wanted}
-    try:
-        answer = await parts.facilitator.settle(2, payload, wanted)
-    except Unavailable as exc:
-        return await claim_failed(parts, taken, fence, f"claim_unavailable: {exc.reason}", unknown=True)
-    if not answer.success:
-        return await claim_failed(parts, taken, fence, answer.reason, unknown=False)
+    return await parts.facilitator.settle(2, payload, wanted)
+
+
+async def claimed_rows(
+    parts: GateParts, network: str, asset: str, taken: list[Channel], fence: str, answer: SettleAnswer
+) -> dict[str, Any]:
     statements = [parts.channels.claimed_statement(c.channel_id, fence, None) for c in taken]
 
     async def write() -> None:
@@ -183,6 +264,69 @@ async def claim_batch(
         "claimed %d voucher(s) on chain, %d atomic units, transaction %s", len(taken), added, answer.transaction
     )
     return {"outcome": "claimed", "channels": len(taken), "amount": added, "transaction": answer.transaction}
+
+
+async def refused_on_chain(parts: GateParts, channel: Channel) -> str:
+    """Why the chain cannot take this channel's claim, where it can be asked and says so ("" otherwise):
+    its balance no longer backs the voucher (the payer withdrew, or a refund went back)."""
+    if not parts.chain.knows(channel.network):
+        return ""
+    try:
+        balance, claimed, _ = await parts.chain.channel(
+            channel.network, batch_settlement.SETTLEMENT_CONTRACT, channel.channel_id
+        )
+    except ChainUnavailable:
+        return ""
+    if claimed < channel.voucher_max and balance < channel.voucher_max:
+        return f"the channel's balance on chain ({balance}) no longer backs its voucher ({channel.voucher_max})"
+    return ""
+
+
+async def set_aside(parts: GateParts, channel: Channel, fence: str, reason: str) -> dict[str, Any]:
+    """The contract refuses this channel's claim: its voucher is `refused` (terminal: no pass sends it
+    again, nor in a batch with others; a later voucher of the channel is claimable), logged for an
+    operator, counted."""
+    unclaimed = str(channel.voucher_max - channel.total_claimed)
+    if await parts.channels.refuse(channel.channel_id, fence, reason) == 0:  # taken over meanwhile: not ours
+        return {"outcome": "skipped", "channel": channel.channel_id}
+    fields = dict(
+        agent="",
+        token_digest=channel.voucher_digest,
+        payer=channel.payer,
+        amount=unclaimed,
+        network=channel.network,
+        asset=channel.asset,
+    )
+    short = channel.channel_id[:18]
+    await parts.log.append("channel_claim_failed", **fields, error=f"refused, set aside: channel {short}: {reason}")
+    await parts.log.append(
+        "needs_attention",
+        **fields,
+        error=f"channel {short}: the contract refuses its claim ({reason}); set aside, the rest claimed",
+    )
+    parts.metrics.channel_transactions.labels("claim", "refused").inc()
+    logger.warning("channel %s: its claim of %s is refused (%s): set aside", short, unclaimed, reason)
+    return {"outcome": "refused", "channel": channel.channel_id, "amount": unclaimed, "error": reason}
+
+
+async def left_unclaimed(parts: GateParts) -> list[dict[str, Any]]:
+    """Every channel still holding unclaimed charges, and why (for `a2a-gate channels claim`)."""
+    passes = parts.config.facilitator.settle_passes
+    left = []
+    async for page in parts.channels.unclaimed():
+        for c in page:
+            if c.refused:
+                why = f"refused: {c.refused_reason}"
+            elif in_flight(c) and c.claim_failures:
+                why = f"{c.claim_failures} failed claim(s); next try in {c.claim_until - c.now:.0f} s"
+            elif in_flight(c):
+                why = "a claim in flight (another process)"
+            elif c.claim_failures >= passes:
+                why = f"{c.claim_failures} failed claims: the schedule stopped; a2a-gate channels claim"
+            else:
+                why = "not claimed"
+            left.append({"channel": c.channel_id, "unclaimed": c.unclaimed, "why": why})
+    return left
 
 
 async def claim_failed(
@@ -337,6 +481,13 @@ async def refund_log(parts: GateParts, channel: Channel, transaction: str, error
 
 async def claim_loop(parts: GateParts) -> None:
     """The schedule: a pass every `claim_interval_seconds`, whatever a pass meets (claims, then refunds)."""
+    unwatched = sorted({offer.network for _, offer in channel_offers(parts.config)} - set(parts.chain.networks))
+    if unwatched:  # only with [channels] accept_unwatched_withdrawals (or no facilitator): say so where it runs
+        logger.warning(
+            "payment channels on %s are not watched for withdrawals (no [networks] rpc_url): only the claim"
+            " schedule stands between a payer's withdrawal and its charged vouchers",
+            ", ".join(unwatched),
+        )
     while True:
         await asyncio.sleep(parts.config.channels.claim_interval_seconds)
         try:

@@ -22,6 +22,7 @@ lock); this is that, in SQLite or PostgreSQL, for replicas.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,28 @@ _STATEMENTS = (
     f"CREATE TABLE IF NOT EXISTS channels ({_COLUMNS})",
     "CREATE INDEX IF NOT EXISTS channels_charged_at ON channels (charged_at)",
 )
-MIGRATIONS = (Migration(sqlite=_STATEMENTS, postgresql=_STATEMENTS),)
+# The claim obligation (DESIGN 6): when the channel's first unclaimed charge was made (the oldest
+# money is due first; `charged_at` is the latest), and a claim the contract refused, set aside: its
+# voucher's maximum (a later voucher is claimable again), why, and when. Rows holding unclaimed
+# charges before this step take their creation time: never later than their first unclaimed charge.
+_FIRST_CHARGE = (
+    "UPDATE channels SET first_charged_at = CASE WHEN created_at > 0 THEN created_at ELSE charged_at END"
+    " WHERE charged != total_claimed"
+)
+_ADDED = (
+    "first_charged_at DOUBLE PRECISION NOT NULL DEFAULT 0",
+    "refused_max TEXT NOT NULL DEFAULT ''",
+    "refused_reason TEXT NOT NULL DEFAULT ''",
+    "refused_at DOUBLE PRECISION NOT NULL DEFAULT 0",
+)
+MIGRATIONS = (
+    Migration(sqlite=_STATEMENTS, postgresql=_STATEMENTS),
+    Migration(
+        sqlite=(*(f"ALTER TABLE channels ADD COLUMN {c}" for c in _ADDED), _FIRST_CHARGE),
+        postgresql=(*(f"ALTER TABLE channels ADD COLUMN IF NOT EXISTS {c}" for c in _ADDED), _FIRST_CHARGE),
+    ),
+)
+PAGE_SIZE = 100  # channels read at a time by the claim job's walk (`Channels.unclaimed`): a page, never a cap
 
 
 @dataclass(frozen=True)
@@ -83,6 +105,10 @@ class Channel:
     claim_unknown: bool = False
     claim_failures: int = 0
     refunded: bool = False
+    first_charged_at: float = 0.0  # the first charge not yet claimed (0: none)
+    refused_max: int = -1  # the voucher maximum whose claim the contract refused (-1: none)
+    refused_reason: str = ""
+    refused_at: float = 0.0
     now: float = 0.0  # the database's clock when the row was read
 
     @classmethod
@@ -111,7 +137,39 @@ class Channel:
             claim_unknown=bool(row["claim_unknown"]),
             claim_failures=int(row["claim_failures"]),
             refunded=bool(row["refunded"]),
+            first_charged_at=float(row["first_charged_at"]),
+            refused_max=int(row["refused_max"]) if row["refused_max"] else -1,
+            refused_reason=row["refused_reason"],
+            refused_at=float(row["refused_at"]),
             now=float(row["now"]) if "now" in row else 0.0,
+        )
+
+    @property
+    def unclaimed(self) -> int:
+        return max(0, self.charged - self.total_claimed)
+
+    @property
+    def refused(self) -> bool:
+        """Its latest voucher's claim was refused by the contract: set aside (terminal for that voucher)."""
+        return self.refused_max == self.voucher_max
+
+    @property
+    def withdraw_delay(self) -> int:
+        return int(self.config.get("withdrawDelay", 0))
+
+    def finalizable_in(self) -> float | None:
+        """Seconds before the payer's pending withdrawal can be finalized (None: none pending)."""
+        if not self.withdraw_requested_at:
+            return None
+        return self.withdraw_requested_at + self.withdraw_delay - self.now
+
+    def due(self, min_amount: int, max_age_seconds: float) -> bool:
+        """Its unclaimed charges reach `min_amount`, or the first of them is `max_age_seconds` old, or
+        its payer asked to withdraw (the unclaimed balance could go back once the delay runs out)."""
+        return self.unclaimed > 0 and (
+            self.unclaimed >= min_amount
+            or self.now - self.first_charged_at >= max_age_seconds
+            or self.withdraw_requested_at > 0
         )
 
     def fresh(self, ttl_seconds: float) -> bool:
@@ -153,6 +211,18 @@ class Mirror:
         if min(*values, withdraw, nonce) < 0:
             return None
         return cls(values[0], values[1], withdraw, nonce)
+
+
+@dataclass(frozen=True)
+class Obligation:
+    """The claim job's backlog: channels whose payer asked to withdraw while charges are unclaimed,
+    the oldest unclaimed charge's age, the least time before a pending withdrawal can be finalized
+    (None: none pending), and channels whose latest voucher's claim the contract refused."""
+
+    pending_withdrawals: int
+    oldest_unclaimed_seconds: float
+    finalizable_in_seconds: float | None
+    refused: int
 
 
 @dataclass(frozen=True)
@@ -280,7 +350,10 @@ class Channels:
         return (
             f"UPDATE channels SET charged = ?, voucher_max = ?, sealed_voucher = ?, voucher_digest = ?,"
             f" reserved_by = ''{', refunded = 0' if voucher.kind == 'deposit' else ''},"
-            f" charged_at = {self.now}, updated_at = {self.now}{mirrored}"
+            f" charged_at = {self.now}, updated_at = {self.now}{mirrored},"
+            # the first charge since everything was claimed starts the claim's clock (old values on the right)
+            f" first_charged_at = CASE WHEN charged = total_claimed OR first_charged_at = 0 THEN {self.now}"
+            " ELSE first_charged_at END"
             " WHERE channel_id = ? AND charged = ?",
             (
                 str(voucher.max_claimable),
@@ -309,29 +382,69 @@ class Channels:
 
     # -- the claim job -------------------------------------------------------------------
 
-    async def claimable(
-        self, min_amount: int, max_age_seconds: float, limit: int = 100, *, max_failures: int | None = None
-    ) -> list[Channel]:
-        """Channels whose charged total runs ahead of what is claimed on chain by `min_amount`, or
-        whose oldest unclaimed charge is `max_age_seconds` old, or whose payer asked to withdraw;
-        none with a claim in flight, nor (with `max_failures`) one whose claims failed that often."""
-        failures = "" if max_failures is None else f" AND claim_failures < {int(max_failures)}"
-        rows = await self.db.fetch(
-            f"SELECT *, {self.now} AS now FROM channels WHERE charged != total_claimed AND sealed_voucher != ''"
-            f" AND (claim_fence = '' OR claim_until < {self.now}){failures} ORDER BY charged_at LIMIT ?",
-            (limit,),
-        )
-        channels = [Channel.from_row(r) for r in rows]
-        return [
-            c
-            for c in channels
-            if c.charged > c.total_claimed
-            and (
-                c.charged - c.total_claimed >= min_amount
-                or c.now - c.charged_at >= max_age_seconds
-                or c.withdraw_requested_at > 0
+    async def unclaimed(self, page_size: int = PAGE_SIZE) -> AsyncIterator[list[Channel]]:
+        """Every channel holding charges not claimed on chain, a page at a time in key order (each
+        page starts after the last key of the one before): nothing caps how many are walked."""
+        after = ""
+        while True:
+            rows = await self.db.fetch(
+                f"SELECT *, {self.now} AS now FROM channels WHERE channel_id > ? AND charged != total_claimed"
+                " AND sealed_voucher != '' ORDER BY channel_id LIMIT ?",
+                (after, page_size),
             )
-        ]
+            page = [c for c in (Channel.from_row(r) for r in rows) if c.unclaimed > 0]
+            if page:
+                yield page
+            if len(rows) < page_size:
+                return
+            after = rows[-1]["channel_id"]
+
+    async def claimable(
+        self, min_amount: int, max_age_seconds: float, *, max_failures: int | None = None, page_size: int = PAGE_SIZE
+    ) -> list[Channel]:
+        """Every channel due (`Channel.due`), pending withdrawals first, then the oldest unclaimed
+        charge first; none with a claim in flight, none whose voucher's claim was refused, nor (with
+        `max_failures`) one whose claims failed that often. Filtered after reading, over every page."""
+        due = []
+        async for page in self.unclaimed(page_size):
+            for c in page:
+                if c.claim_fence and c.claim_until >= c.now:
+                    continue
+                if c.refused or (max_failures is not None and c.claim_failures >= max_failures):
+                    continue
+                if c.due(min_amount, max_age_seconds):
+                    due.append(c)
+        due.sort(key=lambda c: (c.withdraw_requested_at == 0, c.first_charged_at))
+        return due
+
+    async def refuse(self, channel_id: str, fence: str, reason: str) -> int:
+        """The contract refused this claim: set its voucher aside (no pass claims it again, nor sends it in
+        a batch with others), and distrust the mirrored state (the chain has moved: the next voucher is
+        verified by the facilitator)."""
+        return await self.db.execute(
+            f"UPDATE channels SET refused_max = claim_max, refused_reason = ?, refused_at = {self.now},"
+            f" synced_at = 0, claim_fence = '', claim_unknown = 0, updated_at = {self.now}"
+            " WHERE channel_id = ? AND claim_fence = ?",
+            (reason[:500], channel_id, fence),
+        )
+
+    async def obligation(self, page_size: int = PAGE_SIZE) -> Obligation:
+        """What stands between payers' withdrawals and the charges not yet claimed, over every channel."""
+        pending = refused = 0
+        oldest: float | None = None
+        finalizable: float | None = None
+        async for page in self.unclaimed(page_size):
+            for c in page:
+                if c.refused:
+                    refused += 1
+                    continue
+                age = c.now - c.first_charged_at if c.first_charged_at else 0.0
+                oldest = age if oldest is None else max(oldest, age)
+                left = c.finalizable_in()
+                if left is not None:
+                    pending += 1
+                    finalizable = left if finalizable is None else min(finalizable, left)
+        return Obligation(pending, oldest or 0.0, finalizable, refused)
 
     async def take_claim(self, channel: Channel, fence: str, lease_seconds: float) -> bool:
         """This process claims `channel`'s voucher on chain now, unless another took it first."""

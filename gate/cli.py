@@ -61,6 +61,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    checked = settings
+    if args.dev_facilitator:  # as it will run: the development facilitator and its chain
+        dev = f"http://127.0.0.1:{args.dev_facilitator}"
+        checked = gate_config.with_dev_chain(gate_config.with_facilitator_url(settings, dev), dev)
+    if _refused_claim_obligation(checked):
+        return 2
     token_env = settings.http.metrics_token_env
     if token_env and not os.environ.get(token_env):
         print(f"error: http.metrics_token_env names {token_env}, which is not set (or empty)", file=sys.stderr)
@@ -84,6 +90,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ledger = settings.database + ".ledger"
             overrides["facilitator_url"] = stack.enter_context(processes.dev_facilitator(args.dev_facilitator, ledger))
         settings = apply_overrides(settings, overrides)
+        if args.dev_facilitator:  # its chain is where the channels it opens live: the gate watches it there
+            settings = gate_config.with_dev_chain(settings, overrides["facilitator_url"])
         if args.workers > 1:
             if args.config:
                 os.environ[CONFIG_ENV] = os.path.abspath(args.config)
@@ -174,10 +182,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_config(path)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if _refused_claim_obligation(settings):
+        return 2
     payments = gate_config.of(settings)
     priced = [name for name in settings.agents if payments.price(name)]
     print(f"{path}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")
     return 0
+
+
+def _refused_claim_obligation(settings: Settings) -> bool:
+    """A configuration that cannot claim every charged voucher before its payer could withdraw it
+    (`gate.config.claim_obligation_problems`): one line per key, and True."""
+    problems = gate_config.claim_obligation_problems(gate_config.of(settings))
+    for problem in problems:
+        print(f"error: {settings.source}: {problem}", file=sys.stderr)
+    return bool(problems)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -399,6 +418,8 @@ CHANNEL_COLUMNS = (
     "in flight",
     "failed claims",
     "last charge (UTC)",
+    "first unclaimed charge (UTC)",
+    "state",
 )
 
 
@@ -421,13 +442,25 @@ def cmd_channels(args: argparse.Namespace) -> int:
             gate = services.anonymous
             assert isinstance(gate, PaymentGate)
             if args.channels_command == "claim":
+                from gate import channel_jobs
+
                 await gate.check_sealing_key()
                 outcomes = await gate.claim_channels(now=True)
                 for outcome in outcomes:
                     print("\t".join(f"{k}={v}" for k, v in outcome.items()))
-                claimed = sum(o.get("channels", 0) for o in outcomes if o["outcome"] == "claimed")
-                print(f"{claimed} channel(s) claimed")
-                return 0 if all(o["outcome"] in ("claimed", "swept", "skipped") for o in outcomes) else 1
+                left = await channel_jobs.left_unclaimed(gate.parts)
+                for row in left:
+                    print("\t".join(f"{k}={v}" for k, v in {"outcome": "left", **row}.items()))
+                claimed = [o for o in outcomes if o["outcome"] == "claimed"]
+                why = Counter(str(row["why"]).split(":")[0] for row in left)
+                print(
+                    f"{sum(o['channels'] for o in claimed)} channel(s) claimed"
+                    f" ({sum(o['amount'] for o in claimed)} atomic units); {len(left)} left with unclaimed charges"
+                    + (f" ({', '.join(f'{n} {w}' for w, n in sorted(why.items()))})" if left else "")
+                )
+                fine = ("claimed", "swept", "skipped", "confirmed", "withdrawal_requested")
+                set_aside_before = all(str(row["why"]).startswith("refused") for row in left)
+                return 0 if all(o["outcome"] in fine for o in outcomes) and set_aside_before else 1
             if args.channels_command == "refund":
                 await gate.check_sealing_key()
                 outcomes = await gate.refund_channels(args.idle)
@@ -438,13 +471,24 @@ def cmd_channels(args: argparse.Namespace) -> int:
             print("\t".join(CHANNEL_COLUMNS))
             for c in await gate.parts.channels.listing(args.limit):
                 at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.charged_at)) if c.charged_at else "-"
+                first = c.first_charged_at if c.unclaimed else 0
+                since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(first)) if first else "-"
                 print(
                     f"{c.channel_id}\t{c.payer}\t{c.charged}\t{c.total_claimed}\t{c.balance}\t"
-                    f"{'yes' if c.reserved_by else 'no'}\t{c.claim_failures}\t{at}"
+                    f"{'yes' if c.reserved_by else 'no'}\t{c.claim_failures}\t{at}\t{since}\t{_channel_state(c)}"
                 )
             return 0
 
     return asyncio.run(run())
+
+
+def _channel_state(channel: Any) -> str:
+    """A channel's claim state, in a word or two: claimed, unclaimed, withdrawing, or refused (and why)."""
+    if channel.unclaimed == 0:
+        return "claimed"
+    if channel.refused:
+        return f"refused: {channel.refused_reason}"
+    return "withdrawing" if channel.withdraw_requested_at else "unclaimed"
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

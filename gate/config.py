@@ -53,6 +53,7 @@ USAGE_SCHEMES = frozenset({"upto"})  # schemes whose price is a ceiling and a us
 # The development facilitator's settling address (devnet.chain.FACILITATOR_ADDRESS, which the gate
 # may not import): the example's usage-priced agent names it as its upto price's facilitator_address.
 DEV_FACILITATOR_ADDRESS = "0xFB0b6D1F8B44CAeaC383d5AC8C0b374BB08E2619"
+DEV_NETWORK = "eip155:84532"  # the network the development chain stands for (devnet.chain.DEV_NETWORK)
 CHANNEL_KEYS = ("receiver_authorizer", "withdraw_delay_seconds", "min_deposit")  # batch-settlement's own
 SIGNING_ALLOWANCE_SECONDS = 30  # inside maxTimeoutSeconds: a client's time to sign a token and send it
 
@@ -131,12 +132,17 @@ class InBandConfig:
 
 @dataclass(frozen=True)
 class ChannelsConfig:
-    """When the gate collects payment channels (`[channels]`, gate/channel_jobs.py)."""
+    """When the gate collects payment channels (`[channels]`, gate/channel_jobs.py).
+
+    The defaults fit the shortest withdraw delay a channel may have (900 s): see
+    `claim_deadline_seconds`."""
 
     claim_interval_seconds: float = 60.0  # how often a claim pass runs
     claim_at_amount: int = 1_000_000  # claim a channel once this much (atomic units) is charged and unclaimed
-    claim_after_seconds: float = 3600.0  # or once its oldest unclaimed charge is this old
+    claim_after_seconds: float = 300.0  # or once its oldest unclaimed charge is this old
     refund_after_seconds: float = 7 * 86400.0  # a channel unused this long is refunded (0: never)
+    # channel offers on a network without [networks] rpc_url: a payer's withdrawal goes unseen (opt-out, warned)
+    accept_unwatched_withdrawals: bool = False
 
 
 @dataclass(frozen=True)
@@ -202,6 +208,92 @@ DEMO_CHANNEL_PRICE = replace(
 # and what they charged is claimed on chain within a minute.
 DEMO_LIMITS = LimitsConfig(per_ip_per_minute=300, per_agent_per_minute=1200)
 DEMO_CHANNELS = ChannelsConfig(claim_interval_seconds=15.0, claim_after_seconds=30.0)
+
+
+# How long a mirrored channel state is trusted for local verification, as the binding's server
+# derives it: a third of the withdraw delay, from 30 s to 5 min (a payer's withdrawal request
+# then still leaves the gate most of the delay to claim).
+MIN_FRESH_SECONDS, MAX_FRESH_SECONDS = 30.0, 300.0
+
+
+def fresh_seconds(withdraw_delay: int) -> float:
+    return min(MAX_FRESH_SECONDS, max(MIN_FRESH_SECONDS, withdraw_delay / 3))
+
+
+def claim_deadline_seconds(channels: ChannelsConfig, facilitator: FacilitatorConfig) -> float:
+    """The longest a charged voucher increment can wait for its claim to land, by the schedule alone
+    (no withdrawal seen): due `claim_after_seconds` after the charge, picked up by the next pass, one
+    claim that fails (a facilitator call's timeout and wait for a slot), its first backoff (one
+    interval, `channel_jobs.claim_failed`), the pass after it, and the claim sent again."""
+    attempt = facilitator.timeout_seconds + facilitator.max_wait_seconds
+    interval = channels.claim_interval_seconds
+    return channels.claim_after_seconds + interval + attempt + interval + interval + attempt
+
+
+def claim_budget_seconds(withdraw_delay: int) -> float:
+    """The time a charge's claim has before its payer could withdraw it: a voucher is charged against
+    a mirror at most `fresh_seconds` old, which showed no withdrawal, so none can finalize sooner than
+    the withdraw delay less that age after the charge."""
+    return withdraw_delay - fresh_seconds(withdraw_delay)
+
+
+def channel_offers(config: GateConfig) -> list[tuple[str, Price]]:
+    """Every (agent, offer) of a payment channel."""
+    return [
+        (agent.name, offer)
+        for agent in config.agents.values()
+        if agent.price is not None
+        for offer in agent.price.offers
+        if offer.scheme == batch_settlement.SCHEME_NAME
+    ]
+
+
+def claim_obligation_problems(config: GateConfig) -> list[str]:
+    """Why this configuration cannot claim every charged voucher before its payer could withdraw it
+    (DESIGN 6, the operator's invariants), one line per key: a channel offer on a network the gate
+    cannot watch for withdrawals (no `[networks] rpc_url`, unless `[channels]
+    accept_unwatched_withdrawals`), and a claim schedule that does not fit inside an offer's withdraw
+    delay. Nothing without a facilitator: no channel can be opened then. `serve` and `check-config`
+    refuse a configuration with any."""
+    if not config.facilitator.url:
+        return []
+    problems: list[str] = []
+    deadline = claim_deadline_seconds(config.channels, config.facilitator)
+    unwatched: dict[str, str] = {}
+    for agent, offer in channel_offers(config):
+        if not config.networks.get(offer.network, NetworkConfig()).rpc_url:
+            unwatched.setdefault(offer.network, agent)
+        delay = int(offer.extra.get("withdrawDelay", batch_settlement.MIN_WITHDRAW_DELAY))
+        budget = claim_budget_seconds(delay)
+        if deadline > budget:
+            c, f = config.channels, config.facilitator
+            problems.append(
+                f"channels.claim_after_seconds: the claim schedule cannot collect agents.{agent}'s channels"
+                f" before a payer could withdraw: a charge waits up to {deadline:g} s for its claim"
+                f" (claim_after_seconds {c.claim_after_seconds:g} + 3 x claim_interval_seconds"
+                f" {c.claim_interval_seconds:g} + 2 x (facilitator timeout_seconds {f.timeout_seconds:g}"
+                f" + max_wait_seconds {f.max_wait_seconds:g}): one claim failing once), but its withdraw delay"
+                f" {delay} s leaves {budget:g} s (less {fresh_seconds(delay):g} s of mirrored state);"
+                " shorten claim_after_seconds or claim_interval_seconds, or raise withdraw_delay_seconds"
+            )
+    if not config.channels.accept_unwatched_withdrawals:
+        for network, agent in unwatched.items():
+            problems.append(
+                f'networks."{network}".rpc_url: required: agents.{agent} offers payment channels on {network},'
+                " and without the chain the gate cannot see a payer's withdrawal (it could take back charged"
+                " vouchers once the withdraw delay runs out); set it, or [channels] accept_unwatched_withdrawals"
+                " = true to rely on the claim schedule alone"
+            )
+    return problems
+
+
+def with_dev_chain(settings: Settings, facilitator_url: str) -> Settings:
+    """`serve --dev-facilitator`: the development chain (its `/rpc`) is the development network's
+    ground truth, as the development facilitator is its facilitator."""
+    config = of(settings)
+    network = replace(config.networks.get(DEV_NETWORK, NetworkConfig()), rpc_url=facilitator_url.rstrip("/") + "/rpc")
+    networks = {**config.networks, DEV_NETWORK: network}
+    return replace(settings, anonymous=replace(config, networks=networks))
 
 
 class GateSections:
@@ -333,9 +425,22 @@ class _GateReader:
         r, d = self.r, ChannelsConfig()
         r.unknown(
             raw,
-            {"claim_interval_seconds", "claim_at_amount", "claim_after_seconds", "refund_after_seconds"},
+            {
+                "claim_interval_seconds",
+                "claim_at_amount",
+                "claim_after_seconds",
+                "refund_after_seconds",
+                "accept_unwatched_withdrawals",
+            },
             "channels",
         )
+        unwatched = r.get(raw, "accept_unwatched_withdrawals", bool, False, "channels.accept_unwatched_withdrawals")
+        if unwatched:
+            r.warn(
+                "channels.accept_unwatched_withdrawals",
+                "payment channels on a network without [networks] rpc_url are not watched for withdrawals:"
+                " only the claim schedule stands between a payer's withdrawal and its charged vouchers",
+            )
         refund_after = r.get(
             raw, "refund_after_seconds", (int, float), d.refund_after_seconds, "channels.refund_after_seconds"
         )
@@ -357,6 +462,7 @@ class _GateReader:
                 raw, "claim_after_seconds", d.claim_after_seconds, "channels.claim_after_seconds", float
             ),
             refund_after_seconds=float(refund_after),
+            accept_unwatched_withdrawals=unwatched,
         )
 
     def limits(self, raw: dict[str, Any]) -> LimitsConfig:

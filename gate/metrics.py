@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gate.channels import Channels
 from gate.claims import Claims, ClaimState
 
 
@@ -120,6 +121,28 @@ class GateMetrics:
             "Offers not made until the facilitator's /supported advertises the address they leave to it",
             registry=registry,
         )
+        # the claim obligation (DESIGN 6): charged vouchers claimed before their payers could withdraw them
+        self.channels_withdrawing = Gauge(
+            "a2a_gate_channels_withdrawal_pending",
+            "Payment channels whose payer asked to withdraw while charges on them are unclaimed",
+            registry=registry,
+        )
+        self.channel_oldest_unclaimed = Gauge(
+            "a2a_gate_channel_oldest_unclaimed_seconds",
+            "Age of the oldest charge not yet claimed on chain, over every payment channel (0: none)",
+            registry=registry,
+        )
+        self.channel_withdrawal_finalizable = Gauge(
+            "a2a_gate_channel_withdrawal_finalizable_seconds",
+            "Seconds before the earliest pending withdrawal of a channel with unclaimed charges can be finalized"
+            " (negative: it can be now; absent when none is pending)",
+            registry=registry,
+        )
+        self.channels_refused = Gauge(
+            "a2a_gate_channels_refused",
+            "Payment channels whose latest voucher's claim the contract refused (set aside: a2a-gate channels list)",
+            registry=registry,
+        )
         self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling", registry=registry)
         self.reconciler_backlog = Gauge(
             "a2a_gate_reconciler_backlog", "Delivered work awaiting settlement", registry=registry
@@ -131,3 +154,15 @@ class GateMetrics:
         self.reconciler_backlog.set(await claims.count_owed())
         self.unsettled.set(await claims.count(ClaimState.UNSETTLED))
         self.needs_attention.set(await claims.count(ClaimState.NEEDS_ATTENTION))
+        await self.read_channels(Channels(claims.db))
+
+    async def read_channels(self, channels: Channels) -> None:
+        """The claim obligation's gauges, over every channel with unclaimed charges."""
+        state = await channels.obligation()
+        self.channels_withdrawing.set(state.pending_withdrawals)
+        self.channel_oldest_unclaimed.set(state.oldest_unclaimed_seconds)
+        self.channels_refused.set(state.refused)
+        if state.finalizable_in_seconds is None:
+            self.channel_withdrawal_finalizable.set(float("nan"))
+        else:
+            self.channel_withdrawal_finalizable.set(state.finalizable_in_seconds)

@@ -19,20 +19,12 @@ from typing import Any
 
 from gate.channels import Channel, Channels, Mirror
 from gate.claims import Along, only_if
+from gate.config import fresh_seconds
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.price import Price
 from gate.schemes import batch_settlement
 from gate.schemes.batch_settlement import Voucher
 from gate.tokens import Token
-
-# How long a mirrored channel state is trusted for local verification, as the binding's server
-# derives it: a third of the withdraw delay, from 30 s to 5 min (a payer's withdrawal request
-# then still leaves the gate most of the delay to claim).
-MIN_FRESH_SECONDS, MAX_FRESH_SECONDS = 30.0, 300.0
-
-
-def fresh_seconds(withdraw_delay: int) -> float:
-    return min(MAX_FRESH_SECONDS, max(MIN_FRESH_SECONDS, withdraw_delay / 3))
 
 
 @dataclass(frozen=True)

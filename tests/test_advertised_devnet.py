@@ -98,6 +98,9 @@ per_agent_per_minute = 100000
 url = "http://127.0.0.1:{facilitator_port}"
 timeout_seconds = 2
 
+[networks."eip155:84532"]  # channel offers need the chain watched for withdrawals
+rpc_url = "http://127.0.0.1:{facilitator_port}/rpc"
+
 [agents.mixed]
 description = "per request, or from a channel"
 price = {{ network = "eip155:84532", asset = "{asset}", amount = "1000", pay_to = "{pay_to}", accepts = [

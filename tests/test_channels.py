@@ -48,6 +48,9 @@ timeout_seconds = 2
 settle_attempts = 2
 settle_backoff_seconds = 0.05
 
+[channels]
+accept_unwatched_withdrawals = true  # the in-memory chain has no JSON-RPC to watch
+
 [agents.paid-channel]
 description = "echo, per request or from a channel"
 price = {{ network = "eip155:84532", asset = "{asset}", amount = "{price}", pay_to = "{pay_to}", accepts = [
@@ -453,7 +456,9 @@ def test_the_schedule_gives_up_on_a_channel_whose_claims_fail_and_the_command_tr
     port = free_port()
     config = write_config(tmp_path, facilitator, port)
     text = config.read_text().replace("settle_attempts = 2", "settle_attempts = 2\nsettle_passes = 2")
-    config.write_text(text + "\n[channels]\nclaim_interval_seconds = 0.2\nclaim_after_seconds = 0.1\n")
+    config.write_text(
+        text.replace("[channels]\n", "[channels]\nclaim_interval_seconds = 0.2\nclaim_after_seconds = 0.1\n")
+    )
     chain.refuse_claims = True
     with GateProcess(config, tmp_path / "gate.log", port=port) as gate:
         client, _ = channel_client()
@@ -565,7 +570,8 @@ def test_a_channels_revenue_is_counted_when_its_vouchers_are_claimed(
 
     port = free_port()
     config = write_config(tmp_path, facilitator, port)
-    config.write_text(config.read_text() + "\n[channels]\nclaim_interval_seconds = 0.2\nclaim_after_seconds = 3600\n")
+    schedule = "[channels]\nclaim_interval_seconds = 0.2\nclaim_after_seconds = 500\n"
+    config.write_text(config.read_text().replace("[channels]\n", schedule))
     with GateProcess(config, tmp_path / "gate.log", port=port) as gate:
         client, _ = channel_client()
         asyncio.run(pay_many(f"{gate.url}/a2a/paid-channel", 5, client))
@@ -576,7 +582,7 @@ def test_a_channels_revenue_is_counted_when_its_vouchers_are_claimed(
         conn = sqlite3.connect(tmp_path / "gate.db")
         try:
             with conn:
-                conn.execute("UPDATE channels SET charged_at = charged_at - 7200")
+                conn.execute("UPDATE channels SET first_charged_at = first_charged_at - 7200")
         finally:
             conn.close()
         import time

@@ -77,8 +77,8 @@ def devnet(tmp_path: Path) -> Iterator[Devnet]:
     shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
     config = tmp_path / "gate.toml"
     port, facilitator_port = free_port(), free_port()  # two ports of their own (never port + 1)
-    # the file's facilitator.url names the port `--dev-facilitator` serves on (8402 as shipped)
-    shipped = shipped.replace('url = "http://127.0.0.1:8402"', f'url = "http://127.0.0.1:{facilitator_port}"')
+    # the file's facilitator.url and rpc_url name the port `--dev-facilitator` serves on (8402 as shipped)
+    shipped = shipped.replace("127.0.0.1:8402", f"127.0.0.1:{facilitator_port}")
     config.write_text(shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"'))
     process = GateProcess(
         config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(facilitator_port)]
@@ -100,7 +100,7 @@ def permit2_devnet(tmp_path: Path) -> Iterator[Devnet]:
     shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
     config = tmp_path / "gate.toml"
     port, facilitator_port = free_port(), free_port()
-    shipped = shipped.replace('url = "http://127.0.0.1:8402"', f'url = "http://127.0.0.1:{facilitator_port}"')
+    shipped = shipped.replace("127.0.0.1:8402", f"127.0.0.1:{facilitator_port}")
     config.write_text(
         shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"') + PERMIT2_AGENT
     )
@@ -389,11 +389,10 @@ def devnet_with_chain(tmp_path: Path) -> Iterator[Devnet]:
     facilitator timeout of 2 s and a claim pass every second."""
     port, facilitator_port = free_port(), free_port()  # two ports of their own (never port + 1)
     shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
-    shipped = shipped.replace('url = "http://127.0.0.1:8402"', f'url = "http://127.0.0.1:{facilitator_port}"')
+    shipped = shipped.replace("127.0.0.1:8402", f"127.0.0.1:{facilitator_port}")
     shipped = shipped.replace("timeout_seconds = 10\nmax_in_flight", "timeout_seconds = 2\nmax_in_flight")
     shipped = shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"')
     shipped = shipped.replace("claim_interval_seconds = 15", "claim_interval_seconds = 1", 1)
-    shipped += f'\n[networks."eip155:84532"]\nrpc_url = "http://127.0.0.1:{facilitator_port}/rpc"\n'
     config = tmp_path / "gate.toml"
     config.write_text(shipped)
     process = GateProcess(
