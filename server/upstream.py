@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from server import usage
+from server import request_log, usage
 from server.agents import AgentReply, AgentRequest, Progress
 from server.config import AgentConfig
 from server.dialects import (
@@ -130,6 +130,13 @@ def _text(parts: list[dict[str, Any]]) -> str:
     return " ".join(p["text"] for p in parts if p.get("kind") == "text")[:500]
 
 
+def failed(detail: str, reason: str) -> AgentReply:
+    """A failed turn, which the request's log line calls `agent_error` (with `detail`, ours: never the
+    upstream's own words, which the task carries) as it does an agent that raised."""
+    request_log.agent_failed(detail)
+    return AgentReply.failed(reason)
+
+
 class UpstreamBackend:
     def __init__(self, agent: AgentConfig) -> None:
         self.agent = agent
@@ -158,7 +165,9 @@ class UpstreamBackend:
             while isinstance(answer, Running):
                 self.running[request.task_id] = answer.task_id
                 if time.monotonic() >= deadline:
-                    return AgentReply.failed(f"upstream did not finish within {self.agent.deadline_seconds:g}s")
+                    return failed(
+                        "upstream deadline", f"upstream did not finish within {self.agent.deadline_seconds:g}s"
+                    )
                 await asyncio.sleep(self.agent.poll_interval_seconds)
                 answer = await self.call("tasks/get", {"id": answer.task_id})
         finally:
@@ -193,9 +202,11 @@ class UpstreamBackend:
     def reply(self, answer: Answer) -> AgentReply:
         if isinstance(answer, Malformed):
             logger.warning("upstream agent %s (%s): %s", self.agent.name, self.url, answer.reason)
-            return AgentReply.failed(f"upstream agent failed: {answer.reason}")
+            return failed("upstream malformed", f"upstream agent failed: {answer.reason}")
         if isinstance(answer, RpcFailure):
-            return AgentReply.failed(f"upstream agent answered error {answer.code}: {answer.message}")
+            return failed(
+                f"upstream error {answer.code}", f"upstream agent answered error {answer.code}: {answer.message}"
+            )
         assert isinstance(answer, Result)
         ref = {"upstream_task_id": answer.task_id, "upstream_context_id": answer.context_id} if answer.task_id else {}
         if answer.state == "completed":
@@ -205,7 +216,8 @@ class UpstreamBackend:
             return AgentReply(state=answer.state, parts=answer.parts, text=answer.text or answer.state, backend_ref=ref)
         if answer.state == "canceled":
             return AgentReply(state="canceled", text=answer.text or "The upstream agent canceled the task.")
-        return AgentReply.failed(f"upstream task {answer.state}" + (f": {answer.text}" if answer.text else ""))
+        text = f"upstream task {answer.state}" + (f": {answer.text}" if answer.text else "")
+        return failed(f"upstream task {answer.state}", text)
 
     async def aclose(self) -> None:
         await self.client.aclose()
