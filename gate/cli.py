@@ -182,8 +182,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_config(path)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    if _refused_claim_obligation(settings):
-        return 2
+    gate_config.load_checked(path)  # the claim obligation too: a ConfigError, one line per key
     payments = gate_config.of(settings)
     priced = [name for name in settings.agents if payments.price(name)]
     print(f"{path}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")

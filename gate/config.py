@@ -23,7 +23,7 @@ from gate.price import Price
 from gate.schemes import batch_settlement
 from gate.usage_price import UsagePrice
 from server import anonymous
-from server.config import AgentConfig, Reader, Settings
+from server.config import AgentConfig, ConfigError, Reader, Settings
 from server.config import default_settings as server_defaults
 
 EVM_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
@@ -285,6 +285,15 @@ def claim_obligation_problems(config: GateConfig) -> list[str]:
                 " = true to rely on the claim schedule alone"
             )
     return problems
+
+
+def load_checked(path: str | os.PathLike[str]) -> Settings:
+    """`load_config`, and what `check-config` adds: a `ConfigError` for the claim obligation's problems too."""
+    settings = load_config(path)
+    problems = claim_obligation_problems(of(settings))
+    if problems:
+        raise ConfigError([f"{settings.source}: {p}" for p in problems])
+    return settings
 
 
 def with_dev_chain(settings: Settings, facilitator_url: str) -> Settings:
