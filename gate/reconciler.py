@@ -69,9 +69,23 @@ async def recover(parts: GateParts) -> None:
         if hold is None:
             continue  # its owner renewed, or another process took it
         if claim.state == ClaimState.SETTLING:
+            logger.warning(
+                "claim for task %s (agent %s) taken over: its owner %s stopped or lost its lease while"
+                " settling; its settle may have been sent, so it is owed and resolved by the reconciler",
+                claim.task_id or "-",
+                claim.agent,
+                claim.owner_instance or "-",
+            )
             with contextlib.suppress(ClaimLost):
                 await claims.orphan_settling(hold)
             continue
+        logger.warning(
+            "claim for task %s (agent %s) released: its owner %s stopped or lost its lease before delivering;"
+            " the task fails and nothing is charged (the payer may use the token again)",
+            claim.task_id or "-",
+            claim.agent,
+            claim.owner_instance or "-",
+        )
 
         async def write(claim: Claim = claim, hold: Hold = hold) -> None:
             await claims.release(hold)

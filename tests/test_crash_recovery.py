@@ -43,6 +43,7 @@ def test_kill_between_delivery_and_settlement_settles_once_after_restart(tmp_pat
         assert len(paid.ledger()["settlements"]) == 1
         assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle"]
         task_id = paid.payment_rows("settle")[0]["task_id"]
+        assert f"claim for task {task_id} (agent paid) taken over" in paid.gate.log.read_text()
         body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": task_id}}
         task = paid.post("paid", body, headers).json()["result"]
         assert task["status"]["state"] == "completed"
@@ -65,6 +66,8 @@ def test_claim_left_running_by_a_killed_process_is_released_uncharged(tmp_path, 
         # found at start if the dead owner's lease already ran out, else by the reconciler within one lease
         wait_for(lambda: paid.claim_states() == [], timeout=15)
         assert [r["action"] for r in paid.payment_rows()] == ["verify", "release"]
+        # the replica that released it says so, naming the task (an operator sees the orphan)
+        assert f"claim for task {task['id']} (agent paid-slow) released" in paid.gate.log.read_text()
         body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": task["id"]}}
         # the claim is gone, so ownership is proven by the token verifying to the payer again
         after = paid.post("paid-slow", body, headers).json()["result"]
