@@ -428,6 +428,14 @@ class Channels:
             (reason[:500], channel_id, fence),
         )
 
+    async def retry_refused(self) -> int:
+        """Every voucher set aside as refused is claimable again (an operator's call: `a2a-gate channels
+        claim --retry-refused`, e.g. once the payer topped the channel up); how many."""
+        return await self.db.execute(
+            f"UPDATE channels SET refused_max = '', refused_reason = '', updated_at = {self.now}"
+            " WHERE refused_max != ''"
+        )
+
     async def obligation(self, page_size: int = PAGE_SIZE) -> Obligation:
         """What stands between payers' withdrawals and the charges not yet claimed, over every channel."""
         pending = refused = 0

@@ -444,6 +444,8 @@ def cmd_channels(args: argparse.Namespace) -> int:
                 from gate import channel_jobs
 
                 await gate.check_sealing_key()
+                if args.retry_refused:
+                    print(f"{await gate.parts.channels.retry_refused()} refused voucher(s) to claim again")
                 outcomes = await gate.claim_channels(now=True)
                 for outcome in outcomes:
                     print("\t".join(f"{k}={v}" for k, v in outcome.items()))
@@ -622,6 +624,11 @@ def build_parser() -> argparse.ArgumentParser:
         "claim",
         "claim every channel's unclaimed vouchers on chain now and sweep the funds to payTo (the schedule"
         " does this by [channels] claim_at_amount / claim_after_seconds)",
+    )
+    claim.add_argument(
+        "--retry-refused",
+        action="store_true",
+        help="first make the vouchers set aside as refused claimable again (e.g. once their payers topped up)",
     )
     refund = command(
         channels_sub,

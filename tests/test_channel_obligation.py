@@ -161,6 +161,10 @@ def test_a_refused_voucher_is_set_aside_until_a_later_one(location: str) -> None
         assert [c.channel_id for c in await channels.claimable(0, 0.0)] == ["0x" + f"{2:064x}"]
         channel = await channels.find(refused_id)
         assert channel is not None and channel.refused and channel.synced_at == 0
+        assert await channels.retry_refused() == 1  # the operator's call: the same voucher again
+        (again,) = [c for c in await channels.claimable(0, 0.0) if c.channel_id == refused_id]
+        assert await channels.take_claim(again, "fence 2", 60.0)
+        assert await channels.refuse(refused_id, "fence 2", "claim exceeds channel balance") == 1
         await db.execute(
             "UPDATE channels SET charged = '3000', voucher_max = '3000' WHERE channel_id = ?", (refused_id,)
         )
