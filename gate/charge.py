@@ -3,7 +3,11 @@
 An upto payment is charged at its delivery: the usage the agent reported is priced
 (gate/usage_price.py), capped at the ceiling the payer authorized, and the charge is
 sealed onto the claim in the transaction that records the delivery, so whoever
-settles it later (the reconciler, a replay) collects that amount and no other.
+settles it later (the reconciler, a replay) collects that amount and no other. An answer
+streamed in parts is priced at each part, and the ceiling ends the work: a part whose
+usage prices past the ceiling (or cannot be priced) is refused, unrecorded and unshown,
+and a part that reaches the ceiling is the last; either way the run is told to stop
+(`server.execution.Stop`), and the charge is what was delivered: at most the ceiling.
 
 `Charges.hooks(payment, hold)` is what the server's execution is handed
 (`server.execution.DeliveryHooks`). Every write names the execution's `hold`; one that finds
@@ -30,13 +34,16 @@ from gate.settlement import (
     with_payment_metadata,
     withheld_metadata,
 )
-from gate.usage_price import Counts, UsagePrice, charge
+from gate.usage_price import USAGE_INVALID, Charge, Counts, UsagePrice, charge
 from server.database import Statement, commit_until_stored
-from server.execution import Collected, DeliveryHooks, OwnershipLost
+from server.execution import Collected, DeliveryHooks, OwnershipLost, Stop
 
 logger = logging.getLogger("a2a_gate.gate")
 
 HANDED_OVER = "settlement_handed_over: another server took this payment's claim over and records its outcome"
+# what a task stopped by its usage ceiling says (its receipt's `extra.usage.ceilingReached`)
+CEILING_REACHED = "Stopped at the usage ceiling the payment authorized: nothing past it is delivered or charged."
+UNPRICEABLE = "Stopped: the usage of the answer's next part could not be priced; the answer ends here."
 
 
 class Charges:
@@ -62,17 +69,21 @@ class Charges:
         outcome: list[Collection] = []
         settled = [payment]  # what the delivery settles: the payment, or its upto charge
         marked: list[bool] = []  # the claim is marked delivered (a first chunk, or the whole answer)
+        charges: list[Charge] = []  # an upto delivery's charge as last recorded
         at_delivery = self.settler.charged_at_delivery(payment)  # a channel's voucher: see deliver_final
 
         async def mark_delivered(
-            task: dict[str, Any], withheld: dict[str, Any] | None, used: Counts, save: Statement | None
+            task: dict[str, Any],
+            withheld: dict[str, Any] | None,
+            used: Counts,
+            save: Statement | None,
+            charged: Charge | None = None,
         ) -> None:
             along = [] if save is None else [only_if(save)]  # the work is saved only if the delivery is ours
             sealed = ""
             if usage_price is not None:
-                assert sealer is not None
-                settled[0] = payment.charged(charge(usage_price, int(payment.amount), used, payment.agent))
-                sealed = sealer.seal(settled[0].sealable(), payment.token_digest)
+                charged = charged or await charge(usage_price, int(payment.amount), used, payment.agent)
+                sealed = seal(charged)
             try:
                 if marked:  # delivered in part already: the charge follows what is delivered now
                     await claims.recharge(hold, sealed, along=along)
@@ -84,9 +95,29 @@ class Charges:
                 live.pop(hold, None)
                 raise OwnershipLost(str(lost)) from None
             marked.append(True)
+            if charged is not None:
+                charges.append(charged)
 
-        async def deliver_part(task: dict[str, Any], used: Counts, save: Statement) -> None:
-            await mark_delivered(task, None, used, save)
+        def seal(charged: Charge) -> str:
+            assert sealer is not None
+            settled[0] = payment.charged(charged)
+            return sealer.seal(settled[0].sealable(), payment.token_digest)
+
+        async def deliver_part(task: dict[str, Any], used: Counts, save: Statement) -> Stop | None:
+            """One part of a streamed answer, priced before it is recorded: the ceiling ends the work."""
+            assert usage_price is not None
+            charged = await charge(usage_price, int(payment.amount), used, payment.agent)
+            if charged.error or charged.capped:  # past the ceiling, or unpriceable: refused, and the run ends
+                why = UNPRICEABLE if charged.error else CEILING_REACHED
+                state = "failed" if charged.error else "completed"
+                if charged.capped and charges:  # what was delivered stays charged, marked as stopped there
+                    await mark_delivered(task, None, used, None, replace(charges[-1], stopped=True))
+                return Stop(delivered=False, state=state, why=why)
+            if charged.reached:  # exactly at the ceiling: delivered, and the last part
+                await mark_delivered(task, None, used, save, replace(charged, stopped=True))
+                return Stop(delivered=True, state="completed", why=CEILING_REACHED)
+            await mark_delivered(task, None, used, save, charged)
+            return None
 
         async def deliver_final(
             task: dict[str, Any], used: Counts, final: Callable[[dict[str, Any]], Sequence[Statement]]
@@ -172,8 +203,12 @@ class Charges:
 
     def count_charge(self, charged: Payment) -> None:
         """An upto delivery's charge, counted by how it came out."""
-        usage = charged.usage
-        outcome = "pricing_failed" if usage.get("error") else "capped" if usage.get("capped") else "priced"
+        usage, error = charged.usage, str(charged.usage.get("error", ""))
+        outcome = "capped" if usage.get("capped") else "priced"
+        if usage.get("ceilingReached"):
+            outcome = "stopped_at_ceiling"
+        if error:
+            outcome = USAGE_INVALID if error.startswith(USAGE_INVALID) else "pricing_failed"
         self.metrics.usage_charges.labels(outcome).inc()
 
     def lost(self, lost: ClaimLost) -> None:

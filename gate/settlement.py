@@ -40,6 +40,8 @@ from gate.schemes import batch_settlement
 from gate.schemes.base import Scheme
 from gate.usage_price import Charge
 from server.database import Statement, commit_until_stored
+from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES
+from server.execution import PARTIAL
 from server.tasks import agent_message, set_status
 
 logger = logging.getLogger("a2a_gate.settlement")
@@ -47,6 +49,8 @@ logger = logging.getLogger("a2a_gate.settlement")
 STATUS = "x402.payment.status"
 RECEIPTS = "x402.payment.receipts"
 ERROR = "x402.payment.error"
+# a cut stream's task, repaired after a crash: the parts delivered are what is charged
+INTERRUPTED_IN_PARTS = "Interrupted by a server restart after part of the answer was delivered: that part is charged."
 
 
 @dataclass(frozen=True)
@@ -198,11 +202,25 @@ def with_payment_metadata(existing: dict[str, Any] | None, metadata: dict[str, A
 def attach_payment_metadata(task: dict[str, Any], metadata: dict[str, Any]) -> None:
     """Put payment metadata on the status message and mirror it at task.metadata.
 
-    Only delivered work is settled, so a task a crash left `working` after its
-    delivery was saved is completed here.
+    Only delivered work is settled, so a task a crash left `working` after its whole answer's
+    delivery was saved is completed here; one left `working` while its answer was delivered in
+    parts (its stored result artifact still marked partial) was cut by the crash: it ends `failed`,
+    with the parts delivered, which are what is charged. A task that had ended (failed, canceled,
+    paused, stopped at its ceiling) keeps its state.
     """
-    if task["status"]["state"] != "completed":
-        set_status(task, "completed", agent_message(task, "Done."))
+    state = task["status"]["state"]
+    cut = False
+    for artifact in task.get("artifacts") or []:
+        marks = artifact.get("metadata")
+        if isinstance(marks, dict) and marks.pop(PARTIAL, None) is not None:
+            cut = True
+            if not marks:
+                del artifact["metadata"]
+    if state not in TERMINAL_STATES | INTERRUPTED_STATES:
+        if cut:
+            set_status(task, "failed", agent_message(task, INTERRUPTED_IN_PARTS))
+        else:
+            set_status(task, "completed", agent_message(task, "Done."))
     message = task["status"].get("message") or agent_message(task, "Done.")
     message["metadata"] = with_payment_metadata(message.get("metadata"), metadata)
     task["status"]["message"] = message

@@ -155,13 +155,14 @@ async def follow(events: AsyncGenerator[Any, Any], progress: Progress) -> AgentR
     try:
         async for item in events:
             if isinstance(item, Usage):
-                used = usage.added(used, usage.read(item.counts))
+                # BadUsage goes to the runner: the run fails, the chunks it would count for never delivered
+                used = usage.checked(usage.added(used, usage.checked(item.counts)))
                 await progress.checkpoint(used)
                 continue
             if isinstance(item, AgentReply):
                 if item.state == "completed" and not item.parts:
                     item.parts = answer.parts
-                item.usage = usage.read(item.usage) or used
+                item.usage = usage.checked(item.usage) or used
                 return item
             if isinstance(item, AgentStatus):
                 await progress.checkpoint(used)

@@ -37,6 +37,27 @@ SHUTTING_DOWN_EVENT: dict[str, Any] = {"kind": "shutting-down"}
 PAST_DEADLINE = "The task passed its deadline."  # a turn failed by housekeeping, uncharged
 
 
+PARTIAL = "partial"  # a stored result artifact's metadata key while its answer is delivered in parts
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A delivery hook's word that the run ends here (`DeliveryHooks.deliver_part`).
+
+    The part it was handed was delivered (recorded, then shown) or not (`delivered`: nothing of it is
+    recorded or shown); either way the agent is stopped as by a cancel (a streaming agent's generator
+    is closed) and nothing after it is delivered. The task ends in `state` with `why` as its status
+    message, keeping the parts delivered before; a run that delivered nothing ends `failed`."""
+
+    delivered: bool
+    state: str
+    why: str
+
+
+class RunStopped(Exception):
+    """Raised through a running agent when a delivery hook stopped its run (`Execution.stop`)."""
+
+
 class OwnershipLost(Exception):
     """Raised by one of the `DeliveryHooks`: the anonymous path no longer holds this execution's
     right to deliver or record (another process took it over). Nothing more is delivered,
@@ -68,7 +89,11 @@ class DeliveryHooks:
     each complete chunk of a streamed answer is recorded with it (in the transaction that
     saves the task with the answer so far, and what the work used so far) before anyone sees
     it; a run that then ends without its whole answer (failed, canceled, paused) is settled
-    for the part delivered (`delivered`), not released. Any hook may raise `OwnershipLost`; `revoke` is filled
+    for the part delivered (`delivered`), not released. `deliver_part` may answer a `Stop`: the run ends
+    there, as that says (a part it refuses is neither recorded nor shown). While an answer is
+    delivered in parts, its stored copy's result artifact says so (metadata `partial`), and only
+    there: the run's end stores it without, so a stored task still marked was cut by a crash. Any
+    hook may raise `OwnershipLost`; `revoke` is filled
     in by the runner at the start, for the anonymous path to stop the work when it learns
     the right to deliver is gone. With `deliver_final` (a payment the delivery's own write collects),
     the delivery, its outcome and the final task are one write: it is handed the delivered task and
@@ -84,7 +109,7 @@ class DeliveryHooks:
     abandoned: Callable[[], None] = lambda: None
     withhold: bool = False  # settle before the answer leaves; unpaid, it never does
     revoke: Callable[[], None] = lambda: None
-    deliver_part: Callable[[dict[str, Any], usage.Counts, Statement], Awaitable[None]] | None = None
+    deliver_part: Callable[[dict[str, Any], usage.Counts, Statement], Awaitable[Stop | None]] | None = None
     deliver_final: (
         Callable[
             [dict[str, Any], usage.Counts, Callable[[dict[str, Any]], Sequence[Statement]]], Awaitable[Collected | None]
@@ -127,6 +152,7 @@ class Execution:
     pending: list[list[dict[str, Any]]] = field(default_factory=list)
     delivered_part: Answer = field(default_factory=Answer)
     parts_delivered: int = 0
+    stop: Stop | None = None  # a delivery hook ended the run (`DeliveryHooks.deliver_part`)
 
     def publish(self, event: dict[str, Any]) -> None:
         for subscriber in self.subscribers:
@@ -165,7 +191,9 @@ class LiveProgress:
     """
 
     def __init__(
-        self, execution: Execution, deliver: Callable[[Execution, usage.Counts], Awaitable[None]] | None = None
+        self,
+        execution: Execution,
+        deliver: Callable[[Execution, usage.Counts], Awaitable[Stop | None]] | None = None,
     ) -> None:
         self.execution = execution
         self.chunks = 0
@@ -205,9 +233,20 @@ class LiveProgress:
             return
         assert self.deliver is not None
         pending = list(self.execution.pending)
-        await self.deliver(self.execution, used)
-        for parts in pending:
-            self.show(parts)
+        stop = await self.deliver(self.execution, used)
+        if stop is None or stop.delivered:
+            for parts in pending:
+                self.show(parts)
+        if stop is not None:  # the agent is told as by a cancel: its generator is closed on the way out
+            raise RunStopped
+
+
+def unusable_usage(execution: Execution, bad: usage.BadUsage) -> AgentReply:
+    """A run whose agent reported usage that is not a count (`usage.BadUsage`): it fails, as the
+    agent's error, logged as such; nothing it sent after its last good report is delivered."""
+    logger.warning("agent %s reported usage that is not a count: %s", execution.agent, bad)
+    request_log.agent_failed("agent reported unusable usage")
+    return AgentReply.failed(f"The agent reported usage that is not a count ({bad}).")
 
 
 def with_artifact(task: dict[str, Any], artifact: dict[str, Any]) -> list[dict[str, Any]]:
@@ -366,6 +405,8 @@ class Runner:
             set_status(task, "working")
             execution.publish(status_event(task, final=False))
             reply = await self._call_backend(execution, message)
+            if execution.stop is not None:  # stopped, and the agent answered anyway: the stop stands
+                raise RunStopped
             if reply.state == "completed":
                 execution.delivering = True
                 await self._deliver(execution, reply)
@@ -373,6 +414,8 @@ class Runner:
                 await self._end_undelivered(execution, reply)
         except OwnershipLost:
             self._lose(execution)
+        except RunStopped:
+            await self._end_stopped(execution)
         except asyncio.CancelledError:
             if execution.revoked and not execution.delivering:
                 self._lose(execution)
@@ -418,12 +461,20 @@ class Runner:
             async with asyncio.timeout(deadline):
                 progress = LiveProgress(execution, self._deliver_part)
                 reply = await self.agents.backend(execution.agent).run(request, progress)
+        except RunStopped:
+            raise
         except TimeoutError:
+            if execution.stop is not None:  # stopped, and its agent then took its deadline to close
+                raise RunStopped from None
             logger.warning("agent %s passed its deadline of %gs", execution.agent, deadline)
             return AgentReply.failed(f"The agent did not finish within {deadline:g}s (its deadline).")
         except (asyncio.CancelledError, OwnershipLost):
             raise
+        except usage.BadUsage as bad:  # the agent's error: its run fails (what it delivered before is settled)
+            return unusable_usage(execution, bad)
         except Exception as exc:  # whatever an agent raises fails its task, uncharged
+            if execution.stop is not None:  # stopped: what it raised on the way out is not its failure
+                raise RunStopped from None
             # the agent's own fault, with its traceback: it never saw a key or a payment token
             logger.error("agent %s raised %s: %s", execution.agent, type(exc).__name__, exc, exc_info=exc)
             request_log.agent_failed(f"agent raised {type(exc).__name__}")
@@ -432,10 +483,12 @@ class Runner:
             await self.store.save(task, backend_ref=reply.backend_ref)
         return reply
 
-    async def _deliver_part(self, execution: Execution, used: usage.Counts) -> None:
+    async def _deliver_part(self, execution: Execution, used: usage.Counts) -> Stop | None:
         """The chunks an agent has moved past, delivered before the whole answer (hooks with
         `deliver_part`): recorded with the task's answer so far and what the work used so far,
-        in one transaction, before any of them is shown. Cancels and deadlines wait for it."""
+        in one transaction, before any of them is shown. Cancels and deadlines wait for it. The
+        hook's `Stop`, if it answered one, is kept on the execution and returned; the chunks it
+        refused are dropped, unrecorded and unshown."""
         task, hooks = execution.task, execution.hooks
         assert hooks is not None and hooks.deliver_part is not None
         answer = Answer([dict(p) for p in execution.delivered_part.parts])
@@ -443,16 +496,23 @@ class Runner:
             for part in parts:
                 answer.add(part)
         artifact = {"artifactId": execution.artifact_id, "name": "result", "parts": answer.parts}
-        delivered = {**task, "artifacts": with_artifact(task, artifact)}
+        # the stored copy says the answer is partial, so a crash now leaves it read as cut (see DeliveryHooks)
+        delivered = {**task, "artifacts": with_artifact(task, {**artifact, "metadata": {PARTIAL: True}})}
         execution.delivering = True  # a cancel now would leave the record and the answer apart
         try:
-            await hooks.deliver_part(delivered, used, self.store.save_statement(delivered))
+            stop = await hooks.deliver_part(delivered, used, self.store.save_statement(delivered))
         finally:
             execution.delivering = False
-        task["artifacts"] = delivered["artifacts"]
+        if stop is not None:
+            execution.stop = stop
+            if not stop.delivered:
+                execution.pending.clear()
+                return stop
+        task["artifacts"] = with_artifact(task, artifact)
         execution.parts_delivered += len(execution.pending)
         execution.pending.clear()
         execution.delivered_part = answer
+        return stop
 
     async def _deliver(self, execution: Execution, reply: AgentReply) -> None:
         task, hooks = execution.task, execution.hooks
@@ -466,7 +526,18 @@ class Runner:
             return
         # Nothing of the answer is visible (the live task, its streams, tasks/get) before the
         # delivery is recorded: a delivery that could not be recorded was never made.
-        used = usage.read(reply.usage)
+        try:
+            used = usage.checked(reply.usage)
+        except usage.BadUsage as bad:  # the agent's error: nothing of its answer is delivered
+            execution.delivering = False
+            await self._end_undelivered(execution, unusable_usage(execution, bad))
+            return
+        if hooks.deliver_part is not None and execution.pending:  # a streamed answer's last chunks
+            stop = await self._deliver_part(execution, used)
+            execution.delivering = True
+            if stop is not None and not stop.delivered:  # refused: the run ends with what came before
+                await self._end_stopped(execution)
+                return
         one_write = hooks.deliver_final is not None and not hooks.withhold
         if one_write and await self._deliver_final(execution, artifact, text, used):
             return
@@ -575,6 +646,16 @@ class Runner:
         set_status(task, reply.state if reply.state in UNDELIVERED_STATES else "failed", message)
         if reply.state in INTERRUPTED_STATES:
             task.setdefault("history", []).append(message)
+        await self._end_early(execution)
+
+    async def _end_stopped(self, execution: Execution) -> None:
+        """A run a delivery hook stopped (`Stop`): it ends as the stop says, with the parts delivered
+        before it and settled for them; a run that delivered nothing ends failed, uncharged."""
+        task, stop = execution.task, execution.stop
+        assert stop is not None
+        logger.info("task %s stopped after %d delivered chunk(s): %s", task["id"], execution.parts_delivered, stop.why)
+        state = stop.state if execution.parts_delivered else "failed"
+        set_status(task, state, agent_message(task, stop.why))
         await self._end_early(execution)
 
     async def _end_early(self, execution: Execution) -> None:

@@ -646,8 +646,8 @@ def test_parse_answer_never_raises_for_task_like_shapes(doc: dict[str, Any], key
         ),
         (
             {**V03_TASK, "metadata": {"usage": {"bad": -1, "nan": "x", "ok": 4}}},
-            {"ok": 4},
-        ),  # what is not a count is dropped
+            {"bad": -1, "ok": 4},
+        ),  # what is no number is dropped; a number that is not a count is carried, and fails the run (below)
         ({**V03_TASK, "metadata": {"usage": [1, 2]}}, {}),
         (V03_TASK, {}),
     ],
@@ -661,3 +661,15 @@ def test_an_upstream_reports_its_usage_in_its_metadata(answer, usage):
     assert isinstance(parsed, Result) and parsed.usage == usage
     reply = UpstreamBackend(AgentConfig(name="u", url="http://127.0.0.1:9/")).reply(parsed)
     assert reply.state == "completed" and reply.usage == usage
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, 1e308, 10**15 + 1])  # (JSON carries no NaN nor infinity)
+def test_an_upstream_usage_count_that_is_not_a_count_is_its_error(bad):
+    """Negative or past the bound: carried as it came, never silently left out, and
+    refused where the work is delivered (the upstream's error: its run fails, nothing charged)."""
+    from server import usage
+
+    parsed = parse_answer(200, ok({**V03_TASK, "metadata": {"usage": {"bad": bad, "ok": 4}}}))
+    assert isinstance(parsed, Result) and parsed.usage["ok"] == 4 and "bad" in parsed.usage
+    with pytest.raises(usage.BadUsage):
+        usage.checked(parsed.usage)

@@ -8,6 +8,7 @@ whenever that fits, and nothing when the pricing fails. Each mistake in a price'
 
 from __future__ import annotations
 
+import asyncio
 import math
 from fractions import Fraction
 from pathlib import Path
@@ -35,6 +36,11 @@ UPTO = {
     "usage": {"unit": "characters", "unit_price": "10"},
 }
 
+
+def run(awaitable: Any) -> Any:
+    return asyncio.run(awaitable)
+
+
 counts = st.dictionaries(
     st.sampled_from(["characters", "output_tokens", "calls", "seconds"]),
     st.one_of(st.integers(0, 10**9), st.floats(0, 1e6, allow_nan=False, allow_infinity=False)),
@@ -49,7 +55,7 @@ unit_prices = st.one_of(
 def test_the_charge_is_the_priced_usage_capped_at_the_ceiling(used, unit_price, fixed, ceiling):
     price = UsagePrice(fixed=fixed, unit="characters", unit_price=unit_price)
     priced = fixed + math.ceil(unit_price * Fraction(str(used.get("characters", 0))))
-    charged = charge(price, ceiling, used)
+    charged = run(charge(price, ceiling, used))
     assert 0 <= charged.amount <= ceiling
     assert charged.amount == min(priced, ceiling)
     assert charged.capped == (priced > ceiling)
@@ -67,21 +73,92 @@ def test_a_callable_price_is_capped_and_a_failing_one_charges_nothing(used, ceil
         calls.append(usage)
         return answer
 
-    charged = charge(UsagePrice(callable="m:f", function=price_of), ceiling, used)
+    charged = run(charge(UsagePrice(callable="m:f", function=price_of), ceiling, used))
     assert calls == [used] and charged.amount == min(answer, ceiling) and charged.error == ""
 
     def broken(usage: dict[str, Any]) -> int:
         raise ArithmeticError("bug")
 
-    failed = charge(UsagePrice(callable="m:f", function=broken), ceiling, used)
+    failed = run(charge(UsagePrice(callable="m:f", function=broken), ceiling, used))
     assert failed.amount == 0 and failed.priced is None and failed.error == "pricing_failed: ArithmeticError"
     assert failed.receipt()["error"] == "pricing_failed: ArithmeticError"
 
 
 @pytest.mark.parametrize("answer", [-1, 1.5, "12", None, True])
 def test_a_callable_answering_anything_but_whole_atomic_units_charges_nothing(answer):
-    charged = charge(UsagePrice(callable="m:f", function=lambda usage: answer), 1000, {"calls": 1})
+    charged = run(charge(UsagePrice(callable="m:f", function=lambda usage: answer), 1000, {"calls": 1}))
     assert charged.amount == 0 and charged.error == "pricing_failed: ValueError"
+
+
+@given(used=counts, ceiling=st.integers(1, 10**12), answer=st.integers(0, 10**15))
+def test_an_async_pricing_callable_is_awaited_and_charges_as_a_plain_one(used, ceiling, answer):
+    """An `async def` price passed check-config and charged 0 (`pricing_failed: ValueError`): its
+    coroutine was taken for the amount. It is awaited, and charges what a plain function would."""
+
+    async def price_of(usage: dict[str, Any]) -> int:
+        await asyncio.sleep(0)
+        return answer
+
+    def plain(usage: dict[str, Any]) -> int:
+        return answer
+
+    charged = run(charge(UsagePrice(callable="m:f", function=price_of), ceiling, used))
+    assert charged == run(charge(UsagePrice(callable="m:f", function=plain), ceiling, used))
+    assert charged.amount == min(answer, ceiling) and charged.error == ""
+
+
+def test_an_async_pricing_callable_that_never_answers_charges_nothing(monkeypatch):
+    from gate import usage_price
+
+    monkeypatch.setattr(usage_price, "PRICING_SECONDS", 0.05)
+
+    async def stuck(usage: dict[str, Any]) -> int:
+        await asyncio.sleep(60)
+        return 1
+
+    charged = run(charge(UsagePrice(callable="m:f", function=stuck), 1000, {"calls": 1}))
+    assert charged.amount == 0 and charged.error == "pricing_failed: TimeoutError"
+
+
+def test_the_config_s_callable_price_may_be_async_and_is_awaited():
+    called = parse_config(
+        config(usage={"callable": "tests.support.ceiling_agents:per_character_async"}), base_dir=Path("/tmp")
+    )
+    assert run(called.anonymous.price("metered").usage.priced({"characters": 7})) == 70
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [math.nan, math.inf, -math.inf, -1, -0.5, 10**15 + 1, 1e308, "12", None, [1]],
+)
+def test_usage_that_is_not_counts_charges_nothing_and_says_why(bad):
+    """The server refuses such reports; the gate's own check prices none of them, never raises."""
+    for price in (UsagePrice(unit="characters", unit_price=Fraction(10)), UsagePrice(callable="m:f", function=len)):
+        charged = run(charge(price, 50_000, {"characters": bad}))
+        assert charged.amount == 0 and charged.priced is None and charged.error.startswith("usage_invalid: ")
+        assert charged.receipt()["units"] == {} and not charged.reached
+
+
+def test_a_sum_of_reports_past_the_bound_is_the_agents_error():
+    from server import usage
+
+    once = usage.checked({"characters": 10**15})
+    with pytest.raises(usage.BadUsage):
+        usage.checked(usage.added(once, {"characters": 1}))
+    with pytest.raises(usage.BadUsage):
+        usage.checked({"characters": 1e308})  # and 1e308 + 1e308 is past the float range: never summed
+    with pytest.raises(usage.BadUsage):
+        usage.checked(usage.added({"x": 1.5e308}, {"x": 1.5e308}))  # inf
+    # read never raises: an upstream's other metadata stays out, a number that is not a count is carried
+    assert usage.read({"model": "gpt", "tokens": 12.0, "bad": -1}) == {"tokens": 12, "bad": -1}
+
+
+@given(used=counts, ceiling=st.integers(1, 10**6))
+def test_reaching_the_ceiling_is_pricing_at_it_or_past_it(used, ceiling):
+    charged = run(charge(UsagePrice(unit="characters", unit_price=Fraction(1)), ceiling, used))
+    priced = math.ceil(Fraction(str(used.get("characters", 0))))
+    assert charged.reached == (priced >= ceiling) and charged.capped == (priced > ceiling)
+    assert "ceilingReached" not in charged.receipt()
 
 
 @pytest.mark.parametrize(("value", "text"), [(Fraction(10), "10"), (Fraction("0.25"), "0.25"), (Fraction(1, 3), "1/3")])
@@ -107,7 +184,9 @@ def test_an_upto_price_reads_its_ceiling_facilitator_and_rule():
     assert price.usage == UsagePrice(fixed=0, unit="characters", unit_price=Fraction(10))
     called = parse_config(config(usage={"callable": "tests.support.pricing:per_chunk"}), base_dir=Path("/tmp"))
     rule = called.anonymous.price("metered").usage
-    assert rule.callable == "tests.support.pricing:per_chunk" and rule.priced({"chunks": 2, "characters": 5}) == 205
+    assert (
+        rule.callable == "tests.support.pricing:per_chunk" and run(rule.priced({"chunks": 2, "characters": 5})) == 205
+    )
 
 
 @pytest.mark.parametrize(

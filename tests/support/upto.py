@@ -91,8 +91,9 @@ price = {upto_price(PER_CHARACTER)}
 """
 
 
-def upto_config(public_url: str, facilitator: str) -> str:
-    return UPTO_CONFIG.replace("PUBLIC_URL", public_url).replace("FACILITATOR_URL", facilitator)
+def upto_config(public_url: str, facilitator: str, agents: str = "") -> str:
+    """The gate's configuration with the agents above, and `agents` (more `[agents.NAME]` tables) after them."""
+    return (UPTO_CONFIG + agents).replace("PUBLIC_URL", public_url).replace("FACILITATOR_URL", facilitator)
 
 
 def upto_client(key: str) -> Any:
