@@ -108,7 +108,8 @@ def message_in(raw: Any, dialect: str) -> dict[str, Any]:
     extensions = raw.get("extensions")
     if isinstance(extensions, list) and all(isinstance(e, str) for e in extensions):
         message["extensions"] = extensions
-    if dialect == V03 and raw.get("role") not in _ROLE_TO_V10:  # v0.3 section 6.4: role is required
+    role = raw.get("role")  # any JSON value: an object or a list cannot be looked up (unhashable)
+    if dialect == V03 and not (isinstance(role, str) and role in _ROLE_TO_V10):  # v0.3 section 6.4: required
         raise InvalidShape("params.message.role is required: 'user' or 'agent'")
     return message
 

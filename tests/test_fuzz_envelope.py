@@ -625,7 +625,110 @@ def test_random_headers(target: Target, headers: dict[str, str], agent: str, met
     check(target, agent, body, headers)
 
 
+# A well-formed send in each dialect, every field of its message (and of its parts) present, so that
+# one field replaced by any JSON value is the only thing wrong with it (a broken neighbour would be
+# refused first and hide the field's own reading).
+GOOD_MESSAGE = {
+    "0.3": {
+        "kind": "message",
+        "role": "user",
+        "messageId": "m-1",
+        "contextId": "c-1",
+        "metadata": {"k": "v"},
+        "referenceTaskIds": ["t-0"],
+        "extensions": ["https://example.com/ext"],
+        "parts": [
+            {"kind": "text", "text": "hi", "metadata": {"k": 1}},
+            {"kind": "data", "data": {"a": 1}},
+            {"kind": "file", "file": {"uri": "https://example.com/f", "mimeType": "text/plain", "name": "f"}},
+        ],
+    },
+    "1.0": {
+        "role": "ROLE_USER",
+        "messageId": "m-1",
+        "contextId": "c-1",
+        "metadata": {"k": "v"},
+        "referenceTaskIds": ["t-0"],
+        "extensions": ["https://example.com/ext"],
+        "parts": [
+            {"text": "hi", "metadata": {"k": 1}, "mediaType": "text/plain"},
+            {"data": {"a": 1}},
+            {"url": "https://example.com/f", "mediaType": "text/plain", "filename": "f"},
+            {"raw": "aGk=", "mediaType": "text/plain"},
+        ],
+    },
+}
+
+
+def field_paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every key and index under `value`, as paths (the containers themselves included)."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    paths = []
+    for key, inner in items:
+        paths.append((*prefix, key))
+        paths += field_paths(inner, (*prefix, key))
+    return paths
+
+
+MESSAGE_FIELDS = {version: field_paths(message) for version, message in GOOD_MESSAGE.items()}
+# keys a client might add that the good message does not carry
+EXTRA_FIELDS = [("taskId",), ("parts", 0, "kind"), ("parts", 0, "file"), ("parts", 0, "url"), ("parts", 1, "text")]
+SEND_METHODS = {"0.3": ["message/send", "message/stream"], "1.0": ["SendMessage", "SendStreamingMessage"]}
+
+
+@st.composite
+def one_field_replaced(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    version = draw(st.sampled_from(sorted(GOOD_MESSAGE)))
+    message = json.loads(json.dumps(GOOD_MESSAGE[version]))
+    path = draw(st.sampled_from(MESSAGE_FIELDS[version] + EXTRA_FIELDS))
+    value = draw(JSON | JSON | st.sampled_from([{}, [], [[]], {"a": {}}, ["user"], {"user": 1}, 1e300, -1, True]))
+    *parents, last = path
+    container: Any = message
+    for key in parents:
+        container = container[key]
+    container[last] = value
+    tally(f"replaced {'.'.join(str(p) for p in path if not isinstance(p, int))}")
+    return version, message
+
+
+@settings(FUZZ, max_examples=600)
+@given(
+    replaced=one_field_replaced(),
+    stream=st.booleans(),
+    agent=st.sampled_from(["echo", "echo", "paid"]),
+    anonymous=MOSTLY_PRINCIPAL,
+)
+@example(replaced=("0.3", {**GOOD_MESSAGE["0.3"], "role": {}}), stream=False, agent="echo", anonymous=False)
+@example(replaced=("0.3", {**GOOD_MESSAGE["0.3"], "role": ["user"]}), stream=True, agent="paid", anonymous=True)
+def test_any_json_value_in_any_message_field(
+    target: Target, replaced: tuple[str, dict[str, Any]], stream: bool, agent: str, anonymous: bool
+) -> None:
+    """One field of a well-formed message (its parts' fields too) holding any JSON value: never a
+    5xx, never -32603 but a named retryable condition, never a traceback in the log."""
+    version, message = replaced
+    method = SEND_METHODS[version][stream]
+    body = encode({"jsonrpc": "2.0", "id": 3, "method": method, "params": {"message": message}})
+    check(target, agent, body, versioned(method, {} if anonymous else PRINCIPAL))
+
+
 # --- the bugs the properties found, pinned one by one ------------------------------
+
+
+@pytest.mark.parametrize("role", [{}, {"user": 1}, [], ["user"], [[]]], ids=["{}", "object", "[]", "list", "nested"])
+@pytest.mark.parametrize("method", ["message/send", "message/stream"])
+def test_a_role_that_is_an_object_or_an_array_is_invalid_params(target: Target, role: Any, method: str) -> None:
+    """An unhashable role in the v0.3 role check was a TypeError: -32603 "retryable" and a traceback."""
+    message = {**GOOD_MESSAGE["0.3"], "role": role}
+    response = check(
+        target, "echo", encode({"jsonrpc": "2.0", "id": 9, "method": method, "params": {"message": message}}), PRINCIPAL
+    )
+    answer = (
+        sse_documents(response.text)[0]
+        if response.headers["content-type"].startswith("text/event-stream")
+        else response.json()
+    )
+    assert answer["error"]["code"] == -32602, answer
+    assert "role" in answer["error"]["message"] + json.dumps(answer["error"].get("data")), answer
 
 
 def test_a_lone_surrogate_in_the_id_is_not_a_500(target: Target) -> None:
