@@ -24,7 +24,7 @@ from gate.facilitator import Unavailable, Verification
 from gate.limiter import caller_key
 from gate.parts import GateParts
 from gate.pricing import Offer
-from gate.settlement import STATUS, Payment
+from gate.settlement import STATUS, Payment, metadata_for
 from server.anonymous import not_authenticated
 from server.cards import agent_url
 from server.config import AgentConfig
@@ -182,14 +182,12 @@ async def paid_send(
         return await refuse(parts, attempt, outcome.reason)
     if outcome.kind == "in_flight":
         info.set("in_flight")
-        return error_response(
-            plan.call.id, RpcError(INTERNAL_ERROR, "Request in flight", {"code": "in_flight", "retryable": True})
-        )
+        return in_flight(plan.call.id)
     if outcome.kind == "replay":
         assert outcome.claim is not None
         info.set("replay")
         info.payer = outcome.claim.payer
-        return await replay(parts, plan, outcome.claim, payment, in_band.echo(active))
+        return await replay(parts, plan, outcome.claim, payment, in_band.echo(active), info)
     assert outcome.hold is not None
     attempt.hold = outcome.hold
     attempt.reserved = reservable if outcome.along == (1,) else None
@@ -361,19 +359,42 @@ def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:
     return "ok", f"task {task['status']['state']}: not charged"
 
 
-async def replay(parts: GateParts, plan: SendPlan, claim: Claim, payment: Payment, headers: dict[str, str]) -> Response:
-    """The same token with the same request: the stored answer, re-driving an owed settlement."""
+async def replay(
+    parts: GateParts, plan: SendPlan, claim: Claim, payment: Payment, headers: dict[str, str], info: RequestInfo
+) -> Response:
+    """The same token with the same request: the stored answer, re-driving an owed settlement. A
+    task its lapsed owner never brought up to the claim's recorded outcome is repaired first, as the
+    reconciler would (until then the stored task reads `working`); one being repaired is in flight."""
     owner, call = f"payer:{claim.payer}", plan.call
+    shown = False
     if claim.state == ClaimState.SETTLE_FAILED:
         taken = await parts.claims.take_owed(claim.token_digest)
         if taken is not None:
             await reconciler.settle_owed(parts, taken)
+            shown = True
+    if claim.task_outdated and not shown:
+        hold = await parts.claims.take_outdated(claim)
+        if hold is None:  # its owner is storing it still, or someone else is repairing it
+            info.set("in_flight", "answer being stored")
+            return in_flight(call.id)
+        try:
+            await reconciler.show_outcome(parts, claim, hold, metadata_for(claim))
+        except ClaimLost:
+            info.set("in_flight", "answer being stored")
+            return in_flight(call.id)
     task = await parts.store.get(claim.task_id, owner, claim.agent)
     if task is None:
         return error_response(call.id, RpcError(TASK_NOT_FOUND))
     await parts.log.append("replay", **replace(payment, payer=claim.payer).log_fields(claim.task_id))
     receipt = payment_response_header(task, payment.version)
     return task_answer(plan, task, {**headers, "X-Idempotent-Replay": "true", **receipt})
+
+
+def in_flight(call_id: Any) -> Response:
+    """The same token with the same request, while the first is still running (or its answer is
+    still being stored): retryable."""
+    data = {"code": "in_flight", "retryable": True}
+    return error_response(call_id, RpcError(INTERNAL_ERROR, "Request in flight", data))
 
 
 async def bound_task_call(
