@@ -19,8 +19,9 @@ in the ledger's SQLite file (tables ``bs_*``), and every transaction is one SQLi
 with the token moves it makes, so a crash never leaves half a deposit. An ``eth_call`` runs the
 same code and rolls back.
 
-Only ``Settled`` is in the package's ABI; the other events carry the binding's names with the
-fields listed in ``EVENT_SIGNATURES``.
+Only ``Settled`` is in the package's ABI; the other events are the contract's own declarations
+(``EVENT_SIGNATURES``), emitted in its order. docs/development-chain.md lists every rule modelled
+here beside the contract's, and where this simulation is deliberately simpler.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ from .chain import (
     TokenInfo,
     _address_topic,
     _log,
-    _recover_eoa,
     default_tokens,
+    recover_ecdsa,
+    recover_fiattoken,
 )
 from .ledger import REVERT_EXPIRED, REVERT_NOT_YET_VALID, DevLedger, LedgerRevert
 from .permit2 import Permit2Contracts, PermitWitnessTransfer
@@ -90,7 +92,7 @@ EVENT_SIGNATURES = {
     "Deposited": "Deposited(bytes32,address,uint128,uint128)",
     "Claimed": "Claimed(bytes32,address,uint128,uint128)",
     "Settled": "Settled(address,address,address,uint128)",
-    "Refunded": "Refunded(bytes32,address,uint128,uint256)",
+    "Refunded": "Refunded(bytes32,address,uint128)",
     "WithdrawInitiated": "WithdrawInitiated(bytes32,uint128,uint40)",
     "WithdrawFinalized": "WithdrawFinalized(bytes32,address,uint128)",
     "ChannelClosed": f"ChannelClosed(bytes32,{_CONFIG_TYPE})",
@@ -110,7 +112,6 @@ REVERT_AUTHORIZER_SIGNATURE = _PREFIX + "invalid receiver authorizer signature"
 REVERT_VOUCHER_SIGNATURE = _PREFIX + "invalid voucher signature"
 REVERT_CLAIM_EXCEEDS_VOUCHER = _PREFIX + "claim exceeds voucher maxClaimableAmount"
 REVERT_CLAIM_EXCEEDS_BALANCE = _PREFIX + "claim exceeds channel balance"
-REVERT_CLAIM_BELOW_CLAIMED = _PREFIX + "claim below totalClaimed"
 REVERT_UNAUTHORIZED = _PREFIX + "caller is not authorized"
 REVERT_REFUND_NONCE = _PREFIX + "invalid refund nonce"
 REVERT_WITHDRAW_EXCEEDS = _PREFIX + "withdrawal exceeds unclaimed balance"
@@ -545,34 +546,38 @@ class BatchSettlementContract:
         return self._contract_digest(CLAIM_BATCH_TYPES, {"claims": entries})
 
     def _signed_by(self, digest: bytes, signature: bytes, address: str) -> bool:
-        """SignatureChecker: ecrecover for an EOA (no dev-chain address has code), or the
-        trusting mode's accept-everything wallet."""
+        """OpenZeppelin's ``SignatureChecker.isValidSignatureNow``: ``ECDSA.tryRecover`` for an EOA (no
+        dev-chain address has code: 65 bytes, low s, v 27/28, else false), or the trusting mode's
+        accept-everything wallet."""
         if self.trust_signatures:
             return True
-        return _recover_eoa(digest, bytes(signature)) == to_checksum_address(address)
+        signer, _ = recover_ecdsa(digest, bytes(signature))
+        return signer is not None and signer == to_checksum_address(address)
 
     # -- functions: deposits ---------------------------------------------------
 
     def _fn_deposit(self, ex: _Execution, raw_config: Any, amount: int, collector: str, data: bytes) -> None:
+        """In the contract's order: the configuration (``InvalidChannel``), the delay's range, a non-zero
+        amount, a known collector, the balance's uint128 bound, then the collector's pull."""
         config = _config_tuple(raw_config)
         amount = int(amount)
-        if amount == 0:
-            raise LedgerRevert(REVERT_ZERO_AMOUNT)
         if ZERO_ADDRESS in (config[0], config[2], config[3]) or config[4] not in self.tokens:
             raise LedgerRevert(REVERT_CONFIG)
         if not MIN_WITHDRAW_DELAY <= config[5] <= MAX_WITHDRAW_DELAY:
             raise LedgerRevert(REVERT_WITHDRAW_DELAY)
-        channel_id = self._channel_id(config)
+        if amount == 0:
+            raise LedgerRevert(REVERT_ZERO_AMOUNT)
         collector = to_checksum_address(collector)
-        if collector == ERC3009_DEPOSIT_COLLECTOR_ADDRESS:
-            self._collect_erc3009(ex, config, channel_id, amount, bytes(data))
-        elif collector == PERMIT2_DEPOSIT_COLLECTOR_ADDRESS:
-            self._collect_permit2(ex, config, channel_id, amount, bytes(data))
-        else:
+        if collector not in (ERC3009_DEPOSIT_COLLECTOR_ADDRESS, PERMIT2_DEPOSIT_COLLECTOR_ADDRESS):
             raise LedgerRevert(REVERT_UNKNOWN_COLLECTOR)
+        channel_id = self._channel_id(config)
         record = self._load(ex.db, channel_id) or ChannelRecord(channel_id, config)
         if record.balance + amount > UINT128_MAX:
             raise LedgerRevert(_PREFIX + "balance overflow")
+        if collector == ERC3009_DEPOSIT_COLLECTOR_ADDRESS:
+            self._collect_erc3009(ex, config, channel_id, amount, bytes(data))
+        else:
+            self._collect_permit2(ex, config, channel_id, amount, bytes(data))
         topic = _bytes32_topic(bytes.fromhex(channel_id[2:]))
         if record.balance == 0 and record.total_claimed == 0:
             ex.emit(self.address, [EVENT_TOPICS["ChannelCreated"], topic], abi_encode([_CONFIG_TYPE], [config]))
@@ -616,7 +621,8 @@ class BatchSettlementContract:
             "validBefore": valid_before,
             "nonce": nonce,
         }
-        if not self._signed_by(self._digest(domain, RECEIVE_AUTHORIZATION_TYPES, message), signature, payer):
+        digest = self._digest(domain, RECEIVE_AUTHORIZATION_TYPES, message)
+        if not self.trust_signatures and recover_fiattoken(digest, bytes(signature)) != payer:
             raise LedgerRevert(REVERT_INVALID_SIGNATURE)
         self._transfer(ex, token, payer, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, amount, nonce=nonce)
         self._transfer(ex, token, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, self.address, amount)
@@ -704,25 +710,20 @@ class BatchSettlementContract:
         return claims
 
     def _apply_claims(self, ex: _Execution, claims: list[_Claim]) -> None:
-        """Each row: the payer's voucher must cover the claim and the channel's balance must back it;
-        ``totalClaimed`` moves up to the row's value (a row at the current total is a no-op)."""
+        """Each row in the contract's order (``_processVoucherClaim``): a row at or below the channel's
+        ``totalClaimed`` is a no-op, checked no further (a replayed claim changes nothing); otherwise the
+        payer's voucher must cover it, the channel's balance must back it, and the voucher's signature
+        must be the payer authorizer's (``_voucher_signed``); ``totalClaimed`` moves up to the row's value."""
         for claim in claims:
-            record = self._load(ex.db, claim.channel_id)
-            if record is None:
-                raise LedgerRevert(REVERT_CHANNEL_NOT_FOUND)
-            voucher_signer = record.payer_authorizer if record.payer_authorizer != ZERO_ADDRESS else record.payer
-            digest = self._voucher_digest(claim.channel_id, claim.max_claimable)
-            if not self._signed_by(digest, claim.signature, voucher_signer):
-                raise LedgerRevert(REVERT_VOUCHER_SIGNATURE)
+            record = self._load(ex.db, claim.channel_id) or ChannelRecord(claim.channel_id, claim.config)
+            if claim.total_claimed <= record.total_claimed:
+                continue
             if claim.total_claimed > claim.max_claimable:
                 raise LedgerRevert(REVERT_CLAIM_EXCEEDS_VOUCHER)
             if claim.total_claimed > record.balance:
                 raise LedgerRevert(REVERT_CLAIM_EXCEEDS_BALANCE)
-            if claim.total_claimed < record.total_claimed:
-                raise LedgerRevert(REVERT_CLAIM_BELOW_CLAIMED)
+            self._voucher_signed(claim)
             delta = claim.total_claimed - record.total_claimed
-            if delta == 0:
-                continue
             record.total_claimed = claim.total_claimed
             self._store(ex.db, record)
             claimed, settled = self._receiver(ex.db, record.receiver, record.token)
@@ -736,6 +737,24 @@ class BatchSettlementContract:
                 ],
                 abi_encode(["uint128", "uint128"], [delta, record.total_claimed]),
             )
+
+    def _voucher_signed(self, claim: _Claim) -> None:
+        """The voucher's signature, as the contract checks it: a non-zero payer authorizer's with
+        OpenZeppelin's ``ECDSA.recoverCalldata`` (65 bytes, low s, v 27/28: its own error otherwise; no
+        ERC-1271), a zero one's by the payer through ``SignatureChecker`` (``_signed_by``)."""
+        if self.trust_signatures:
+            return
+        digest = self._voucher_digest(claim.channel_id, claim.max_claimable)
+        payer, payer_authorizer = claim.config[0], claim.config[1]
+        if payer_authorizer == ZERO_ADDRESS:
+            if not self._signed_by(digest, claim.signature, payer):
+                raise LedgerRevert(REVERT_VOUCHER_SIGNATURE)
+            return
+        signer, error = recover_ecdsa(digest, claim.signature)
+        if error:
+            raise LedgerRevert(error)
+        if signer != payer_authorizer:
+            raise LedgerRevert(REVERT_VOUCHER_SIGNATURE)
 
     def _fn_settle(self, ex: _Execution, receiver: str, token: str) -> None:
         receiver, token = to_checksum_address(receiver), to_checksum_address(token)
@@ -787,13 +806,13 @@ class BatchSettlementContract:
         self._store(ex.db, record)
         if actual == 0:
             return
-        self._transfer(ex, record.token, self.address, record.payer, actual)
         ex.emit(
             self.address,
             [EVENT_TOPICS["Refunded"], _bytes32_topic(bytes.fromhex(record.channel_id[2:])), _address_topic(ex.sender)],
-            abi_encode(["uint128", "uint256"], [actual, record.refund_nonce - 1]),
+            abi_encode(["uint128"], [actual]),
         )
         self._maybe_closed(ex, record)
+        self._transfer(ex, record.token, self.address, record.payer, actual)  # the contract's last step
 
     def _payer_side(self, ex: _Execution, record: ChannelRecord) -> None:
         allowed = {record.payer} | ({record.payer_authorizer} - {ZERO_ADDRESS})
@@ -829,8 +848,6 @@ class BatchSettlementContract:
         record.balance -= actual
         record.withdraw_amount, record.withdraw_initiated_at = 0, 0
         self._store(ex.db, record)
-        if actual > 0:
-            self._transfer(ex, record.token, self.address, record.payer, actual)
         ex.emit(
             self.address,
             [
@@ -840,8 +857,9 @@ class BatchSettlementContract:
             ],
             abi_encode(["uint128"], [actual]),
         )
-        if actual > 0:
-            self._maybe_closed(ex, record)
+        self._maybe_closed(ex, record)
+        if actual > 0:  # the contract's last step
+            self._transfer(ex, record.token, self.address, record.payer, actual)
 
     def _maybe_closed(self, ex: _Execution, record: ChannelRecord) -> None:
         if record.balance == 0 and record.total_claimed == 0:

@@ -33,6 +33,7 @@ from x402.mechanisms.evm.constants import (
     IS_VALID_SIGNATURE_ABI,
     MULTICALL3_ADDRESS,
     NAME_ABI,
+    PERMIT2_ADDRESS,
     TRANSFER_WITH_AUTHORIZATION_BYTES_ABI,
     TRANSFER_WITH_AUTHORIZATION_VRS_ABI,
     TX_STATUS_SUCCESS,
@@ -81,6 +82,7 @@ REVERT_INVALID_SIGNATURE = "FiatTokenV2: invalid signature"
 
 # Stand-in bytecode: only its non-emptiness matters to the x402 package.
 _TOKEN_CODE = bytes.fromhex("6080604052")
+PERMIT2 = to_checksum_address(PERMIT2_ADDRESS)
 _TRUSTING_WALLET_CODE = bytes.fromhex("ef0100")
 
 
@@ -159,24 +161,92 @@ _FUNCTIONS = _function_table()
 _ERROR_STRING_SELECTOR = keccak(text="Error(string)")[:4]
 
 
-@functools.lru_cache(maxsize=4096)
-def _recover_eoa(digest: bytes, signature: bytes) -> str | None:
-    """ecrecover, cached because verify and settle recover the same signature.
+#: secp256k1's group order; OpenZeppelin's ECDSA and Circle's ECRecover take ``s`` up to half of it.
+SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+HALF_N = SECP256K1_N // 2
+_LOW_255_BITS = (1 << 255) - 1
 
-    The pure-Python secp256k1 backend costs milliseconds per recovery.
+# Circle's ECRecover (FiatToken's SignatureChecker, EOA path): each non-canonical form reverts with its reason.
+REVERT_ECRECOVER_LENGTH = "ECRecover: invalid signature length"
+REVERT_ECRECOVER_S = "ECRecover: invalid signature 's' value"
+REVERT_ECRECOVER_V = "ECRecover: invalid signature 'v' value"
+REVERT_ECRECOVER_NOBODY = "ECRecover: invalid signature"
+# Uniswap Permit2's SignatureVerification (EOA path).
+REVERT_PERMIT2_LENGTH = "InvalidSignatureLength()"
+REVERT_PERMIT2_NOBODY = "InvalidSignature()"
+
+
+@functools.lru_cache(maxsize=4096)
+def ecrecover(digest: bytes, v: int, r: int, s: int) -> str | None:
+    """The EVM's ecrecover precompile: the signer's checksummed address, or None where the precompile
+    gives ``address(0)``: ``v`` not 27 or 28, ``r`` or ``s`` zero or not below n, no point for ``r``.
+    Any ``s`` in (0, n) recovers, the high half too: the precompile leaves malleability to its callers.
+
+    Cached because verify and settle recover the same signature, and the pure-Python secp256k1
+    backend costs milliseconds per recovery.
     """
-    if len(signature) != 65:
-        return None
-    v = signature[64]
-    if v >= 27:
-        v -= 27
-    if v not in (0, 1):
+    if v not in (27, 28) or not (0 < r < SECP256K1_N and 0 < s < SECP256K1_N):
         return None
     try:
-        sig = keys.Signature(signature_bytes=signature[:64] + bytes([v]))
-        return sig.recover_public_key_from_msg_hash(digest).to_checksum_address()
-    except Exception:  # noqa: BLE001 -- any malformed signature recovers no one
+        return keys.Signature(vrs=(v - 27, r, s)).recover_public_key_from_msg_hash(digest).to_checksum_address()
+    except Exception:  # noqa: BLE001 -- no point has this r: the precompile returns zero
         return None
+
+
+def _rsv(signature: bytes) -> tuple[int, int, int]:
+    """A 65-byte ``r || s || v`` signature's parts, as Solidity reads them."""
+    return int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:64], "big"), signature[64]
+
+
+def recover_ecdsa(digest: bytes, signature: bytes) -> tuple[str | None, str]:
+    """OpenZeppelin's ``ECDSA.tryRecover`` / ``tryRecoverCalldata`` (v5.5, as x402BatchSettlement
+    builds it): ``(signer, "")``, or ``(None, error)`` with the error ``recover`` / ``recoverCalldata``
+    revert with. Exactly 65 bytes (no EIP-2098 compact form), ``s <= n/2``, then ecrecover (so ``v``
+    27 or 28, a signer that is not ``address(0)``)."""
+    if len(signature) != 65:
+        return None, f"ECDSAInvalidSignatureLength({len(signature)})"
+    r, s, v = _rsv(signature)
+    if s > HALF_N:
+        return None, f"ECDSAInvalidSignatureS(0x{s:064x})"
+    signer = ecrecover(digest, v, r, s)
+    return (signer, "") if signer is not None else (None, "ECDSAInvalidSignature()")
+
+
+def recover_fiattoken(digest: bytes, signature: bytes) -> str:
+    """Circle's ``ECRecover.recover`` (FiatToken's EIP-3009 functions, an EOA signer): the signer, or
+    ``LedgerRevert`` with ECRecover's own reason: 65 bytes, ``s <= n/2``, ``v`` 27 or 28, a signer."""
+    if len(signature) != 65:
+        raise LedgerRevert(REVERT_ECRECOVER_LENGTH)
+    r, s, v = _rsv(signature)
+    if s > HALF_N:
+        raise LedgerRevert(REVERT_ECRECOVER_S)
+    if v not in (27, 28):
+        raise LedgerRevert(REVERT_ECRECOVER_V)
+    signer = ecrecover(digest, v, r, s)
+    if signer is None:
+        raise LedgerRevert(REVERT_ECRECOVER_NOBODY)
+    return signer
+
+
+def recover_permit2(digest: bytes, signature: bytes) -> str:
+    """Uniswap Permit2's ``SignatureVerification.verify`` for an EOA: the signer, or ``LedgerRevert``.
+
+    65 bytes ``r || s || v`` or EIP-2098's 64 bytes ``r || vs``; anything else is
+    ``InvalidSignatureLength()``. No bound on ``s`` (Permit2 takes the high-s twin, as ecrecover does);
+    ``v`` other than 27/28 recovers nobody: ``InvalidSignature()``. The caller compares the signer
+    with the owner (``InvalidSigner()``).
+    """
+    if len(signature) == 65:
+        r, s, v = _rsv(signature)
+    elif len(signature) == 64:
+        r, vs = int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big")
+        s, v = vs & _LOW_255_BITS, (vs >> 255) + 27
+    else:
+        raise LedgerRevert(REVERT_PERMIT2_LENGTH)
+    signer = ecrecover(digest, v, r, s)
+    if signer is None:
+        raise LedgerRevert(REVERT_PERMIT2_NOBODY)
+    return signer
 
 
 class LedgerEvmSigner:
@@ -277,7 +347,10 @@ class LedgerEvmSigner:
         message: dict[str, Any],
         signature: bytes,
     ) -> bool:
-        """EOA-only EIP-712 check with eth-account (the exact schemes do their own)."""
+        """EOA-only EIP-712 check, in the form the verifying contract takes: Permit2's rules for Permit2's
+        domain (``recover_permit2``), OpenZeppelin's ``SignatureChecker`` (``recover_ecdsa``: 65 bytes,
+        low s, v 27/28) for any other. The x402 schemes do their own checks; this is for callers of the
+        signer interface."""
         if self.trust_signatures:
             return True
         domain_data: dict[str, Any]
@@ -298,10 +371,14 @@ class LedgerEvmSigner:
         data = {key: "0x" + value.hex() if isinstance(value, bytes) else value for key, value in message.items()}
         try:
             signable = encode_typed_data(domain_data=domain_data, message_types=message_types, message_data=data)
-            recovered = Account.recover_message(signable, signature=signature)
+            digest = keccak(b"\x19" + signable.version + signable.header + signable.body)
+            if to_checksum_address(str(domain_data.get("verifyingContract", ""))) == PERMIT2:
+                recovered: str | None = recover_permit2(digest, bytes(signature))
+            else:
+                recovered, _ = recover_ecdsa(digest, bytes(signature))
         except Exception:  # noqa: BLE001 -- any malformed typed data or signature is not a valid one
             return False
-        return recovered.lower() == address.lower()
+        return recovered is not None and recovered.lower() == address.lower()
 
     # -- transactions sent to the token directly, not through the facilitator --
 
@@ -315,7 +392,7 @@ class LedgerEvmSigner:
             raise LedgerRevert(REVERT_NONCE_USED)
         if not self.trust_signatures:
             digest = cancel_authorization_digest(token, self.chain_id, asset, authorizer, nonce)
-            if _recover_eoa(digest, signature) != to_checksum_address(authorizer):
+            if recover_fiattoken(digest, bytes(signature)) != to_checksum_address(authorizer):
                 raise LedgerRevert(REVERT_INVALID_SIGNATURE)
         return self.ledger.cancel_authorization(self.network, asset, authorizer, nonce)
 
@@ -394,7 +471,10 @@ class LedgerEvmSigner:
         return transfer, signature
 
     def _authorize(self, token: TokenInfo, transfer: Transfer, signature: bytes) -> None:
-        """The token's own signature check, against its real EIP-712 domain."""
+        """FiatToken's checks before the transfer, in its order: the window and the nonce
+        (``DevLedger.check_authorization``), then the signature against its real EIP-712 domain, an EOA's
+        through Circle's ``ECRecover`` (``recover_fiattoken``: 65 bytes, low s, v 27/28)."""
+        self.ledger.check_authorization(transfer)
         if self.trust_signatures:
             return
         authorization = ExactEIP3009Authorization(
@@ -406,7 +486,7 @@ class LedgerEvmSigner:
             nonce=transfer.nonce,
         )
         digest = hash_eip3009_authorization(authorization, self.chain_id, transfer.asset, token.name, token.version)
-        if _recover_eoa(digest, signature) != transfer.from_address:
+        if recover_fiattoken(digest, signature) != transfer.from_address:
             raise LedgerRevert(REVERT_INVALID_SIGNATURE)
 
     def _try_aggregate(self, calls: list[tuple[str, bytes]]) -> list[tuple[bool, bytes]]:
@@ -503,7 +583,8 @@ class ChainRpc:
         as from the recovered sender by the simulated contract at its ``to`` (else the token); its hash
         is the chain's own for what it did.
 
-        Account nonces, gas and value mean nothing here. A transaction that would revert is refused
+        Account nonces, gas and value mean nothing here; a sender signature in its high-s form is
+        refused, as a node refuses it (EIP-2). A transaction that would revert is refused
         with its revert reason (as a node's gas estimate refuses it); nothing is mined for it.
         """
         try:
@@ -511,6 +592,7 @@ class ChainRpc:
             sender = Account.recover_transaction(raw)
             fields = TypedTransaction.from_bytes(raw).as_dict()
             chain_id, to, data = fields.get("chainId"), fields.get("to"), bytes(fields.get("data", b""))
+            high_s = int(fields["s"]) > HALF_N
             name, input_types, _ = self.signer.functions[data[:4]]
             args = tuple(abi_decode(input_types, data[4:]))
             target = to_checksum_address(to)
@@ -519,6 +601,8 @@ class ChainRpc:
             raise JsonRpcError(-32602, message) from None
         if chain_id != self.signer.chain_id:
             raise JsonRpcError(-32000, "invalid chain id")
+        if high_s:  # a node takes a transaction's signature in its low-s form only (EIP-2)
+            raise JsonRpcError(-32000, "invalid transaction v, r, s values")
         try:
             contract = self.signer.contracts.get(target)
             if contract is not None:

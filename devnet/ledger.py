@@ -36,6 +36,7 @@ __all__ = [
     "REVERT_INSUFFICIENT_BALANCE",
     "REVERT_NONCE_USED",
     "REVERT_NOT_YET_VALID",
+    "REVERT_TRANSFER_TO_ZERO",
     "DevLedger",
     "LedgerRevert",
     "Transfer",
@@ -50,6 +51,8 @@ REVERT_NOT_YET_VALID = "FiatTokenV2: authorization is not yet valid"
 REVERT_EXPIRED = "FiatTokenV2: authorization is expired"
 REVERT_NONCE_USED = "FiatTokenV2: authorization is used or canceled"
 REVERT_INSUFFICIENT_BALANCE = "ERC20: transfer amount exceeds balance"
+REVERT_TRANSFER_TO_ZERO = "ERC20: transfer to the zero address"
+_ZERO_ADDRESS = "0x" + "00" * 20
 
 
 class LedgerRevert(Exception):
@@ -238,6 +241,12 @@ class DevLedger:
             ).fetchone()
         return None if row is None else row[0]
 
+    def check_authorization(self, transfer: Transfer, now: int | None = None) -> None:
+        """FiatToken's ``_requireValidAuthorization``, the checks before its signature check: the window
+        (``now > validAfter``, ``now < validBefore``), then the nonce unused. Raises ``LedgerRevert``."""
+        with self._lock:
+            self._check_window_and_nonce(transfer, _now(now))
+
     def check_transfer(self, transfer: Transfer, now: int | None = None) -> None:
         """Raise ``LedgerRevert`` if the transfer would revert; change nothing (``eth_call``)."""
         with self._lock:
@@ -388,15 +397,21 @@ class DevLedger:
     # -- internals (caller holds the lock) ------------------------------------
 
     def _check(self, t: Transfer, now: int) -> None:
-        # Same order as FiatToken: time window, then nonce, then balance.
+        # Same order as FiatToken: time window, then nonce (its signature check comes between these
+        # and the transfer: devnet.chain), then the transfer's own: a destination, the balance.
+        self._check_window_and_nonce(t, now)
+        if t.to_address == _ZERO_ADDRESS:
+            raise LedgerRevert(REVERT_TRANSFER_TO_ZERO)
+        if t.value < 0 or self._balance(t.network, t.asset, t.from_address) < t.value:
+            raise LedgerRevert(REVERT_INSUFFICIENT_BALANCE)
+
+    def _check_window_and_nonce(self, t: Transfer, now: int) -> None:
         if now <= t.valid_after:
             raise LedgerRevert(REVERT_NOT_YET_VALID)
         if now >= t.valid_before:
             raise LedgerRevert(REVERT_EXPIRED)
         if self._nonce_used(t.network, t.asset, t.from_address, t.nonce):
             raise LedgerRevert(REVERT_NONCE_USED)
-        if t.value < 0 or self._balance(t.network, t.asset, t.from_address) < t.value:
-            raise LedgerRevert(REVERT_INSUFFICIENT_BALANCE)
 
     def _balance(self, network: str, asset: str, address: str) -> int:
         row = self.db.execute(

@@ -21,7 +21,8 @@ What the contracts check, in the order the deployed ones do:
 - Permit2: not after ``permit.deadline`` (``SignatureExpired``), the amount within the permit,
   the nonce unspent (``InvalidNonce()``: a nonce is spent once, per owner, across every token),
   the owner's EIP-712 signature over the permit with the proxy as spender and the proxy's
-  witness (``InvalidSigner()``);
+  witness, in the encodings Permit2's ``SignatureVerification`` takes (65 bytes, or EIP-2098's
+  64; high s accepted; ``v`` 27/28, else ``InvalidSignature()``; another signer ``InvalidSigner()``);
 - the token: the owner's balance (``ERC20: transfer amount exceeds balance``).
 
 A settlement emits what the deployed contracts emit: the token's ERC-20 ``Transfer(owner,
@@ -54,7 +55,7 @@ from x402.mechanisms.evm.constants import (
     X402_UPTO_PERMIT2_PROXY_SETTLE_WITH_PERMIT_ABI,
 )
 
-from .chain import DEV_CHAIN_ID, DEV_NETWORK, TRANSFER_TOPIC, FunctionTable, TokenInfo, _recover_eoa, default_tokens
+from .chain import DEV_CHAIN_ID, DEV_NETWORK, TRANSFER_TOPIC, FunctionTable, TokenInfo, default_tokens, recover_permit2
 from .chain import _address_topic as address_topic
 from .chain import _log as log_entry
 from .ledger import DevLedger, LedgerRevert
@@ -369,8 +370,9 @@ class Permit2Contracts:
 
     def permit_witness_transfer_from(self, db: Database, p: PermitWitnessTransfer, tx_hash: str) -> None:
         """Permit2's ``permitWitnessTransferFrom`` as a contract calls it, inside the caller's
-        ``contract_transaction`` (``db``): the deadline, the amount within the permit, the owner's
-        signature over the permit with the caller as spender, the nonce spent once, the token's
+        ``contract_transaction`` (``db``), in Permit2's order: the deadline, the amount within the
+        permit, the nonce spent once (``InvalidNonce()``), the owner's signature over the permit with
+        the caller as spender (``recover_permit2``: 65 or 64 bytes, any s, v 27/28), the token's
         ``transferFrom`` to ``p.to``. x402's proxies call it, and so may any other contract the dev
         chain plays, so that one owner's nonces are spent from one bitmap whoever the spender.
         """
@@ -378,12 +380,12 @@ class Permit2Contracts:
             raise LedgerRevert(f"SignatureExpired({p.deadline})")
         if p.amount > p.permitted:
             raise LedgerRevert(f"InvalidAmount({p.permitted})")
-        if p.token not in self.tokens:
-            raise LedgerRevert(f"{p.token} has no contract code in the dev ledger")
-        if not self.trust_signatures and _recover_eoa(self._digest(p), p.signature) != p.owner:
-            raise LedgerRevert("InvalidSigner()")
         if self._bitmap(db, p.owner, p.nonce >> 8) >> (p.nonce & 0xFF) & 1:
             raise LedgerRevert("InvalidNonce()")
+        if not self.trust_signatures and recover_permit2(self._digest(p), p.signature) != p.owner:
+            raise LedgerRevert("InvalidSigner()")
+        if p.token not in self.tokens:
+            raise LedgerRevert(f"{p.token} has no contract code in the dev ledger")
         self.ledger.move(self.network, p.token, p.owner, p.to, p.amount)  # the token's transferFrom
         db.execute(
             "INSERT INTO permit2_nonces (network, owner, word_pos, bit, nonce, tx_hash) VALUES (?, ?, ?, ?, ?, ?)",

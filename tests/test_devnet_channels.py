@@ -308,7 +308,6 @@ def test_claims_advance_total_claimed_and_settle_pays_exactly_the_claims(facilit
 BAD_CLAIMS = {
     "over_voucher": "claim exceeds voucher maxClaimableAmount",
     "over_balance": "claim exceeds channel balance",
-    "below_claimed": "claim below totalClaimed",
     "forged_voucher": "invalid voucher signature",
     "wrong_authorizer": "invalid receiver authorizer signature",
     "other_channel_voucher": "invalid voucher signature",
@@ -324,8 +323,6 @@ def test_a_bad_claim_reverts_and_moves_nothing(facilitator, case):
         claim = client.voucher(channel_id, 3000).claim(config, total_claimed=3001)
     elif case == "over_balance":
         claim = client.voucher(channel_id, deposit + 1000).claim(config)
-    elif case == "below_claimed":
-        claim = client.voucher(channel_id, 1000).claim(config)  # an older, smaller voucher
     elif case == "forged_voucher":
         claim = ChannelClient(facilitator.url, new_private_key()).voucher(channel_id, 3000).claim(config)
     elif case == "wrong_authorizer":
@@ -343,6 +340,15 @@ def test_a_bad_claim_reverts_and_moves_nothing(facilitator, case):
     assert channel_state(facilitator, channel_id) == before
     assert settle_channels(facilitator)["amount"] == "2000"
     assert facilitator.balance(PAY_TO) == paid_before + 2000
+
+
+def test_an_older_smaller_voucher_claims_nothing_and_reverts_nothing(facilitator):
+    """x402BatchSettlement skips a row at or below the channel's claimed total before any other check."""
+    client, config, channel_id, _ = open_channel(facilitator)
+    assert post_settle(facilitator, claim_request([client.voucher(channel_id, 2000).claim(config)]))["success"]
+    assert post_settle(facilitator, claim_request([client.voucher(channel_id, 1000).claim(config)]))["success"]
+    assert client.channels_view(channel_id)[1] == 2000
+    assert settle_channels(facilitator)["amount"] == "2000"
 
 
 def test_a_replayed_claim_claims_nothing_more(facilitator):
@@ -645,7 +651,8 @@ class ContractWorld:
         voucher_index, under, over = pick
         cumulative, signature = c.vouchers[voucher_index % len(c.vouchers)]
         total = max(0, cumulative - under) + over
-        valid = c.opened and c.claimed <= total <= min(cumulative, c.balance)
+        # the contract's order: at or below the claimed total a no-op, else within the voucher and the balance
+        valid = total <= c.claimed or total <= min(cumulative, c.balance)
         return VoucherClaim(c.config, str(cumulative), signature, str(total)), valid
 
     def _submit(self, rows: list[tuple[VoucherClaim, bool]]) -> None:
@@ -664,7 +671,7 @@ class ContractWorld:
         if ok:
             for claim, _ in rows:
                 model = next(c for c in self.channels if c.config == claim.channel)
-                model.claimed = int(claim.total_claimed)
+                model.claimed = max(model.claimed, int(claim.total_claimed))
 
     def _claim(self, index: int, pick: tuple[int, int, int]) -> None:
         row = self._row(index, pick)
