@@ -200,13 +200,14 @@ def test_a_bad_usage_report_is_the_agents_error_and_only_what_was_delivered_is_c
     assert answer.status_code == 200, answer.text
     task = final_task(answer, method)
     assert state(task) == "failed", task["status"]
-    assert "usage" in task["status"]["message"]["parts"][0]["text"]
+    assert "The agent reported usage that is not a count" in task["status"]["message"]["parts"][0]["text"]
     assert delivered_text(task) == "first; "
     assert receipt_of(task)["amount"] == str(7 * UNIT_PRICE)
     assert upto.balance(payer.address) == before - 7 * UNIT_PRICE
     [stored] = upto.rows("SELECT document FROM tasks")
     assert json.loads(stored["document"])["status"]["state"] == "failed"
-    assert "Traceback" not in upto.gate.log.read_text()
+    log = upto.gate.log.read_text()
+    assert "Traceback" not in log and "agent misreports reported usage that is not a count" in log
 
 
 @pytest.mark.parametrize("bad", ["nan", "negative", "huge"])
@@ -217,6 +218,7 @@ def test_a_whole_answer_with_a_bad_usage_report_is_not_delivered_nor_charged(upt
     assert answer.status_code == 200, answer.text
     task = answer.json()["result"]
     assert state(task) == "failed" and not task.get("artifacts")
+    assert "The agent reported usage that is not a count" in task["status"]["message"]["parts"][0]["text"]
     assert "PAYMENT-RESPONSE" not in answer.headers
     assert upto.balance(payer.address) == before and upto.settle_calls() == 0
     assert [r["action"] for r in upto.rows("SELECT action FROM payments WHERE action != 'verify'")] == ["release"]
@@ -271,3 +273,35 @@ def test_a_stream_cut_by_a_crash_after_three_of_ten_chunks_reads_back_failed(upt
     replayed = final_task(again, "message/stream")
     assert state(replayed) == "failed" and receipt_of(replayed)["amount"] == str(UNIT_PRICE * len(delivered))
     assert len(upto.transfers()) == 1
+
+
+def stored_task(state: str, *, partial: bool) -> dict:
+    artifact = {"artifactId": "a", "name": "result", "parts": [{"kind": "text", "text": "chunk 0; "}]}
+    if partial:
+        artifact["metadata"] = {"partial": True}
+    return {"id": "t", "contextId": "c", "status": {"state": state}, "artifacts": [artifact]}
+
+
+@pytest.mark.parametrize(
+    ("state", "partial", "after"),
+    [
+        ("working", True, "failed"),  # cut by a crash while delivered in parts
+        ("submitted", True, "failed"),
+        ("working", False, "completed"),  # the whole answer's delivery was saved, then the crash
+        ("canceled", False, "canceled"),  # ended before a later settle pass recorded its payment
+        ("failed", False, "failed"),
+        ("input-required", False, "input-required"),
+        ("completed", False, "completed"),
+    ],
+)
+def test_a_repaired_task_ends_as_its_delivery_did(state, partial, after):
+    from gate.settlement import attach_payment_metadata, completed_metadata
+
+    task = stored_task(state, partial=partial)
+    attach_payment_metadata(task, completed_metadata({"amount": "90"}))
+    assert task["status"]["state"] == after
+    assert task["metadata"]["x402.payment.status"] == "payment-completed"
+    assert task["status"]["message"]["metadata"]["x402.payment.receipts"] == [{"amount": "90"}]
+    assert "metadata" not in task["artifacts"][0]  # the mark is gone with the repair
+    if partial:
+        assert "part of the answer" in task["status"]["message"]["parts"][0]["text"]
