@@ -718,7 +718,7 @@ def test_permit2_checks_the_nonce_before_the_signature(upto):
     assert upto_reverts(contracts, upto_args(signed, 10, b"\x01" * 65)) == "InvalidNonce()"
 
 
-def test_permit2_takes_its_deadline_to_the_second(upto):
+def test_permit2_refuses_a_past_deadline(upto):
     (_, contracts), key = permit2_chain(), new_private_key()
     signed = sign_upto(upto, key)
     expired = resign_permit2(signed, key, deadline=int(time.time()) - 1)
@@ -736,6 +736,15 @@ def test_upto_proxy_checks_the_ceiling_and_the_witness_facilitator_first(upto):
     assert upto_reverts(contracts, upto_args(signed, 0)) == "InvalidAmount()"
     early = resign_permit2(signed, key, validAfter=int(time.time()) + 600)
     assert upto_reverts(contracts, upto_args(early, 10)) == "PaymentTooEarly()"
+
+
+def test_proxies_refuse_a_zero_owner_or_destination_before_permit2(upto):
+    (_, contracts), key = permit2_chain(), new_private_key()
+    permit, amount, owner, (to, facilitator, valid_after), signature = upto_args(sign_upto(upto, key), 10)
+    no_owner = (permit, amount, ZERO, (to, facilitator, valid_after), signature)
+    no_destination = (permit, amount, owner, (ZERO, facilitator, valid_after), signature)
+    assert upto_reverts(contracts, no_owner) == "InvalidOwner()"
+    assert upto_reverts(contracts, no_destination) == "InvalidDestination()"
 
 
 def test_upto_proxy_settle_with_permit_needs_the_2612_value_to_be_the_permitted_amount(upto):
