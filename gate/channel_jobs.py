@@ -112,9 +112,10 @@ async def watch_one(parts: GateParts, channel: Channel) -> list[dict[str, Any]]:
         return []
     outcomes: list[dict[str, Any]] = []
     mirror = Mirror(balance, claimed, withdrawal, channel.refund_nonce)
-    landed = claimed > channel.total_claimed
-    await parts.channels.mirror(channel.channel_id, mirror)
-    if landed:
+    # only over the row as read: a claim taken or recorded since is its claimer's (the next pass reads again)
+    if not await parts.channels.mirror(channel.channel_id, mirror, read=channel):
+        return []
+    if claimed > channel.total_claimed:
         parts.metrics.revenue.labels(channel.network, channel.asset).inc(claimed - channel.total_claimed)
         await parts.log.append(
             "channel_claim",

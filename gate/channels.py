@@ -75,6 +75,12 @@ MIGRATIONS = (
         postgresql=(*(f"ALTER TABLE channels ADD COLUMN IF NOT EXISTS {c}" for c in _ADDED), _FIRST_CHARGE),
     ),
 )
+# `total_claimed`, or the decimal given if it is larger (decimals without leading zeros: longer is
+# larger, then the text's order), bound four times: a uint128 does not fit either engine's integers
+_AT_LEAST = (
+    "CASE WHEN length(?) > length(total_claimed) OR (length(?) = length(total_claimed) AND ? > total_claimed)"
+    " THEN ? ELSE total_claimed END"
+)
 PAGE_SIZE = 100  # channels read at a time by the claim job's walk (`Channels.unclaimed`): a page, never a cap
 
 
@@ -275,17 +281,28 @@ class Channels:
             ),
         )
 
-    async def mirror(self, channel_id: str, mirror: Mirror) -> None:
-        """The chain's state as a facilitator (or the chain itself) just read it."""
-        await self.db.execute(
-            f"UPDATE channels SET balance = ?, total_claimed = ?, withdraw_requested_at = ?, refund_nonce = ?,"
-            f" synced_at = {self.now}, updated_at = {self.now} WHERE channel_id = ?",
+    async def mirror(self, channel_id: str, mirror: Mirror, *, read: Channel | None = None) -> int:
+        """The chain's state as a facilitator (or the chain itself) just read it; 1 if written.
+
+        The claimed total never moves back: a state read before a claim of ours landed, written after
+        that claim was recorded, would make its vouchers look unclaimed again (claimed twice, counted
+        twice). With `read` (the row as it was before the chain was asked), only if nobody has claimed
+        it since, nor taken it to claim: what the chain says was claimed is then no claim we recorded."""
+        fenced = "" if read is None else " AND total_claimed = ? AND claim_fence = ?"
+        claimed = str(mirror.total_claimed)
+        return await self.db.execute(
+            f"UPDATE channels SET balance = ?, total_claimed = {_AT_LEAST}, withdraw_requested_at = ?,"
+            f" refund_nonce = ?, synced_at = {self.now}, updated_at = {self.now} WHERE channel_id = ?{fenced}",
             (
                 str(mirror.balance),
-                str(mirror.total_claimed),
+                claimed,
+                claimed,
+                claimed,
+                claimed,
                 mirror.withdraw_requested_at,
                 str(mirror.refund_nonce),
                 channel_id,
+                *(() if read is None else (str(read.total_claimed), read.claim_fence)),
             ),
         )
 

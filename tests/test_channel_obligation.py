@@ -195,3 +195,29 @@ def test_the_gauges_say_what_stands_between_withdrawals_and_the_unclaimed_money(
         assert registry.get_sample_value("a2a_gate_channels_refused") == 0
 
     on(location, body)
+
+
+def test_a_state_read_before_a_claim_landed_never_moves_the_claimed_total_back(location: str) -> None:
+    """The watch reads the chain while a claim of ours lands and is recorded: written after it, that
+    older state would make the claimed vouchers look unclaimed again (claimed and counted twice)."""
+    from gate.channels import Mirror
+
+    async def body(db: Database) -> None:
+        channels = Channels(db)
+        await channels.create_tables()
+        channel_id = await add(db, 1, charged=1000)
+        (before,) = await channels.claimable(0, 0.0)  # the watch's read: nothing claimed yet
+        assert await channels.take_claim(before, "claimer", 60.0)
+        sql, args = channels.claimed_statement(channel_id, "claimer", None)
+        await db.execute(sql, args)  # the claim landed and is recorded
+        stale = Mirror(balance=100000, total_claimed=0, withdraw_requested_at=0, refund_nonce=0)
+        assert await channels.mirror(channel_id, stale, read=before) == 0  # not over a row that moved
+        await channels.mirror(channel_id, stale)  # a facilitator's older answer
+        found = await channels.find(channel_id)
+        assert found is not None and found.total_claimed == 1000 and found.unclaimed == 0
+        for total in (999, 10**30, 10**30 - 1, 2**128 - 1, 12):  # numerically, past any integer column
+            await channels.mirror(channel_id, Mirror(2**128 - 1, total, 0, 0))
+        found = await channels.find(channel_id)
+        assert found is not None and found.total_claimed == 2**128 - 1
+
+    on(location, body)
