@@ -1,0 +1,210 @@
+"""The examples of the README and docs/paying.md, run as they stand.
+
+Each example is a fenced block after a `<!-- file: NAME -->` line. A test takes it unchanged
+but for the addresses: the README's gate listens on port 8000 and its development facilitator on
+8402, the test's on free loopback ports. The TypeScript example's packages are installed once,
+with the page's own `npm install` line, into `build/readme-typescript` (npm's cache beside it, in
+`build/npm-cache`), and reused while that line stays the same.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import httpx
+import pytest
+
+from tests.support.gate_process import free_port
+from tests.support.services import in_ci
+
+ROOT = Path(__file__).parents[2]
+BLOCK = re.compile(r"<!-- file: (\S+) -->\n```[a-z]*\n(.*?)```", re.DOTALL)
+TYPESCRIPT_CACHE = ROOT / "build" / "readme-typescript"
+NPM_CACHE = ROOT / "build" / "npm-cache"
+# what the test adds to the page's packages: the compiler, to type-check the example as a reader's tsc would
+TYPE_CHECKER = ("typescript@5", "@types/node@20")
+
+
+def examples(page: str) -> dict[str, str]:
+    """Every example of a page (`README.md`, `docs/paying.md`), by its name."""
+    return dict(BLOCK.findall((ROOT / page).read_text(encoding="utf-8")))
+
+
+def example(page: str, name: str) -> str:
+    found = examples(page)
+    assert name in found, f"{page} has no example named {name} (it has {sorted(found)})"
+    return found[name]
+
+
+def unavailable(reason: str) -> NoReturn:
+    """A tool the example needs is missing: skip with the reason, fail where CI is set."""
+    if in_ci():
+        pytest.fail(f"{reason} (CI={os.environ['CI']}: the documentation's examples must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass
+class DevGate:
+    """`a2a-gate serve --dev-facilitator` on the embedded defaults, as the README's first command."""
+
+    folder: Path  # its working directory: the database and the ledger, where the README's commands run
+    port: int
+    facilitator_port: int
+    env: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def facilitator(self) -> str:
+        return f"http://127.0.0.1:{self.facilitator_port}"
+
+    def localize(self, text: str) -> str:
+        """The example with this gate's ports for the README's 8000 and 8402."""
+        for host in ("localhost", "127.0.0.1"):
+            text = text.replace(f"{host}:8000", f"{host}:{self.port}").replace(
+                f"{host}:8402", f"{host}:{self.facilitator_port}"
+            )
+        return text
+
+    def shell(self, script: str, *, cwd: Path | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        """Run a script with bash, as a reader's terminal would: the virtualenv first on PATH."""
+        return subprocess.run(
+            ["bash", "-eu", "-o", "pipefail", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd or self.folder,
+            env=self.env,
+        )
+
+    def python(self, name: str, source: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        """Save a Python example under its name in the gate's folder and run `python NAME`."""
+        (self.folder / name).write_text(self.localize(source))
+        return self.shell(f"python {name}", **kwargs)  # type: ignore[arg-type]
+
+    def balance(self, *addresses: str) -> dict[str, int]:
+        """Balances of the price's asset on the development chain (the facilitator's ledger)."""
+        query = "&".join(f"address={a}" for a in addresses)
+        ledger = httpx.get(f"{self.facilitator}/dev/ledger?{query}", timeout=10).json()
+        return {address: int(amount) for address, amount in ledger["balances"].items()}
+
+
+def reader_env() -> dict[str, str]:
+    """The test's environment with this virtualenv first on PATH and no gate configuration named."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("A2A_GATE_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+    return env
+
+
+@contextmanager
+def dev_gate(folder: Path) -> Iterator[DevGate]:
+    """The README's first command (`a2a-gate serve --dev-facilitator PORT`) on free ports, in `folder`."""
+    port, facilitator_port = free_port(), free_port()
+    env = reader_env()
+    log = folder / "serve.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            ["a2a-gate", "serve", "--port", str(port), "--dev-facilitator", str(facilitator_port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=folder,
+            env=env,
+        )
+    gate = DevGate(folder, port, facilitator_port, env)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert process.poll() is None, f"serve exited with {process.returncode}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"serve did not come up:\n{log.read_text()[-3000:]}"
+            try:
+                if httpx.get(f"{gate.url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        yield gate
+        text = log.read_text()
+        assert "Traceback" not in text, text[-3000:]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def command_line(script: str, starts: str) -> str:
+    """The one line of a shell example that starts with `starts` (`npm install`, `npx tsx`)."""
+    lines = [line.strip() for line in script.splitlines() if line.strip().startswith(starts)]
+    assert len(lines) == 1, f"the example has {len(lines)} lines starting with {starts!r}: {script}"
+    return lines[0]
+
+
+def npm_env() -> dict[str, str]:
+    return {
+        **reader_env(),
+        "npm_config_cache": str(NPM_CACHE),
+        "npm_config_fund": "false",
+        "npm_config_audit": "false",
+        "npm_config_update_notifier": "false",
+    }
+
+
+def typescript_packages(install: str) -> Path:
+    """The folder holding the packages the page's `npm install` line installs (and the type checker).
+
+    Installed once per line, under a lock (two test workers may ask at once); reused after.
+    An npm that cannot install (no registry) skips the test, or fails it where CI is set.
+    """
+    for tool in ("node", "npm", "npx"):
+        if shutil.which(tool) is None:
+            unavailable(f"{tool} is not installed: the TypeScript example needs Node 20 and npm")
+    TYPESCRIPT_CACHE.mkdir(parents=True, exist_ok=True)
+    stamp = TYPESCRIPT_CACHE / "installed"
+    wanted = f"{install}\n{' '.join(TYPE_CHECKER)}\n"
+    with open(TYPESCRIPT_CACHE.parent / "readme-typescript.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and stamp.read_text() == wanted and (TYPESCRIPT_CACHE / "node_modules").is_dir():
+            return TYPESCRIPT_CACHE
+        shutil.rmtree(TYPESCRIPT_CACHE)
+        TYPESCRIPT_CACHE.mkdir()
+        for line in (install, f"npm install --no-save {' '.join(TYPE_CHECKER)}"):
+            try:
+                done = subprocess.run(
+                    ["bash", "-eu", "-c", line],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                    cwd=TYPESCRIPT_CACHE,
+                    env=npm_env(),
+                )
+            except subprocess.TimeoutExpired:
+                unavailable(f"`{line}` did not finish in 600 s (no npm registry?)")
+            if done.returncode != 0:
+                unavailable(f"`{line}` failed (no npm registry?): {done.stderr.strip()[-800:]}")
+        stamp.write_text(wanted)
+    return TYPESCRIPT_CACHE
+
+
+def typescript_project(packages: Path, into: Path, name: str, source: str) -> Path:
+    """A project folder as the page's reader has it: the program, its package.json, its node_modules."""
+    into.mkdir(parents=True, exist_ok=True)
+    shutil.copy(packages / "package.json", into / "package.json")
+    (into / "node_modules").symlink_to(packages / "node_modules", target_is_directory=True)
+    (into / name).write_text(source)
+    return into
