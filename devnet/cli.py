@@ -124,12 +124,15 @@ def not_paid(result: dict[str, Any], count: int = 1) -> str:
     payment = metadata.get("x402.payment.status")
     if state is not None and state != "completed":
         return f"the task ended {state}" + (f" ({payment})" if payment else "")
-    if payment != "payment-completed":
+    a2a_task = state is not None or payment is not None
+    if a2a_task and payment != "payment-completed":
         error = metadata.get("x402.payment.error", "")
         return f"not paid: {payment or 'no payment status'}" + (f": {error}" if error else "")
     receipts = len(result.get("payment_responses", [])) if count > 1 else int("payment_response" in result)
     if receipts != count:
         return f"{receipts} of {count} requests carry a payment receipt"
+    if not a2a_task and (result.get("payment_response") or {}).get("success") is not True:
+        return "not paid: the receipt does not say success"  # a plain x402 resource: its receipt decides
     return ""
 
 

@@ -81,3 +81,12 @@ def test_every_other_answer_is_a_refusal(result: dict, count: int, says: str) ->
     problem = not_paid(result, count)
     assert says in problem, problem
     assert "\n" not in problem
+
+
+def test_a_plain_x402_resource_is_paid_when_its_receipt_says_success() -> None:
+    """Not an A2A task (the x402 package's own resource server answering JSON): the receipt decides."""
+    plain = {"jsonrpc": "2.0", "id": 1, "result": {"echo": "short"}}
+    assert not_paid(outcome(plain, payment_response=RECEIPT)) == ""
+    assert not_paid(outcome(plain)) == "0 of 1 requests carry a payment receipt"
+    refused = {**RECEIPT, "success": False}
+    assert not_paid(outcome(plain, payment_response=refused)) == "not paid: the receipt does not say success"
