@@ -19,19 +19,25 @@ from __future__ import annotations
 import functools
 import json
 import secrets
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import eth_utils
 from eth_account import Account
 from eth_utils import keccak
+from x402.mechanisms.evm.batch_settlement.abi import BATCH_SETTLEMENT_ABI
 from x402.mechanisms.evm.batch_settlement.authorizer_signer import LocalAuthorizerSigner
 from x402.mechanisms.evm.batch_settlement.client.eip3009 import create_batch_settlement_eip3009_deposit_payload
 from x402.mechanisms.evm.batch_settlement.client.permit2 import create_batch_settlement_permit2_deposit_payload
 from x402.mechanisms.evm.batch_settlement.client.voucher import sign_voucher
+from x402.mechanisms.evm.batch_settlement.constants import ERC3009_DEPOSIT_COLLECTOR_ADDRESS
+from x402.mechanisms.evm.batch_settlement.facilitator.deposit_eip3009 import build_eip3009_deposit_collector_data
 from x402.mechanisms.evm.batch_settlement.facilitator.utils import to_contract_channel_config
-from x402.mechanisms.evm.batch_settlement.types import ChannelConfig
+from x402.mechanisms.evm.batch_settlement.types import ChannelConfig, DepositPayload
 from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id
+from x402.mechanisms.evm.multicall import encode_contract_call
 from x402.mechanisms.evm.signers import EthAccountSigner
 from x402.schemas import PaymentRequirements
 from x402.schemas.helpers import parse_payment_payload, parse_payment_requirements
@@ -77,6 +83,11 @@ class ChannelChain:
         balance, claimed = self.contract.call(self.contract.address, "channels", (key,))
         amount, initiated = self.contract.call(self.contract.address, "pendingWithdrawals", (key,))
         return int(balance), int(claimed), int(amount), int(initiated)
+
+    def deposit_decoys(self) -> None:
+        """The decoy payer's deposits into its many channels, one transaction (`multicall`)."""
+        calls = [encode_contract_call(BATCH_SETTLEMENT_ABI, "deposit", *args) for _, args in decoys()]
+        self.contract.transact(self.contract.address, "multicall", (calls,), DECOY_ACCOUNT.address)
 
     def channels(self) -> dict[str, tuple[int, int]]:
         """Every channel on the contract: (balance, total claimed), read from its state at once."""
@@ -175,15 +186,31 @@ DECOY_ACCOUNT = Account.from_key(keccak(text="a2a-gate money simulation decoy pa
 
 
 @functools.cache
-def decoy_payloads() -> tuple[str, ...]:
-    """One deposit (and its first voucher) per decoy channel, signed once per process: the JSON of each."""
+def decoys() -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """Many channels of one payer (a channel per salt), signed once per process: for each, the JSON of
+    its first voucher's payload (for 1,000), and the arguments of the payer's own `deposit` of 10,000
+    through the ERC-3009 collector (the transaction a payer sends without the gate)."""
     signed = []
     for salt in range(1, DECOYS + 1):
         config = channel_config(DECOY_ACCOUNT.address, salt)
         payload = deposit_payload(DECOY_ACCOUNT, config, 10_000, 1000, DECOY_VALID_BEFORE, "eip3009")
-        signed.append(json.dumps(payload))
+        data = build_eip3009_deposit_collector_data(DepositPayload.from_dict(payload))
+        contract_config = to_contract_channel_config(ChannelConfig.from_dict(config))
+        voucher_payload = {"type": "voucher", "channelConfig": payload["channelConfig"], "voucher": payload["voucher"]}
+        signed.append((json.dumps(voucher_payload), (contract_config, 10_000, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data)))
     return tuple(signed)
 
 
 def fresh_salt() -> str:
     return "0x" + secrets.token_hex(32)
+
+
+def checksums_remembered(monkeypatch: Any) -> None:
+    """`to_checksum_address` remembered, where the development chain and the x402 package call it (a
+    hash per call, a hundred a deposit: half of what a channel's facilitator call costs). The same
+    answers, sooner; for the simulation's time budget only."""
+    original = eth_utils.to_checksum_address
+    remembered = functools.lru_cache(maxsize=8192)(original)
+    for name, module in list(sys.modules.items()):
+        if name.startswith(("devnet.", "x402.")) and getattr(module, "to_checksum_address", None) is original:
+            monkeypatch.setattr(module, "to_checksum_address", remembered)

@@ -24,8 +24,11 @@ answered and what the database stores, charges from the chain.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
+import contextlib
+import io
 import itertools
 import json
 import secrets
@@ -37,6 +40,7 @@ import httpx
 from eth_account import Account
 
 from gate import chain as gate_chain
+from gate.cli import cmd_check_config
 from gate.config import load_config
 from gate.gate import PaymentGate
 from server.agents import AgentReply, AgentRequest, Usage
@@ -556,8 +560,8 @@ class Operator:
     claim schedule (`[channels]`)."""
 
     watched: bool = True
-    claim_after_seconds: float = 300.0
-    claim_interval_seconds: float = 60.0
+    claim_after_seconds: float = 120.0
+    claim_interval_seconds: float = 120.0
 
     def __str__(self) -> str:
         watch = "[networks] rpc_url set" if self.watched else "no [networks] rpc_url"
@@ -567,7 +571,7 @@ class Operator:
 OPERATORS = [
     Operator(),
     Operator(watched=False),
-    Operator(claim_after_seconds=3600.0),
+    Operator(claim_after_seconds=3600.0),  # the schedule's old default
     Operator(watched=False, claim_after_seconds=3600.0),
 ]
 
@@ -604,6 +608,17 @@ class Replica:
 WORLDS = itertools.count()
 
 
+def check_config(path: Path) -> list[str]:
+    """What `a2a-gate check-config` says is wrong with the file (nothing: it passes)."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
+            status = cmd_check_config(argparse.Namespace(file=str(path), config=None))
+    except ConfigError as refused:
+        return refused.problems
+    return [] if status == 0 else said.getvalue().splitlines() or [f"check-config exited {status}"]
+
+
 class World:
     """The database, the chains, the facilitator, the replicas and the virtual clock."""
 
@@ -630,6 +645,8 @@ class World:
         # channels whose payer took its unclaimed balance back while the gate was down (no setting helps)
         self.withdrawn_in_outage: set[str] = set()
         self.charge_times: dict[str, list[tuple[int, float]]] = {}  # channel -> (charged total, when first seen)
+        self.finalized_at: dict[str, float] = {}  # channel -> when its payer last finalized a withdrawal
+        self.stale_charges: dict[str, int] = {}  # what was charged on it against a mirror read before that
 
     def config_text(self, operator: Operator, async_pricing: bool) -> str:
         return CONFIG.format(
@@ -670,14 +687,13 @@ class World:
         for async_pricing in (True, False):
             for candidate in (operator, Operator()):
                 config.write_text(self.config_text(candidate, async_pricing))
-                try:
-                    settings = load_config(str(config))
-                except ConfigError as refused:
+                problems = check_config(config)
+                if problems:
                     pricing = ", and an agent priced by an `async def` callable" if async_pricing else ""
-                    self.refused.append((f"{candidate}{pricing}", refused.problems))
+                    self.refused.append((f"{candidate}{pricing}", problems))
                     continue
                 self.operator, self.async_pricing = candidate, async_pricing
-                return settings
+                return load_config(str(config))
         raise AssertionError(f"check-config refuses every setting the simulation tried: {self.refused}")
 
     def new_channel_token(self, agent: str = "channel", form: str = "") -> ChannelToken:
@@ -686,12 +702,13 @@ class World:
         return token
 
     def decoy_tokens(self) -> list[ChannelToken]:
-        """A payment for each of many channels: one payer, a channel per salt, one request each."""
-        tokens = []
-        for payload in money_channels.decoy_payloads():
-            tokens.append(
-                ChannelToken(next(self.indexes), "deposit", PRICE, json.loads(payload), agent="channel-now", decoy=True)
-            )
+        """Many channels of another payer, deposited into on chain (its own transaction), then a first
+        voucher for each: more channels than a page of any listing the gate reads."""
+        self.channel_chain.deposit_decoys()
+        tokens = [
+            ChannelToken(next(self.indexes), "voucher", PRICE, json.loads(payload), agent="channel-now", decoy=True)
+            for payload, _ in money_channels.decoys()
+        ]
         self.decoys.extend(tokens)
         return tokens
 
