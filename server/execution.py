@@ -436,9 +436,9 @@ class Runner:
                 # delivered: the claim's recorded outcome stands, the reconciler repairs the task
                 if execution.hooks is not None:
                     execution.hooks.abandoned()
-            else:  # a bug of ours before delivery: the task fails, nothing is charged
+            else:  # a bug of ours before delivery: the task fails, charged only the parts delivered before
                 set_status(task, "failed", agent_message(task, "Internal error while running the agent."))
-                await self._finish_undelivered(execution)
+                await self._end_early(execution)
         finally:
             self.live.pop(task["id"], None)
             self.cancels_seen.discard(task["id"])

@@ -64,8 +64,15 @@ def checked(value: Any) -> Counts:
         if amount < 0:
             raise BadUsage(f"{name} is negative ({amount})")
         if amount > MAX_COUNT:
-            raise BadUsage(f"{name} is past the bound of {MAX_COUNT} ({amount:.6g})")
+            raise BadUsage(f"{name} is past the bound of {MAX_COUNT} ({shown(amount)})")
     return read(value)
+
+
+def shown(amount: int | float) -> str:
+    """A number past the bound, as a message may say it (an int past a float's range has no %g)."""
+    if isinstance(amount, int) and amount.bit_length() > 64:
+        return f"an integer of {amount.bit_length()} bits"
+    return f"{amount:.6g}"
 
 
 def from_metadata(metadata: Any) -> Counts:

@@ -188,7 +188,7 @@ def test_an_async_pricing_callable_enforces_the_ceiling_of_a_stream(upto, tmp_pa
     assert wait_closed(log)[-2:] == ["made 4", "closed"]
 
 
-@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "negative", "huge", "text"])
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "negative", "huge", "hugeint", "text"])
 @pytest.mark.parametrize("method", ["message/send", "message/stream"])
 def test_a_bad_usage_report_is_the_agents_error_and_only_what_was_delivered_is_charged(upto, bad, method):
     """A chunk reported well (7 characters), then one reported NaN, infinite, negative, past any
@@ -210,7 +210,7 @@ def test_a_bad_usage_report_is_the_agents_error_and_only_what_was_delivered_is_c
     assert "Traceback" not in log and "agent misreports reported usage that is not a count" in log
 
 
-@pytest.mark.parametrize("bad", ["nan", "negative", "huge"])
+@pytest.mark.parametrize("bad", ["nan", "negative", "huge", "hugeint"])
 def test_a_whole_answer_with_a_bad_usage_report_is_not_delivered_nor_charged(upto, bad):
     payer = Payer()
     before = upto.balance(payer.address)

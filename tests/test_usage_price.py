@@ -129,7 +129,20 @@ def test_the_config_s_callable_price_may_be_async_and_is_awaited():
 
 @pytest.mark.parametrize(
     "bad",
-    [math.nan, math.inf, -math.inf, -1, -0.5, 10**15 + 1, 1e308, "12", None, [1]],
+    [
+        math.nan,
+        math.inf,
+        -math.inf,
+        -1,
+        -0.5,
+        10**15 + 1,
+        1e308,
+        pytest.param(10**400, id="10**400"),
+        pytest.param(10**5000, id="10**5000"),
+        "12",
+        None,
+        [1],
+    ],
 )
 def test_usage_that_is_not_counts_charges_nothing_and_says_why(bad):
     """The server refuses such reports; the gate's own check prices none of them, never raises."""

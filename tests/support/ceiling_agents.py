@@ -41,7 +41,15 @@ thousands = long_stream(1000)  # five chunks price exactly a 50,000 ceiling at 1
 fifteen_hundreds = long_stream(1500)  # the fourth chunk would take it past 50,000
 
 
-BAD = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "negative": -1, "huge": 1e308, "text": "12"}
+BAD = {
+    "nan": math.nan,
+    "inf": math.inf,
+    "-inf": -math.inf,
+    "negative": -1,
+    "huge": 1e308,
+    "hugeint": 10**400,  # past a float's range: math.isfinite on it raises OverflowError
+    "text": "12",
+}
 
 
 async def reports_then_misreports(request: AgentRequest) -> AsyncIterator[str | Usage]:
