@@ -183,6 +183,8 @@ def typescript_packages(install: str) -> Path:
             return TYPESCRIPT_CACHE
         shutil.rmtree(TYPESCRIPT_CACHE)
         TYPESCRIPT_CACHE.mkdir()
+        # the reader's fresh folder; a package.json keeps npm from taking a parent folder for the project
+        (TYPESCRIPT_CACHE / "package.json").write_text("{}\n")
         for line in (install, f"npm install --no-save {' '.join(TYPE_CHECKER)}"):
             try:
                 done = subprocess.run(
@@ -196,7 +198,8 @@ def typescript_packages(install: str) -> Path:
             except subprocess.TimeoutExpired:
                 unavailable(f"`{line}` did not finish in 600 s (no npm registry?)")
             if done.returncode != 0:
-                unavailable(f"`{line}` failed (no npm registry?): {done.stderr.strip()[-800:]}")
+                said = [each for each in done.stderr.splitlines() if each.startswith("npm error")][:3]
+                unavailable(f"`{line}` failed (no npm registry?): {' / '.join(said) or done.stderr[-800:]}")
         stamp.write_text(wanted)
     return TYPESCRIPT_CACHE
 
