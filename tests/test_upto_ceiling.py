@@ -26,13 +26,16 @@ from tests.support.upto import CEILING, UNIT_PRICE, UptoSetup, pay_with_x402, si
 PER_CHARACTER = f'{{ unit = "characters", unit_price = "{UNIT_PRICE}" }}'
 
 
-def python_agent(name: str, function: str, usage: str = PER_CHARACTER, backend: str = "python") -> str:
+def python_agent(
+    name: str, function: str, usage: str = PER_CHARACTER, backend: str = "python", ceiling: int = CEILING
+) -> str:
     callable_line = f'callable = "tests.support.ceiling_agents:{function}"\n' if backend == "python" else ""
-    return f'\n[agents.{name}]\nbackend = "{backend}"\n{callable_line}price = {upto_price(usage)}\n'
+    return f'\n[agents.{name}]\nbackend = "{backend}"\n{callable_line}price = {upto_price(usage, ceiling)}\n'
 
 
 AGENTS = (
     python_agent("thousands", "thousands")
+    + python_agent("thousands-small-ceiling", "thousands", ceiling=5000)  # one chunk prices 10,000
     + python_agent("fifteen-hundreds", "fifteen_hundreds")
     + python_agent("misreports", "reports_then_misreports")
     + python_agent("misreports-whole", "answers_misreported")
@@ -70,6 +73,7 @@ def final_task(answer: httpx.Response, method: str) -> dict:
     as the stream delivered them), in the v0.3 shape whichever dialect answered."""
     from tests.support.gate_helpers import sse_events
 
+    assert answer.status_code == 200, answer.text
     if method in ("message/send", "SendMessage"):
         result = answer.json()["result"]
         return result["task"] if method == "SendMessage" else result
@@ -160,6 +164,19 @@ def test_a_chunk_that_would_cross_the_ceiling_is_not_delivered(upto, tmp_path, m
     assert wait_closed(log) == [f"made {i}" for i in range(4)] + ["closed"]
     if method == "SendStreamingMessage":
         assert not any("0003" in json.dumps(e) for e in task["events"])
+
+
+def test_a_first_chunk_past_the_ceiling_delivers_nothing_and_charges_nothing(upto, tmp_path):
+    payer = Payer()
+    before = upto.balance(payer.address)
+    log = tmp_path / "agent.log"
+    answer = pay_with_x402(upto.url("thousands-small-ceiling"), send_body(str(log), method="message/stream"), payer.key)
+    task = final_task(answer, "message/stream")
+    assert state(task) == "failed" and delivered_text(task) == ""
+    assert "ceiling" in task["status"]["message"]["parts"][0]["text"]
+    assert upto.balance(payer.address) == before and upto.settle_calls() == 0
+    assert [r["action"] for r in upto.rows("SELECT action FROM payments WHERE action != 'verify'")] == ["release"]
+    assert wait_closed(log) == ["made 0", "closed"]
 
 
 def test_an_async_pricing_callable_is_awaited_and_charges_its_answer(upto):
