@@ -732,7 +732,26 @@ class OperatorMoneyWorld(MoneyWorldWithChannels):
             self.start(replica, self.world.new_channel_token("channel-now", form))
             self.run(self.quiet())
 
-    @precondition(lambda self: not self.world.decoys and self.channel_row() is not None)
+    @precondition(lambda self: self.world.others < money_channels.OTHERS)
+    @rule(pick=st.integers(0, 7))
+    def another_payer_pays(self, pick: int) -> None:
+        """Another payer opens a channel of its own (deposited on chain) and pays one request on it."""
+        replica = self.replica(pick)
+        if replica is not None:
+            self.world.facilitator.mode = "ok"
+            first = money_channels.DECOYS + self.world.others
+            self.world.others += 1
+            for token in self.world.other_channels(first, 1):
+                self.run(self.send(replica, token))
+
+    @rule(seconds=st.sampled_from([300.0, 600.0]), pick=st.integers(0, 7))
+    def keep_paying(self, seconds: float, pick: int) -> None:
+        """The payer pays twice each claim interval for `seconds` (its channel never idle) while the
+        gate's claim schedule runs: the busiest channel's first unclaimed charge grows old all the same."""
+        self.world.facilitator.mode = "ok"
+        self.pay_over(self.world.now + seconds, busy=True, outage=False, pick=pick)
+
+    @precondition(lambda self: not self.world.many_opened and self.channel_row() is not None)
     @rule(pick=st.integers(0, 7))
     def open_many_channels(self, pick: int) -> None:
         """More channels than a page of any listing the gate reads, each charged once (another payer's),
@@ -811,21 +830,7 @@ class OperatorMoneyWorld(MoneyWorldWithChannels):
             return
         assert chain.transact("initiateWithdraw", payer.config, balance - claimed) is not None
         finalizable = self.world.now + money_channels.WITHDRAW_DELAY
-        interval = self.world.operator.claim_interval_seconds
-        next_pass = self.world.now + interval
-        while self.world.now < finalizable:
-            replica = self.replica(pick)
-            if busy and replica is not None:  # twice a pass interval
-                self.start(replica, self.world.new_channel_token("channel-now"))
-                self.run(self.quiet())
-            self.world.now = min(finalizable, self.world.now + interval / 2)
-            if self.world.now < next_pass and self.world.now < finalizable:
-                continue
-            next_pass += interval
-            for running in [] if outage else self.live():
-                self.run(running.gate.claims.renew())
-            if replica is not None and not outage:
-                self.scheduled_claims(replica)
+        self.pay_over(finalizable, busy=busy, outage=outage, pick=pick)
         self.record_charges()
         row = self.channel_row()
         assert row is not None
@@ -841,6 +846,26 @@ class OperatorMoneyWorld(MoneyWorldWithChannels):
         self.world.finalized_at[payer.channel_id] = self.world.now
         if not stale:
             payer.balance = chain.channel(payer.channel_id)[0]
+
+    def pay_over(self, until: float, *, busy: bool, outage: bool, pick: int) -> None:
+        """Time runs to `until`: the payer pays twice a claim interval (`busy`), and the claim schedule
+        runs each interval (unless every replica is down: `outage`)."""
+        interval = self.world.operator.claim_interval_seconds
+        next_pass = self.world.now + interval
+        finalizable = until
+        while self.world.now < finalizable:
+            replica = self.replica(pick)
+            if busy and replica is not None:  # twice a pass interval
+                self.start(replica, self.world.new_channel_token("channel-now"))
+                self.run(self.quiet())
+            self.world.now = min(finalizable, self.world.now + interval / 2)
+            if self.world.now < next_pass and self.world.now < finalizable:
+                continue
+            next_pass += interval
+            for running in [] if outage else self.live():
+                self.run(running.gate.claims.renew())
+            if replica is not None and not outage:
+                self.scheduled_claims(replica)
 
     def record_charges(self) -> None:
         """When each channel's charged total reached what it is now (the first step that saw it), and

@@ -13,29 +13,45 @@ the violation, by the invariant that names it:
 | sealing key | a replica with another key started | every running replica holds the database's sealing key |
 | one write | the writes sent with a claim's update (the delivered task, its log row) applied even when it missed | one delivery per signature |
 | channel charge at delivery | a voucher charged its channel when it reserved it | a channel charges only delivered increments |
+| canonical voucher signatures (finding 1) | a voucher's signer recovered from a high-s twin or v as 0/1 | a charged voucher is one the contract takes |
+| claim batch isolation (finding 1) | a receiver's claims were one batch, failed whole for one refused row | one refused claim row never stops another channel's claim |
+| claim obligation checked (finding 2) | check-config took channels nothing watches and a schedule longer than the withdraw delay | payTo holds every charged increment when a withdrawal can finalize |
+| every channel paged (finding 2) | the claim job and the withdrawal watch read 100 channels by latest charge | a claim pass brings every channel's claimed total to its charged total |
+| first unclaimed charge (finding 2) | a channel was due by the age of its latest charge | a scheduled pass claims every channel whose first unclaimed charge is due |
+| ceiling ends the work (finding 3) | every part of a usage-priced stream was delivered, its charge capped | no chunk is delivered past the one whose usage reached the ceiling |
+| async pricing awaited (finding 4) | an `async def` pricing callable was not awaited: every delivery charged 0 | an upto charge is the priced usage of the delivered work |
 
 The exact-path mutants run the world without the payment channel (`MoneyWorld`: its rules would
-spread the same search budget thinner); the channel mutant runs `MoneyWorldWithChannels`. (A
+spread the same search budget thinner); the channel mutants run `MoneyWorldWithChannels`, the
+operator's (findings 1 and 2 of the adversarial-payer round) `OperatorMoneyWorld` and the usage
+mutants (findings 3 and 4) `UptoMoneyWorld`. (A
 reservation ignored is not in this list: one payer's vouchers cannot race in the simulation; the
 replica tests race two vouchers on one base, `tests/test_channels_replicas.py`.)
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from coincurve import PublicKey
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from gate import chain as gate_chain
+from gate import channel_jobs, charge, sealing, settlement, usage_price, vouchers
+from gate import channels as gate_channels
 from gate import claims as gate_claims
-from gate import sealing, settlement, vouchers
+from gate import config as gate_config
+from gate.facilitator import Unavailable
 from gate.schemes import batch_settlement
 from tests import test_money_simulation as simulation
+from tests.support import money_channels
 
 
 def without_fencing(mp: pytest.MonkeyPatch) -> None:
@@ -136,6 +152,112 @@ def with_channels_charged_by_any_claim(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(settlement.Settler, "_channel_charge", unguarded)
 
 
+def with_any_voucher_signature_form(mp: pytest.MonkeyPatch) -> None:
+    """Finding 1: a voucher's signer recovered from any form ecrecover maps to it (high s, v as 0/1)."""
+
+    def recover(digest: bytes, signature: str) -> str | None:
+        raw = bytes.fromhex(signature.removeprefix("0x"))
+        if len(raw) != 65:
+            return None
+        v = raw[64] - 27 if raw[64] >= 27 else raw[64]
+        if v not in (0, 1):
+            return None
+        try:
+            key = PublicKey.from_signature_and_message(raw[:64] + bytes([v]), digest, hasher=None)
+        except ValueError:
+            return None
+        return batch_settlement._address_of(key.format(compressed=False)[1:])
+
+    mp.setattr(batch_settlement, "recover", recover)
+
+
+def with_claims_in_one_batch(mp: pytest.MonkeyPatch) -> None:
+    """Finding 1: a receiver's claims sent as one batch, failed whole when the contract refuses a row."""
+
+    async def claim_batch(parts: Any, network: str, asset: str, receiver: str, channels: list[Any]) -> Any:
+        fence = secrets.token_hex(8)
+        taken = [c for c in channels if await parts.channels.take_claim(c, fence, channel_jobs.CLAIM_LEASE_SECONDS)]
+        if not taken:
+            return [{"outcome": "skipped", "channels": 0, "receiver": receiver}]
+        try:
+            answer = await channel_jobs.send_claims(parts, network, asset, receiver, taken)
+        except Unavailable as exc:
+            return [await channel_jobs.claim_failed(parts, taken, fence, exc.reason, unknown=True)]
+        if answer.success:
+            return [await channel_jobs.claimed_rows(parts, network, asset, taken, fence, answer)]
+        return [await channel_jobs.claim_failed(parts, taken, fence, answer.reason, unknown=False)]
+
+    mp.setattr(channel_jobs, "claim_batch", claim_batch)
+
+
+def with_any_claim_schedule_checked(mp: pytest.MonkeyPatch) -> None:
+    """Finding 2: check-config takes a channel offer nothing watches, and a schedule longer than the delay."""
+    mp.setattr(gate_config, "claim_obligation_problems", lambda config: [])
+
+
+def with_one_page_of_channels(mp: pytest.MonkeyPatch) -> None:
+    """Finding 2: the claim job and the withdrawal watch read the first 100 channels by latest charge."""
+
+    async def unclaimed(self: Any, page_size: int = 100) -> Any:
+        rows = await self.db.fetch(
+            f"SELECT *, {self.now} AS now FROM channels WHERE charged != total_claimed AND sealed_voucher != ''"
+            " ORDER BY charged_at LIMIT ?",
+            (page_size,),
+        )
+        page = [c for c in (gate_channels.Channel.from_row(r) for r in rows) if c.unclaimed > 0]
+        if page:
+            yield page
+
+    mp.setattr(gate_channels.Channels, "unclaimed", unclaimed)
+
+
+def with_a_channel_aged_by_its_latest_charge(mp: pytest.MonkeyPatch) -> None:
+    """Finding 2: a channel is due by the age of its latest charge (`charged_at`), not its first unclaimed."""
+
+    def due(self: Any, min_amount: int, max_age_seconds: float) -> bool:
+        return self.unclaimed > 0 and (
+            self.unclaimed >= min_amount
+            or self.now - self.charged_at >= max_age_seconds
+            or self.withdraw_requested_at > 0
+        )
+
+    mp.setattr(gate_channels.Channel, "due", due)
+
+
+def with_streams_past_the_ceiling(mp: pytest.MonkeyPatch) -> None:
+    """Finding 3: each part of a usage-priced stream recorded and shown, its charge capped; the run goes on."""
+    hooks = charge.Charges.hooks
+
+    def unstopped(self: Any, payment: Any, hold: Any, **kwargs: Any) -> Any:
+        made = hooks(self, payment, hold, **kwargs)
+        if made.deliver_part is not None:
+
+            async def deliver_part(task: dict[str, Any], used: Any, save: Any) -> None:
+                await made.mark_delivered(task, None, used, save)
+
+            made.deliver_part = deliver_part
+        return made
+
+    mp.setattr(charge.Charges, "hooks", unstopped)
+
+
+def with_pricing_callables_not_awaited(mp: pytest.MonkeyPatch) -> None:
+    """Finding 4: an `async def` pricing callable called and not awaited: its coroutine is no amount."""
+    priced = usage_price.UsagePrice.priced
+
+    async def unawaited(self: Any, used: Any) -> int:
+        if self.function is None:
+            return await priced(self, used)
+        amount = self.function(dict(used))
+        if inspect.iscoroutine(amount):
+            amount.close()
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
+            raise ValueError(f"the pricing callable returned {type(amount).__name__}, not a whole amount >= 0")
+        return amount
+
+    mp.setattr(usage_price.UsagePrice, "priced", unawaited)
+
+
 MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "fencing": without_fencing,
     "one clock": with_each_replicas_own_clock,
@@ -145,8 +267,23 @@ MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "one write": with_unguarded_writes,
     "channel charge at delivery": with_channels_charged_at_reservation,
     "channel charge by our claim": with_channels_charged_by_any_claim,
+    "canonical voucher signatures": with_any_voucher_signature_form,
+    "claim batch isolation": with_claims_in_one_batch,
+    "claim obligation checked": with_any_claim_schedule_checked,
+    "every channel paged": with_one_page_of_channels,
+    "first unclaimed charge": with_a_channel_aged_by_its_latest_charge,
+    "ceiling ends the work": with_streams_past_the_ceiling,
+    "async pricing awaited": with_pricing_callables_not_awaited,
 }
 CHANNEL_MUTANTS = ("channel charge at delivery", "channel charge by our claim")
+OPERATOR_MUTANTS = (
+    "canonical voucher signatures",
+    "claim batch isolation",
+    "claim obligation checked",
+    "every channel paged",
+    "first unclaimed charge",
+)
+USAGE_MUTANTS = ("ceiling ends the work", "async pricing awaited")
 # a stale replica's agent must finish after the takeover, before its renewal notices: rarer (on the channel
 # world, after a deposit and a voucher)
 EXAMPLES = {"one write": 300, "channel charge by our claim": 300}
@@ -168,6 +305,12 @@ VIOLATIONS = (
     "neither charged nor written off",
     "the kept voucher is not the payer's",
     "short of the charged total",
+    "whose signature the contract refuses",
+    "one refused claim row stopped another channel's claim",
+    "check-config accepts the operator's setting",
+    "left unclaimed by a scheduled pass",
+    "past the one whose usage reached the ceiling",
+    "usage priced",
 )
 
 
@@ -175,8 +318,15 @@ VIOLATIONS = (
 def test_the_simulation_finds_the_reverted_fix(fix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     revert = MUTANTS[fix]
     monkeypatch.setenv("A2A_GATE_SEALING_KEY", "Vf0zQw4Jm9q8u4C7bJ9oZr2H1s0xk3L5n6p7r8t9v0w=")
+    money_channels.checksums_remembered(monkeypatch)
     revert(monkeypatch)
-    world = simulation.MoneyWorldWithChannels if fix in CHANNEL_MUTANTS else simulation.MoneyWorld
+    world: type[simulation.MoneyWorld] = simulation.MoneyWorld
+    if fix in CHANNEL_MUTANTS:
+        world = simulation.MoneyWorldWithChannels
+    elif fix in OPERATOR_MUTANTS:
+        world = simulation.OperatorMoneyWorld
+    elif fix in USAGE_MUTANTS:
+        world = simulation.UptoMoneyWorld
     machine = type("MutantWorld", (world,), {"database": "sqlite", "workdir": tmp_path})
     with pytest.raises(BaseException) as found:
         run_state_machine_as_test(

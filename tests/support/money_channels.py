@@ -55,6 +55,7 @@ RECEIVER_AUTHORIZER = LocalAuthorizerSigner(DEV_RECEIVER_AUTHORIZER_KEY).address
 WITHDRAW_DELAY = 900
 SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 DECOYS = 101  # channels opened at once: more than a page of any listing the gate reads (100)
+OTHERS = 3  # channels another payer opens one at a time (after the decoys' salts)
 DECOY_VALID_BEFORE = 2_000_000_000  # a decoy deposit's window (the simulation's clock starts at 1.9e9)
 
 
@@ -84,9 +85,9 @@ class ChannelChain:
         amount, initiated = self.contract.call(self.contract.address, "pendingWithdrawals", (key,))
         return int(balance), int(claimed), int(amount), int(initiated)
 
-    def deposit_decoys(self) -> None:
-        """The decoy payer's deposits into its many channels, one transaction (`multicall`)."""
-        calls = [encode_contract_call(BATCH_SETTLEMENT_ABI, "deposit", *args) for _, args in decoys()]
+    def deposit_decoys(self, first: int = 0, count: int = DECOYS) -> None:
+        """The decoy payer's deposits into its channels `first` to `first + count`, one transaction (`multicall`)."""
+        calls = [encode_contract_call(BATCH_SETTLEMENT_ABI, "deposit", *args) for _, args in decoys()[first:][:count]]
         self.contract.transact(self.contract.address, "multicall", (calls,), DECOY_ACCOUNT.address)
 
     def channels(self) -> dict[str, tuple[int, int]]:
@@ -191,7 +192,7 @@ def decoys() -> tuple[tuple[str, tuple[Any, ...]], ...]:
     its first voucher's payload (for 1,000), and the arguments of the payer's own `deposit` of 10,000
     through the ERC-3009 collector (the transaction a payer sends without the gate)."""
     signed = []
-    for salt in range(1, DECOYS + 1):
+    for salt in range(1, DECOYS + OTHERS + 1):
         config = channel_config(DECOY_ACCOUNT.address, salt)
         payload = deposit_payload(DECOY_ACCOUNT, config, 10_000, 1000, DECOY_VALID_BEFORE, "eip3009")
         data = build_eip3009_deposit_collector_data(DepositPayload.from_dict(payload))

@@ -640,7 +640,9 @@ class World:
         self.answers: list[tuple[Token | ChannelToken, dict[str, Any]]] = []  # every Task a client was answered
         self.payer = ChannelPayer()
         self.channel_tokens: list[ChannelToken] = []
-        self.decoys: list[ChannelToken] = []  # one payment for each of many channels (`money_channels.DECOYS`)
+        self.decoys: list[ChannelToken] = []  # another payer's channels' first payments
+        self.many_opened = False  # the many channels (`money_channels.DECOYS`) are open
+        self.others = 0  # how many of its other channels (`money_channels.OTHERS`) are open
         self.streams: dict[str, list[float]] = {}  # a streamed request's text -> the usage after each chunk
         # channels whose payer took its unclaimed balance back while the gate was down (no setting helps)
         self.withdrawn_in_outage: set[str] = set()
@@ -704,10 +706,16 @@ class World:
     def decoy_tokens(self) -> list[ChannelToken]:
         """Many channels of another payer, deposited into on chain (its own transaction), then a first
         voucher for each: more channels than a page of any listing the gate reads."""
-        self.channel_chain.deposit_decoys()
+        self.many_opened = True
+        return self.other_channels(0, money_channels.DECOYS)
+
+    def other_channels(self, first: int, count: int) -> list[ChannelToken]:
+        """Another payer's channels `first` to `first + count` (deposited on chain by its own
+        transaction), and a first voucher for each."""
+        self.channel_chain.deposit_decoys(first, count)
         tokens = [
             ChannelToken(next(self.indexes), "voucher", PRICE, json.loads(payload), agent="channel-now", decoy=True)
-            for payload, _ in money_channels.decoys()
+            for payload, _ in money_channels.decoys()[first:][:count]
         ]
         self.decoys.extend(tokens)
         return tokens
