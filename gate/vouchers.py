@@ -61,6 +61,8 @@ async def reservable(channels: Channels, token: Token, price: Price) -> Reservab
     channel = await channels.find(voucher.channel_id)
     if channel is None or channel.charged != base or channel.refunded or channel.reserved_by:
         return None
+    if channel.withdraw_requested_at:
+        return None  # refused by check_and_reserve
     if not channel.fresh(fresh_seconds(int(voucher.config["withdrawDelay"]))):
         return None
     if not channel.total_claimed < voucher.max_claimable <= channel.balance:
@@ -94,6 +96,7 @@ async def check_and_reserve(
         return Checked("refused", payer=voucher.payer, reason=batch_settlement.INVALID_VOUCHER_SIGNATURE)
     channel = await channels.find(voucher.channel_id)
     verified_by_facilitator = False
+    mirror_read: Mirror | None = None
     if channel is None:  # a channel the gate has not seen: the chain (through the facilitator) says what it holds
         try:
             verification = await facilitator.verify(token.version, token.payload, requirements)
@@ -101,7 +104,7 @@ async def check_and_reserve(
             return Checked("unavailable", reason=exc.reason, retry_after=exc.retry_after)
         if not verification.valid:
             return Checked("refused", payer=verification.payer, reason=verification.reason)
-        mirror = Mirror.read(verification.extra)
+        mirror_read = mirror = Mirror.read(verification.extra)
         await channels.open(voucher, price.network, price.asset, mirror.total_claimed if mirror else 0, mirror)
         channel = await channels.find(voucher.channel_id)
         assert channel is not None
@@ -123,9 +126,11 @@ async def check_and_reserve(
                 return Checked("unavailable", reason=exc.reason, retry_after=exc.retry_after)
             if not verification.valid:
                 return Checked("refused", payer=verification.payer, reason=verification.reason)
-            mirror = Mirror.read(verification.extra)
-            if mirror is not None:
-                await channels.mirror(voucher.channel_id, mirror)
+            mirror_read = Mirror.read(verification.extra)
+            if mirror_read is not None:
+                await channels.mirror(voucher.channel_id, mirror_read)
+    if withdrawal_pending(channel, mirror_read):
+        return Checked("refused", payer=voucher.payer, reason=batch_settlement.WITHDRAWAL_PENDING)
     reservation = await channels.reserve(voucher.channel_id, base, token.digest, deposit=voucher.kind == "deposit")
     if reservation.kind == "mismatch":
         assert reservation.channel is not None
@@ -135,6 +140,14 @@ async def check_and_reserve(
     if reservation.kind == "busy":
         return Checked("busy", payer=voucher.payer, reason=batch_settlement.CHANNEL_BUSY)
     return Checked("reserved", payer=voucher.payer, local=local)
+
+
+def withdrawal_pending(channel: Channel, mirror: Mirror | None) -> bool:
+    """Whether the payer has asked (as last read from the chain: `mirror` when this request read it)
+    to withdraw: the channel takes no more charges, since one made now might not be claimed before
+    the withdrawal can be finalized (the operator's side of the claim obligation; the charges before
+    it are claimed at once)."""
+    return (mirror.withdraw_requested_at if mirror is not None else channel.withdraw_requested_at) > 0
 
 
 async def behind(channels: Channels, token: Token, price: Price, unseal: Any) -> Checked | None:

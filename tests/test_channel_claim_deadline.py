@@ -256,6 +256,37 @@ def test_a_payer_who_withdraws_after_five_requests_has_paid_for_them(devnet: Dev
     assert "a2a_gate_channels_withdrawal_pending 0.0" in metrics
 
 
+def test_a_payer_who_asked_to_withdraw_gets_no_more_work_on_credit(devnet: Devnet) -> None:
+    """After its withdrawal request, a payer's next voucher would be a charge the gate might never
+    claim: sent the moment the withdrawal can be finalized and finalized straight after, it took
+    the work back for free. Once the gate has seen the request, the channel takes no more charges
+    (403, the gate's `withdrawal_pending` reason), and the payer gets back exactly what it did not spend."""
+    url = f"{devnet.gate.url}/a2a/paid-channel"
+    payer = new_payer(devnet)
+    channel_id = asyncio.run(pay(url, payer, 5))
+    config = devnet.stored_config(channel_id)
+    balance, claimed = devnet.channel(channel_id)
+    before = devnet.token_balance(payer.account.address)
+    assert "result" in devnet.send(payer.key, "initiateWithdraw", config, balance - claimed)
+    assert devnet.wait_claimed(channel_id, 5 * PRICE, 20)  # seen on the chain: claimed at once
+    devnet.advance(DELAY)  # the withdrawal may be finalized now
+
+    async def one_more() -> httpx.Response:
+        async with httpx.AsyncClient(transport=x402_httpx_transport(payer.client), timeout=60) as http:
+            return await http.post(url, json=send_body("one more, on credit"))
+
+    try:
+        late = asyncio.run(one_more())
+        status, text = late.status_code, late.text
+    except PaymentError as exc:  # the client gives up on a refusal it cannot fix
+        status, text = 403, str(exc)
+    assert status == 403 and "withdrawal_pending" in text, (status, text)
+    assert devnet_charged(devnet, channel_id) == 5 * PRICE  # nothing delivered, nothing charged
+    assert "result" in devnet.send(payer.key, "finalizeWithdraw", config)
+    assert devnet.token_balance(payer.account.address) - before == balance - 5 * PRICE
+    assert devnet.channel(channel_id)[1] == 5 * PRICE
+
+
 def test_a_hundred_decoy_channels_do_not_hide_a_withdrawing_payer(devnet: Devnet) -> None:
     """105 channels with one charge each (more than any page), then the target's five charges (its
     last charge the newest) and its withdrawal: the watch reads every channel, the target's is

@@ -53,6 +53,8 @@ WITHDRAW_DELAY_MISMATCH = "invalid_batch_settlement_evm_withdraw_delay_mismatch"
 DEPOSIT_BELOW_MIN = "invalid_batch_settlement_evm_deposit_below_min_deposit"
 PAYLOAD_TYPE = "invalid_batch_settlement_evm_payload_type"
 CHANNEL_BUSY = "invalid_batch_settlement_evm_channel_busy"
+# the gate's own (x402 names none): the payer asked to withdraw; a charge now might never be claimed in time
+WITHDRAWAL_PENDING = "invalid_batch_settlement_evm_withdrawal_pending"
 
 DEFINITIVE_REASONS = GENERIC_DEFINITIVE_REASONS | {
     INVALID_VOUCHER_SIGNATURE,
