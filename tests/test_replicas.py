@@ -248,7 +248,7 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
 
     versions = dict(line.split("\tversion ") for line in first.stdout.splitlines())
     assert versions == {
-        "api_keys": "2",
+        "api_keys": "4",
         "channels": "2",
         "claims": "4",
         "payments": "2",
