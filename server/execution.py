@@ -483,21 +483,25 @@ class Runner:
             await self.store.save(task, backend_ref=reply.backend_ref)
         return reply
 
-    async def _deliver_part(self, execution: Execution, used: usage.Counts) -> Stop | None:
+    async def _deliver_part(
+        self, execution: Execution, used: usage.Counts, whole: list[dict[str, Any]] | None = None
+    ) -> Stop | None:
         """The chunks an agent has moved past, delivered before the whole answer (hooks with
         `deliver_part`): recorded with the task's answer so far and what the work used so far,
         in one transaction, before any of them is shown. Cancels and deadlines wait for it. The
         hook's `Stop`, if it answered one, is kept on the execution and returned; the chunks it
-        refused are dropped, unrecorded and unshown."""
+        refused are dropped, unrecorded and unshown. With `whole` (the run's answer, at its end), that
+        is what is delivered and stored, as the whole answer."""
         task, hooks = execution.task, execution.hooks
         assert hooks is not None and hooks.deliver_part is not None
-        answer = Answer([dict(p) for p in execution.delivered_part.parts])
-        for parts in execution.pending:
+        answer = Answer([dict(p) for p in (execution.delivered_part.parts if whole is None else whole)])
+        for parts in execution.pending if whole is None else []:
             for part in parts:
                 answer.add(part)
         artifact = {"artifactId": execution.artifact_id, "name": "result", "parts": answer.parts}
-        # the stored copy says the answer is partial, so a crash now leaves it read as cut (see DeliveryHooks)
-        delivered = {**task, "artifacts": with_artifact(task, {**artifact, "metadata": {PARTIAL: True}})}
+        # the stored copy of a part says the answer is partial, so a crash now leaves it read as cut
+        stored = artifact if whole is not None else {**artifact, "metadata": {PARTIAL: True}}
+        delivered = {**task, "artifacts": with_artifact(task, stored)}
         execution.delivering = True  # a cancel now would leave the record and the answer apart
         try:
             stop = await hooks.deliver_part(delivered, used, self.store.save_statement(delivered))
@@ -532,18 +536,18 @@ class Runner:
             execution.delivering = False
             await self._end_undelivered(execution, unusable_usage(execution, bad))
             return
-        if hooks.deliver_part is not None and execution.pending:  # a streamed answer's last chunks
-            stop = await self._deliver_part(execution, used)
-            execution.delivering = True
-            if stop is not None and not stop.delivered:  # refused: the run ends with what came before
-                await self._end_stopped(execution)
-                return
         one_write = hooks.deliver_final is not None and not hooks.withhold
         if one_write and await self._deliver_final(execution, artifact, text, used):
             return
+        # a streamed answer delivered in parts: its end is delivered as its parts were (priced first)
+        streamed = hooks.deliver_part is not None and bool(execution.pending or execution.parts_delivered)
+        stop: Stop | None = None
         try:
             if hooks.withhold:  # the answer stays out of the task, its streams and the store until paid
                 await hooks.mark_delivered(task, {"artifact": artifact, "text": text}, used, None)
+            elif streamed:
+                stop = await self._deliver_part(execution, used, whole=reply.parts)
+                execution.delivering = True
             else:
                 delivered = {**task, "artifacts": with_artifact(task, artifact)}
                 await hooks.mark_delivered(delivered, None, used, self.store.save_statement(delivered))
@@ -551,6 +555,9 @@ class Runner:
         except BaseException:  # rolled back (lost, unreachable, cancelled): nothing was delivered
             execution.delivering = False
             raise
+        if stop is not None and not stop.delivered:  # its last chunks refused: it ends with what came before
+            await self._end_stopped(execution)
+            return
         if not hooks.withhold:
             execution.publish(artifact_event(task, artifact))
         # shielded: a cancel arriving now must not interrupt a settlement

@@ -37,6 +37,7 @@ AGENTS = (
     python_agent("thousands", "thousands")
     + python_agent("thousands-small-ceiling", "thousands", ceiling=5000)  # one chunk prices 10,000
     + python_agent("fifteen-hundreds", "fifteen_hundreds")
+    + python_agent("ends-past-the-ceiling", "ends_past_the_ceiling")
     + python_agent("misreports", "reports_then_misreports")
     + python_agent("misreports-whole", "answers_misreported")
     + python_agent("ten-until-told", "ten_until_told")
@@ -164,6 +165,20 @@ def test_a_chunk_that_would_cross_the_ceiling_is_not_delivered(upto, tmp_path, m
     assert wait_closed(log) == [f"made {i}" for i in range(4)] + ["closed"]
     if method == "SendStreamingMessage":
         assert not any("0003" in json.dumps(e) for e in task["events"])
+
+
+@pytest.mark.parametrize("method", ["message/send", "message/stream"])
+def test_a_last_chunk_that_would_cross_the_ceiling_is_not_delivered_either(upto, method):
+    """The agent's answer ends with a chunk whose usage comes with its final reply, past the ceiling:
+    the answer ends with the three chunks before it, charged 45,000."""
+    payer = Payer()
+    before = upto.balance(payer.address)
+    answer = pay_with_x402(upto.url("ends-past-the-ceiling"), send_body("go", method=method), payer.key)
+    task = final_task(answer, method)
+    assert len(delivered_text(task)) == 4500 and "0003" not in delivered_text(task)
+    assert state(task) == "completed" and "ceiling" in task["status"]["message"]["parts"][0]["text"]
+    assert receipt_of(task)["amount"] == "45000" and receipt_of(task)["extra"]["usage"]["ceilingReached"] is True
+    assert upto.balance(payer.address) == before - 45000
 
 
 def test_a_first_chunk_past_the_ceiling_delivers_nothing_and_charges_nothing(upto, tmp_path):

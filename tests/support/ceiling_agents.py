@@ -90,3 +90,13 @@ async def ten_until_told(request: AgentRequest) -> AsyncIterator[str | Usage]:
                 await asyncio.sleep(0.02)
         yield f"chunk {i}; "
         yield Usage({"characters": len(f"chunk {i}; ")})
+
+
+async def ends_past_the_ceiling(request: AgentRequest) -> AsyncIterator[str | Usage | AgentReply]:
+    """Three chunks of 1,500 characters, each reported (45,000 at 10 a character); then a fourth,
+    whose usage comes only with the final reply (6,000 characters: 60,000, past a 50,000 ceiling)."""
+    for i in range(3):
+        yield f"{i:04d}" + "." * 1496
+        yield Usage({"characters": 1500})
+    yield "0003" + "." * 1496
+    yield AgentReply(usage={"characters": 6000})
