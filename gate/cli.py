@@ -32,7 +32,7 @@ from gate.config import load_config
 from gate.payment_log import ACTIONS
 from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
 from server import secret_files
-from server.config import ConfigError, Settings, is_database_url
+from server.config import ConfigError, Settings, is_database_url, trusted_proxy_problem
 from server.database import DatabaseRefused, DatabaseUnavailable
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if _refused_claim_obligation(checked):
         return 2
     token_env = settings.http.metrics_token_env
-    if token_env and not os.environ.get(token_env):
+    if token_env and not secret_files.secret(token_env):
         print(f"error: http.metrics_token_env names {token_env}, which is not set (or empty)", file=sys.stderr)
         return 2
     database = args.database or settings.database
@@ -80,6 +80,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     _check_sealing_key(database)
     overrides: dict[str, Any] = {}
+    for value in args.trusted_proxy or ():
+        if problem := trusted_proxy_problem(value):
+            print(f"error: --trusted-proxy {value!r}: {problem}", file=sys.stderr)
+            return 2
     if args.trusted_proxy:
         overrides["trusted_proxies"] = args.trusted_proxy
     if args.database:
@@ -266,25 +270,51 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return _with_database(args, lambda db: _keys(args, db))
 
 
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch))
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """`--expires-in`: a positive number with a unit (s, m, h, d), e.g. 90d."""
+    number, unit = text[:-1], text[-1:].lower()
+    try:
+        seconds = float(number) * DURATION_UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90d, 12h, 30m or 3600s") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive duration")
+    return seconds
+
+
 async def _keys(args: argparse.Namespace, db: Database) -> int:
     from server import principals
 
     await principals.create_tables(db)
     if args.keys_command == "create":
+        expires_at = time.time() + args.expires_in if args.expires_in is not None else None
         try:
-            key, digest = await principals.create_key(db, args.name, args.agent or ["*"])
+            key, digest = await principals.create_key(db, args.name, args.agent or ["*"], expires_at)
         except ValueError as exc:
             print(f"error: {exc}; choose another name (`a2a-gate keys list` shows the names taken)", file=sys.stderr)
             return 2
         print(f"key (shown once, keep it secret): {key}")
+        if expires_at is not None:
+            print(f"expires {_utc(expires_at)} UTC")
         print("stored form, for a [[keys]] entry in a configuration file:")
         print(
             f'  [[keys]]\n  name = "{args.name}"\n  sha256 = "{digest}"\n  agents = {json.dumps(args.agent or ["*"])}'
         )
     elif args.keys_command == "list":
+        now = time.time()
         for row in await principals.list_keys(db):
-            state = "revoked" if row["revoked"] else "active"
-            print(f"{row['name']}\t{state}\t{','.join(row['agents'])}\tsha256:{row['sha256'][:12]}…")
+            expired = row["expires_at"] is not None and row["expires_at"] <= now
+            state = "revoked" if row["revoked"] else "expired" if expired else "active"
+            expires = f"expires {_utc(row['expires_at'])}" if row["expires_at"] is not None else "no expiry"
+            used = f"last used {_utc(row['last_used_at'])}" if row["last_used_at"] is not None else "never used"
+            print(f"{row['name']}\t{state}\t{','.join(row['agents'])}\tsha256:{row['sha256'][:12]}…\t{expires}\t{used}")
     elif args.keys_command == "revoke":
         if await principals.revoke_key(db, args.name) == 0:
             print(f"error: no key named {args.name!r}", file=sys.stderr)
@@ -312,7 +342,7 @@ def cmd_payments(args: argparse.Namespace) -> int:
     rows = _with_database(args, read)
     print("\t".join(PAYMENT_COLUMNS))
     for row in rows:
-        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
+        at = _utc(row["at"])
         print(
             f"{at}\t{row['action']}\t{row['agent']}\t{row['payer'] or '-'}\t{row['amount'] or '-'}\t"
             f"{row.get('authorized') or row['amount'] or '-'}\t{row['transaction'] or '-'}\t"
@@ -471,9 +501,9 @@ def cmd_channels(args: argparse.Namespace) -> int:
                 return 0 if all(o["outcome"] in ("refunded", "swept") for o in outcomes) else 1
             print("\t".join(CHANNEL_COLUMNS))
             for c in await gate.parts.channels.listing(args.limit):
-                at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.charged_at)) if c.charged_at else "-"
+                at = _utc(c.charged_at) if c.charged_at else "-"
                 first = c.first_charged_at if c.unclaimed else 0
-                since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(first)) if first else "-"
+                since = _utc(first) if first else "-"
                 print(
                     f"{c.channel_id}\t{c.payer}\t{c.charged}\t{c.total_claimed}\t{c.balance}\t"
                     f"{'yes' if c.reserved_by else 'no'}\t{c.claim_failures}\t{at}\t{since}\t{_channel_state(c)}"
@@ -523,8 +553,42 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             f"{outcome['task_id']}\t{outcome['payer']}\t{outcome['state']}\t{outcome['x402.payment.status']}\t"
             f"{outcome.get('x402.payment.error', '')}"
         )
-    print(f"{len(outcomes)} owed settlement(s) attempted")
-    return 0
+    states = Counter(str(outcome["state"]) for outcome in outcomes)
+    told = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    print(f"{len(outcomes)} owed settlement(s) attempted" + (f": {told}" if told else ""))
+    # decided (settled, written off, charged nothing, taken by another process) is done; still owed or
+    # undecidable is the operator's to look at: a missing key, a facilitator down, no chain endpoint
+    return 1 if states.keys() & {"settle_failed", "needs_attention"} else 0
+
+
+def cmd_sealing_key(args: argparse.Namespace) -> int:
+    """`show`: the ring's fingerprints beside the ones the database records; `reseal`: every stored
+    sealed value under the ring's first key, which the database then records alone."""
+    from gate.sealing import Sealer
+
+    async def run() -> int:
+        async with _opened_services(args) as services:
+            sealer = Sealer(load_key(services.settings.database))
+            if args.sealing_command == "reseal":
+                counts = await sealer.reseal(services.db)
+                for table, n in counts.items():
+                    print(f"{table}\t{n} value(s) sealed again")
+            recorded = await sealer.recorded(services.db)
+            print(
+                "ring:\t"
+                + "\t".join(f"{fp} ({'seals' if i == 0 else 'unseals'})" for i, fp in enumerate(sealer.fingerprints))
+            )
+            print("database:\t" + "\t".join(recorded[name] for name in sorted(recorded)))
+            missing = sorted(set(recorded.values()) - set(sealer.fingerprints))
+            if missing:
+                print(
+                    f"error: this ring lacks {', '.join(missing)}, which sealed values the database holds",
+                    file=sys.stderr,
+                )
+                return 2
+            return 0
+
+    return asyncio.run(run())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -572,6 +636,12 @@ def build_parser() -> argparse.ArgumentParser:
     create = command(keys_sub, "create", "create a key; prints it once, with its stored form", may_create=True)
     create.add_argument("name")
     create.add_argument("--agent", action="append", help="agent the key may use (repeatable; default: all)")
+    create.add_argument(
+        "--expires-in",
+        type=duration,
+        metavar="DURATION",
+        help="the key lapses after this long (e.g. 90d, 12h, 30m, 3600s); default: never",
+    )
     command(keys_sub, "list", "list keys (never the keys themselves)")
     revoke = command(keys_sub, "revoke", "revoke a key by name")
     revoke.add_argument("name")
@@ -615,6 +685,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reconcile.set_defaults(func=cmd_reconcile)
 
+    sealing = command(sub, "sealing-key", "the sealing key ring: show its fingerprints, or re-seal with its first key")
+    sealing_sub = sealing.add_subparsers(dest="sealing_command", required=True)
+    command(sealing_sub, "show", "the ring's fingerprints (the first seals) and the ones the database records")
+    command(
+        sealing_sub,
+        "reseal",
+        "seal every stored value again with the ring's first key, then record it alone (an old key may then go)",
+    )
+    sealing.set_defaults(func=cmd_sealing_key)
+
     channels = command(sub, "channels", "payment channels (batch-settlement): list them, or claim them now")
     channels_sub = channels.add_subparsers(dest="channels_command", required=True)
     listing = command(channels_sub, "list", "every channel: charged, claimed on chain, balance, payer")
@@ -657,7 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        secret_files.load()  # NAME_FILE and systemd credentials, before anything reads a secret
+        secret_files.load()  # the sealing key and PGPASSWORD from NAME_FILE or a credential, if so given
         return args.func(args)
     except ConfigError as exc:
         for problem in exc.problems:

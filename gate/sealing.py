@@ -101,7 +101,8 @@ def load_key(database: str) -> list[bytes]:
         return decode_ring(env, ENV_KEY)
     if is_database_url(database):
         raise SealingKeyMissing(
-            f"a PostgreSQL database needs {ENV_KEY} (the same on every replica); make one with:"
+            f"a PostgreSQL database needs {ENV_KEY}, the same on every replica: the key (ring) its values"
+            " were sealed with, if any were (another is refused); only for a new database, make one with:"
             " python -c 'import os, base64; print(base64.urlsafe_b64encode(os.urandom(32)).decode())'"
         )
     if database == ":memory:":

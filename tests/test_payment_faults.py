@@ -105,11 +105,14 @@ def test_reconcile_command_settles_owed_work_once(own_paid):
     headers = Payer().header_for(paid.gate.url)
     paid.faults(settle="http500")
     task = paid.post("paid", send_body("later"), headers).json()["result"]
-    paid.faults()
     command = [sys.executable, "-m", "gate.cli", "reconcile", "--config", str(paid.gate.config)]
+    failing = subprocess.run(command, capture_output=True, text=True, timeout=60)  # still failing: say so
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "1 owed settlement(s) attempted: 1 settle_failed" in failing.stdout
+    paid.faults()
     first = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
-    assert "payment-completed" in first.stdout and "1 owed settlement(s) attempted" in first.stdout
+    assert "payment-completed" in first.stdout and "1 owed settlement(s) attempted: 1 settled" in first.stdout
     second = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert "0 owed settlement(s) attempted" in second.stdout
     assert len(paid.ledger()["settlements"]) == 1
@@ -117,7 +120,7 @@ def test_reconcile_command_settles_owed_work_once(own_paid):
         "paid", {"jsonrpc": "2.0", "id": 9, "method": "tasks/get", "params": {"id": task["id"]}}, headers
     )
     assert fetched.json()["result"]["metadata"]["x402.payment.status"] == "payment-completed"
-    assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle_failed", "settle"]
+    assert [r["action"] for r in paid.payment_rows()] == ["verify", "settle_failed", "settle_failed", "settle"]
 
 
 def test_settle_refusal_the_gate_cannot_read_keeps_delivery_and_owes(paid):
