@@ -58,7 +58,9 @@ class GateMetrics:
         self.usage_charges = Counter(
             "a2a_gate_usage_charges",
             "Upto deliveries charged by usage, by how the charge came out (priced; capped: the usage priced"
-            " above the ceiling, which was charged; pricing_failed: charged nothing)",
+            " above the ceiling, which was charged; stopped_at_ceiling: a run stopped when its usage reached"
+            " the ceiling; pricing_failed: charged nothing; usage_invalid: the agent reported unusable usage,"
+            " only what was delivered before it charged)",
             ["outcome"],
             registry=registry,
         )
