@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gate import config as gate_config
@@ -65,25 +66,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.dev_facilitator:  # as it will run: the development facilitator and its chain
         dev = f"http://127.0.0.1:{args.dev_facilitator}"
         checked = gate_config.with_dev_chain(gate_config.with_facilitator_url(settings, dev), dev)
-    if _refused_claim_obligation(checked):
-        return 2
-    token_env = settings.http.metrics_token_env
-    if token_env and not secret_files.secret(token_env):
-        print(f"error: http.metrics_token_env names {token_env}, which is not set (or empty)", file=sys.stderr)
+    problems = [
+        f"--trusted-proxy {value!r}: {problem}"
+        for value in args.trusted_proxy or ()
+        if (problem := trusted_proxy_problem(value))
+    ]
+    problems += preflight(checked, args.database or settings.database)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
         return 2
     database = args.database or settings.database
-    if is_database_url(database):
-        load_key(database)  # replicas: each needs the key they all share, checked before it starts
-    failure = _database_failure(database)
-    if failure:
-        print(f"error: {failure}", file=sys.stderr)
-        return 2
     _check_sealing_key(database)
     overrides: dict[str, Any] = {}
-    for value in args.trusted_proxy or ():
-        if problem := trusted_proxy_problem(value):
-            print(f"error: --trusted-proxy {value!r}: {problem}", file=sys.stderr)
-            return 2
     if args.trusted_proxy:
         overrides["trusted_proxies"] = args.trusted_proxy
     if args.database:
@@ -186,20 +181,64 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_config(path)
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    gate_config.load_checked(path)  # the claim obligation too: a ConfigError, one line per key
+    problems = (
+        [f"{settings.source}: {p}" for p in gate_config.claim_obligation_problems(gate_config.of(settings))]
+        if args.file_only
+        else preflight(settings, settings.database, opening=False)
+    )
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     payments = gate_config.of(settings)
     priced = [name for name in settings.agents if payments.price(name)]
     print(f"{path}: OK ({len(settings.agents)} agents, {len(priced)} priced, database {settings.database})")
     return 0
 
 
-def _refused_claim_obligation(settings: Settings) -> bool:
-    """A configuration that cannot claim every charged voucher before its payer could withdraw it
-    (`gate.config.claim_obligation_problems`): one line per key, and True."""
-    problems = gate_config.claim_obligation_problems(gate_config.of(settings))
-    for problem in problems:
-        print(f"error: {settings.source}: {problem}", file=sys.stderr)
-    return bool(problems)
+def preflight(settings: Settings, database: str, *, opening: bool = True) -> list[str]:
+    """Every check `serve` makes before it listens, each problem one line naming its key or variable;
+    `check-config` makes the same ones (`opening=False`: it creates no database file, and reads the
+    sealing fingerprints only of a database that exists)."""
+    problems = [f"{settings.source}: {p}" for p in gate_config.claim_obligation_problems(gate_config.of(settings))]
+    named = [("http.metrics_token_env", settings.http.metrics_token_env)]
+    named.append(("facilitator.auth_header_env", gate_config.of(settings).facilitator.auth_header_env))
+    named += [(f"agents.{n}.upstream_auth_env", a.upstream_auth_env) for n, a in settings.agents.items()]
+    for key, variable in named:
+        try:
+            if variable and not secret_files.secret(variable):
+                problems.append(f"{key} names {variable}, which is not set (or empty)")
+        except secret_files.SecretFileError as exc:
+            problems.append(f"{key}: {exc}")
+    problems += _sealing_key_problems(database)
+    local = not is_database_url(database) and database != ":memory:"
+    if local and not os.path.exists(database):
+        if not os.access(os.path.dirname(os.path.abspath(database)), os.W_OK | os.X_OK):
+            problems.append(f"database {database}: its directory is missing or not writable by this user")
+        elif not opening:
+            return problems  # check-config makes no file; serve would make it here
+    if not problems:  # opened last: a refused configuration leaves no database file behind
+        failure = _database_failure(database)
+        if failure:
+            problems.append(failure)
+    return problems
+
+
+def _sealing_key_problems(database: str) -> list[str]:
+    """The sealing key as a start would load it, without making a key file: missing for PostgreSQL,
+    or malformed (the variable, its file, or the key file beside a SQLite database)."""
+    from gate.sealing import ENV_KEY, SealingKeyMissing, decode_ring
+
+    try:
+        if os.environ.get(ENV_KEY) or is_database_url(database):
+            load_key(database)
+        elif database != ":memory:" and os.path.exists(database + ".sealing-key"):
+            decode_ring(Path(database + ".sealing-key").read_text(), f"sealing key file {database}.sealing-key")
+    except SealingKeyMissing as exc:
+        return [str(exc)]
+    except OSError as exc:
+        return [f"sealing key file {database}.sealing-key cannot be read ({exc.strerror})"]
+    return []
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -627,8 +666,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-json", action="store_true", help="one JSON object per log line")
     serve.set_defaults(func=cmd_serve)
 
-    check = command(sub, "check-config", "validate a configuration file and print every problem")
+    check = command(
+        sub, "check-config", "every check serve makes before it listens, without listening; prints every problem"
+    )
     check.add_argument("file", nargs="?", help="the file (or --config FILE, or $A2A_GATE_CONFIG)")
+    check.add_argument(
+        "--file-only",
+        action="store_true",
+        help="check the file alone, without its secrets or its database (a build step that has neither);"
+        " by default every check serve makes before it listens",
+    )
     check.set_defaults(func=cmd_check_config)
 
     keys = command(sub, "keys", "create, list and revoke API keys")

@@ -42,7 +42,10 @@ def seconds(value: str) -> float:
 
 
 def test_the_replicas_configuration_is_valid():
-    assert ": OK (2 agents, 1 priced" in cli("check-config", str(DEPLOY / "gate.toml")).stdout
+    # the file alone: its database (compose's `postgres`) and its secrets are not here
+    assert ": OK (2 agents, 1 priced" in cli("check-config", "--file-only", str(DEPLOY / "gate.toml")).stdout
+    refused = cli("check-config", str(DEPLOY / "gate.toml"), check=False)  # as serve would: no sealing key here
+    assert refused.returncode == 2 and "A2A_GATE_SEALING_KEY" in refused.stderr
 
 
 def test_compose_runs_two_replicas_behind_nginx_and_publishes_nothing_else():

@@ -1,0 +1,153 @@
+"""`check-config` is `serve` without the listening: for each broken configuration (or environment)
+below, both refuse, exit 2, with the same error lines, each naming the key or the variable, and no
+traceback. The same configurations with the one fault mended are accepted by both."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.gate_helpers import REPO
+from tests.support.gate_process import free_port
+from tests.support.paid import ASSET, PAY_TO
+from tests.support.services import postgres_url
+
+PRICE = f'price = {{ network = "eip155:84532", asset = "{ASSET}", amount = "1000", pay_to = "{PAY_TO}" }}'
+GOOD = f"""
+database = "gate.db"
+
+[facilitator]
+url = "http://127.0.0.1:9"
+
+[agents.echo]
+description = "Echo"
+
+[agents.paid]
+{PRICE}
+"""
+CHANNEL = (
+    'price = { network = "eip155:84532", asset = "' + ASSET + '", amount = "1000", pay_to = "' + PAY_TO + '",'
+    ' accepts = [{ scheme = "batch-settlement", receiver_authorizer = "0x'
+    + "ab" * 20
+    + '", withdraw_delay_seconds = 900 }] }'
+)
+KEY = base64.urlsafe_b64encode(os.urandom(32)).decode()
+
+# (name, configuration text, environment, what the error line names)
+BROKEN = [
+    ("not TOML", "database = \n", {}, "not valid TOML"),
+    ("public_url not http", GOOD + 'public_url = "ftp://x"\n', {}, "public_url"),
+    ("trusted proxy a host name", GOOD + '\n[proxy]\ntrusted = ["nginx"]\n', {}, "proxy.trusted[0]"),
+    ("trusted proxy not an address", GOOD + '\n[proxy]\ntrusted = ["300.1.1.1"]\n', {}, "proxy.trusted[0]"),
+    ("negative limit", GOOD + "\n[limits]\nper_ip_per_minute = -1\n", {}, "limits.per_ip_per_minute"),
+    ("unknown backend", GOOD + '\n[agents.x]\nbackend = "nope"\n', {}, "agents.x.backend"),
+    ("python agent missing", GOOD + '\n[agents.x]\nbackend = "python"\ncallable = "no.such:thing"\n', {}, "agents.x"),
+    ("upstream without url", GOOD + '\n[agents.x]\nbackend = "upstream"\n', {}, "agents.x"),
+    ("bad pay_to", GOOD.replace(PAY_TO, "0x123"), {}, "agents.paid.price"),
+    ("bad amount", GOOD.replace('amount = "1000"', 'amount = "ten"'), {}, "agents.paid.price"),
+    ("negative amount", GOOD.replace('amount = "1000"', 'amount = "-5"'), {}, "agents.paid.price"),
+    ("bad network", GOOD.replace('network = "eip155:84532"', 'network = "base"'), {}, "agents.paid.price"),
+    ("unknown scheme", GOOD.replace("price = {", 'price = { scheme = "nope",'), {}, "agents.paid.price"),
+    ("facilitator url", GOOD.replace('url = "http://127.0.0.1:9"', 'url = "not a url"'), {}, "facilitator.url"),
+    ("metrics token unset", GOOD + '\n[http]\nmetrics_token_env = "NO_SUCH_TOKEN_VAR"\n', {}, "http.metrics_token_env"),
+    (
+        "facilitator credential unset",
+        GOOD.replace("[facilitator]\n", '[facilitator]\nauth_header_env = "NO_SUCH_CREDENTIAL"\n'),
+        {},
+        "facilitator.auth_header_env",
+    ),
+    (
+        "upstream credential unset",
+        GOOD + '\n[agents.up]\nbackend = "upstream"\nurl = "http://127.0.0.1:9/"\nupstream_auth_env = "NO_SUCH_UP"\n',
+        {},
+        "agents.up.upstream_auth_env",
+    ),
+    ("sealing key malformed", GOOD, {"A2A_GATE_SEALING_KEY": "not-a-key"}, "A2A_GATE_SEALING_KEY"),
+    ("sealing key ring malformed", GOOD, {"A2A_GATE_SEALING_KEY": KEY + ",nope"}, "key 2 of 2"),
+    ("sealing key file missing", GOOD, {"A2A_GATE_SEALING_KEY_FILE": "/nonexistent/key"}, "A2A_GATE_SEALING_KEY_FILE"),
+    ("postgresql without a sealing key", GOOD.replace('"gate.db"', f'"{postgres_url()}"'), {}, "A2A_GATE_SEALING_KEY"),
+    (
+        "postgresql database that does not exist",
+        GOOD.replace('"gate.db"', f'"{postgres_url().rsplit("/", 1)[0]}/no_such_database"'),
+        {"A2A_GATE_SEALING_KEY": KEY},
+        "database cannot be opened",
+    ),
+    ("database directory missing", GOOD.replace('"gate.db"', '"/nonexistent/dir/gate.db"'), {}, "/nonexistent/dir"),
+    ("channel offer unwatched", GOOD.replace(PRICE, CHANNEL), {}, "rpc_url"),
+    (
+        "claim schedule past the withdraw delay",
+        GOOD.replace(PRICE, CHANNEL) + '\n[networks."eip155:84532"]\nrpc_url = "http://127.0.0.1:9/rpc"\n'
+        "\n[channels]\nclaim_after_seconds = 3600\n",
+        {},
+        "channels.claim_after_seconds",
+    ),
+]
+
+
+def run(home: Path, text: str, env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
+    config = home / "gate.toml"
+    config.write_text(text)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("A2A_GATE_")} | env
+    return subprocess.run(
+        [sys.executable, "-m", "gate.cli", *command, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=60,
+    )
+
+
+def serve(home: Path, text: str, env: dict[str, str]) -> subprocess.CompletedProcess[str] | None:
+    """`serve`'s refusal, or None when it started listening (then it is stopped)."""
+    config = home / "gate.toml"
+    config.write_text(text)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("A2A_GATE_")} | env
+    command = [sys.executable, "-m", "gate.cli", "serve", "--config", str(config), "--port", str(free_port())]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=environment
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            out, err = process.communicate()
+            return subprocess.CompletedProcess(command, process.returncode, out, err)
+        time.sleep(0.1)
+    process.terminate()
+    process.communicate(timeout=20)
+    return None
+
+
+def errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize(("name", "text", "env", "names"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_check_config_and_serve_refuse_alike(tmp_path: Path, name: str, text: str, env: dict[str, str], names: str):
+    checked = run(tmp_path, text, env, "check-config")
+    served = serve(tmp_path, text, env)
+    assert served is not None, f"serve started on a configuration check-config says: {checked.stderr or checked.stdout}"
+    assert checked.returncode == 2 and served.returncode == 2, (checked.stderr, served.stderr)
+    assert "Traceback" not in checked.stderr + served.stderr
+    assert errors(checked.stderr) and errors(checked.stderr) == errors(served.stderr), (checked.stderr, served.stderr)
+    assert any(names in line for line in errors(checked.stderr)), checked.stderr
+    assert not (tmp_path / "gate.db").exists()  # a refused configuration leaves no database behind
+
+
+def test_the_good_configuration_passes_both(tmp_path: Path):
+    assert run(tmp_path, GOOD, {}, "check-config").returncode == 0
+    assert serve(tmp_path, GOOD, {}) is None
+
+
+def test_a_malformed_key_file_beside_an_existing_database_is_refused_alike(tmp_path: Path):
+    assert serve(tmp_path, GOOD, {}) is None  # makes the database and its key file
+    (tmp_path / "gate.db.sealing-key").write_text("garbage")
+    checked, served = run(tmp_path, GOOD, {}, "check-config"), serve(tmp_path, GOOD, {})
+    assert served is not None and checked.returncode == served.returncode == 2
+    assert errors(checked.stderr) == errors(served.stderr) and "sealing key file" in checked.stderr
