@@ -401,6 +401,7 @@ SUMMARY_COLUMNS = (
     "revenue (atomic units, asset@network)",
     "authorized (atomic units, asset@network)",
     "charged nothing",
+    "released",
     "settle failures",
     "owed",
     "written off",
@@ -422,7 +423,7 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
         rows = await db.fetch(
             "SELECT at, agent, action, network, asset, amount, authorized, token_digest FROM payments"
             " WHERE at >= ? AND action IN"
-            " ('verify', 'settle', 'settle_failed', 'write_off', 'needs_attention', 'no_charge')",
+            " ('verify', 'settle', 'settle_failed', 'write_off', 'needs_attention', 'no_charge', 'release')",
             (since,),
         )
         ended = await db.fetch(
@@ -458,7 +459,12 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
         else:
             if action == "verify":
                 entry["authorized"][money] += int(row["authorized"] or row["amount"] or 0)
-            names = {"verify": "verified", "write_off": "written off", "needs_attention": "needs attention"}
+            names = {
+                "verify": "verified",
+                "write_off": "written off",
+                "needs_attention": "needs attention",
+                "release": "released",
+            }
             entry[names.get(action, "charged nothing")] += 1
     print("\t".join(SUMMARY_COLUMNS))
     for (day, agent), entry in sorted(table.items()):
@@ -466,7 +472,7 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
         authorized = ", ".join(f"{amount} {money}" for money, amount in sorted(entry["authorized"].items())) or "0"
         print(
             f"{day}\t{agent}\t{entry['402s']}\t{entry['verified']}\t{entry['settled']}\t{revenue}\t"
-            f"{authorized}\t{entry['charged nothing']}\t"
+            f"{authorized}\t{entry['charged nothing']}\t{entry['released']}\t"
             f"{entry['settle failures']}\t{len(entry['owed'])}\t{entry['written off']}\t{entry['needs attention']}"
         )
     if not table:
@@ -474,7 +480,16 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
     return 0
 
 
-SUMMARY_KEYS = ("402s", "verified", "settled", "charged nothing", "settle failures", "written off", "needs attention")
+SUMMARY_KEYS = (
+    "402s",
+    "verified",
+    "settled",
+    "charged nothing",
+    "released",
+    "settle failures",
+    "written off",
+    "needs attention",
+)
 
 
 CHANNEL_COLUMNS = (

@@ -57,6 +57,8 @@ def test_payments_summary_reports_per_agent_and_day(own_paid):
     paid.faults(settle="http500")
     paid.post("paid", send_body("y"), payer.header_for(paid.gate.url))
     paid.faults()
+    broken = paid.post("paid-broken", send_body("z"), payer.header_for(paid.gate.url, "paid-broken"))
+    assert broken.json()["result"]["status"]["state"] == "failed"  # verified, not delivered: released
     paid.gate.stop()  # the 402s are counted in memory and stored at shutdown (or every 10 s)
     out = subprocess.run(
         [sys.executable, "-m", "gate.cli", "payments", "--summary", "--config", str(paid.gate.config)],
@@ -73,6 +75,10 @@ def test_payments_summary_reports_per_agent_and_day(own_paid):
     assert row["verified"] == "2" and row["settled"] == "1"
     assert row["revenue (atomic units, asset@network)"] == f"1000 {ASSET}@eip155:84532"
     assert int(row["settle failures"]) >= 1 and row["owed"] == "1" and row["written off"] == "0"
+    assert row["released"] == "0"
+    line = next(r for r in rows if r.startswith(f"{today}\tpaid-broken\t"))
+    row = dict(zip(header.split("\t"), line.split("\t"), strict=True))
+    assert row["verified"] == "1" and row["released"] == "1" and row["settled"] == "0"
 
 
 def test_health_and_readiness(paid):
