@@ -24,10 +24,10 @@ answered and what the database stores, charges from the chain.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import contextlib
+import functools
 import io
 import itertools
 import json
@@ -40,7 +40,7 @@ import httpx
 from eth_account import Account
 
 from gate import chain as gate_chain
-from gate.cli import cmd_check_config
+from gate.cli import build_parser
 from gate.config import load_config
 from gate.gate import PaymentGate
 from server.agents import AgentReply, AgentRequest, Usage
@@ -404,6 +404,7 @@ class ChannelToken:
     agent: str = "channel"
     method: str = "eip3009"  # the offer it pays: the channel's ERC-3009 or Permit2 deposits
     decoy: bool = False  # one of many channels' (`World.decoy_tokens`), not the payer's
+    channel: str = ""  # the payer's channel it pays
 
     @property
     def text(self) -> str:
@@ -431,8 +432,14 @@ class ChannelPayer:
 
     def __init__(self) -> None:
         self.account = Account.create()
-        self.config = money_channels.channel_config(self.account.address)
+        self.salt = 0
+        self.open_channel()
+
+    def open_channel(self) -> None:
+        """A channel of its own (another salt: the one before is left as it stands)."""
+        self.config = money_channels.channel_config(self.account.address, self.salt)
         self.channel_id = money_channels.channel_id_of(self.config)
+        self.salt += 1
         self.charged = 0  # what the payer believes
         self.balance = 0  # what it believes it deposited
 
@@ -449,7 +456,7 @@ class ChannelPayer:
             payload = {"type": "voucher", "channelConfig": self.config, "voucher": voucher}
         if form:
             payload["voucher"]["signature"] = money_channels.non_canonical(payload["voucher"]["signature"], form)
-        return ChannelToken(index, kind, cap, payload, agent=agent, method=method)
+        return ChannelToken(index, kind, cap, payload, agent=agent, method=method, channel=self.channel_id)
 
     def heard(self, token: ChannelToken, response: httpx.Response) -> None:
         """What the answer tells the payer: a receipt (charged, and its deposit counted), or a
@@ -608,12 +615,26 @@ class Replica:
 WORLDS = itertools.count()
 
 
+def quicker(monkeypatch: Any) -> None:
+    """What the simulation's replicas and chain spend nothing on, spent once: the TLS context a
+    replica's facilitator client builds (its transport is replaced by the simulation's; loading the
+    CA bundle was a tenth of a run), and the checksummed addresses of the development chain."""
+    shared = functools.cache(httpx.create_ssl_context)
+    monkeypatch.setattr(httpx, "create_ssl_context", lambda *args, **kwargs: shared(*args, **kwargs))
+    money_channels.checksums_remembered(monkeypatch)
+
+
 def check_config(path: Path) -> list[str]:
-    """What `a2a-gate check-config` says is wrong with the file (nothing: it passes)."""
+    """What `a2a-gate check-config` says is wrong with the file (nothing: it passes); the file alone
+    (`--file-only`, where the command has it: the simulation's database and key are its own)."""
     said = io.StringIO()
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
-            status = cmd_check_config(argparse.Namespace(file=str(path), config=None))
+            try:
+                args = build_parser().parse_args(["check-config", "--file-only", str(path)])
+            except SystemExit:
+                args = build_parser().parse_args(["check-config", str(path)])
+            status = args.func(args)
     except ConfigError as refused:
         return refused.problems
     return [] if status == 0 else said.getvalue().splitlines() or [f"check-config exited {status}"]
