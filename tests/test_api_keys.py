@@ -14,6 +14,7 @@ import pytest
 
 from server import principals
 from server.engines import open_database
+from tests.support.gate_helpers import cli
 from tests.support.gate_process import GateProcess
 from tests.support.paid import send_body
 
@@ -86,9 +87,11 @@ def test_last_use_is_written_by_the_flush_and_never_goes_back(location: str):
 def test_a_real_gate_refuses_a_key_once_it_expires_and_records_its_use(tmp_path: Path):
     config = tmp_path / "gate.toml"
     config.write_text('database = "gate.db"\n\n[agents.echo]\ndescription = "Echo"\n')
-    expires = time.time() + 4
-    key = run(str(tmp_path / "gate.db"), lambda db: principals.create_key(db, "short", ["*"], expires_at=expires))[0]
+    cli("migrate", "--config", str(config))
     gate = GateProcess(config, tmp_path / "gate.log").start()
+    # made once the gate runs (a loaded machine may take seconds to start it), lapsing soon after
+    expires = time.time() + 6
+    key = run(str(tmp_path / "gate.db"), lambda db: principals.create_key(db, "short", ["*"], expires_at=expires))[0]
     try:
         headers = {"Authorization": f"Bearer {key}"}
         ok = httpx.post(f"{gate.url}/a2a/echo", json=send_body("hi"), headers=headers, timeout=10)

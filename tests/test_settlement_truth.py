@@ -124,7 +124,9 @@ def test_owed_settlement_reaching_the_cap_asks_the_chain(tmp_path, facilitator, 
     paid.faults(settle="http500")
     task = paid.post("paid", send_body("outage"), headers).json()["result"]
     assert task["metadata"]["x402.payment.status"] == "payment-verified"
-    assert "1 owed settlement(s) attempted" in cli(paid, "reconcile")  # pass 2 = the cap: the chain says unused
+    owed = gate_helpers.cli("reconcile", "--config", str(paid.gate.config), check=False)
+    assert owed.returncode == 1  # still owed after the pass: the operator's to look at
+    assert "1 owed settlement(s) attempted: 1 settle_failed" in owed.stdout  # pass 2 = the cap: the chain says unused
     [claim] = claim_rows(paid.db_path)
     assert claim["state"] == "settle_failed"  # not final: the authorization is still valid
     rows = paid.payment_rows()
