@@ -100,6 +100,14 @@ def test_paying_from_python(gate: DevGate) -> None:
     assert out.strip() == "payment-completed", out
 
 
+def test_paying_from_a_channel(gate: DevGate) -> None:
+    """The README's channel block: the x402 package's own batch-settlement client, registered under
+    "eip155:*" like the other schemes, pays three requests from one channel."""
+    out = ran(gate.python("pay_channel.py", example(README, "pay_channel.py")))
+
+    assert out.split() == ["payment-completed"] * 3, out
+
+
 def test_a_payer_lists_and_reads_its_own_tasks(gate: DevGate) -> None:
     """docs/paying.md: two payments, then ListTasks and GetTask with the last token as proof. Another
     payer's task at the same agent (paid first here) is not in the page."""
