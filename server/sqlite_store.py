@@ -72,6 +72,15 @@ WRITES = ("INSERT", "UPDATE", "DELETE", "insert", "update", "delete")  # stateme
 Write = tuple[list[tuple[str, tuple[Any, ...]]], bool, "asyncio.Future[Any]"]
 
 
+def connect(path: str) -> sqlite3.Connection:
+    """A connection to the file, or DatabaseRefused naming it when it cannot be opened at all (no
+    such directory, or not ours to write): waiting would not help."""
+    try:
+        return sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
+    except sqlite3.OperationalError as exc:
+        raise DatabaseRefused(f"{path}: {exc} (its directory must exist and be writable by this user)") from None
+
+
 class Checkpointer:
     """A thread that checkpoints one SQLite file's WAL, off the event loop.
 
@@ -98,12 +107,7 @@ class Checkpointer:
 
     def run(self) -> None:
         # the last pass of a checkpoint runs on a worker thread of the loop, while this one waits
-        try:
-            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
-        except sqlite3.OperationalError as exc:  # no such directory, or not ours to write: waiting won't help
-            raise DatabaseRefused(
-                f"{self.path}: {exc} (its directory must exist and be writable by this user)"
-            ) from None
+        conn = connect(self.path)
         try:
             conn.execute("PRAGMA busy_timeout=10000")
             while not self.stopping:
@@ -166,12 +170,7 @@ class SQLiteDatabase(Database):
     async def open(self) -> None:
         if self._db is not None:
             return
-        try:
-            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
-        except sqlite3.OperationalError as exc:  # no such directory, or not ours to write: waiting won't help
-            raise DatabaseRefused(
-                f"{self.path}: {exc} (its directory must exist and be writable by this user)"
-            ) from None
+        conn = connect(self.path)
         try:
             db = sqlite_utils.Database(conn)
             if self.path != ":memory:":

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.exceptions import InvalidTag
@@ -46,6 +49,20 @@ async def stored(db, sealer: Sealer) -> None:
     )
 
 
+@contextlib.asynccontextmanager
+async def sealed_store(location: str) -> AsyncIterator[Any]:
+    """The store at `location`, an owed claim and a channel's voucher sealed with the old key."""
+    db = open_database(location)
+    await db.open()
+    try:
+        old = Sealer([OLD])
+        await old.check(db)
+        await stored(db, old)
+        yield db
+    finally:
+        await db.close()
+
+
 def values(db, sealer: Sealer):
     async def read():
         claim = await db.fetchval("SELECT sealed_payment FROM claims WHERE token_digest = 't1'")
@@ -70,12 +87,8 @@ def test_load_key_reads_the_ring_from_the_variable(monkeypatch):
 
 def test_a_rotation_keeps_every_stored_value_open(location: str):
     async def walk():
-        db = open_database(location)
-        await db.open()
-        try:
+        async with sealed_store(location) as db:
             old = Sealer([OLD])
-            await old.check(db)
-            await stored(db, old)
             # 1. the new key added after the old one: it still seals with the old one
             await Sealer([OLD, NEW]).check(db)
             # 2. the new key first: it seals with the new key and says so; the old one still opens
@@ -100,29 +113,20 @@ def test_a_rotation_keeps_every_stored_value_open(location: str):
                 await Sealer([OLD]).check(db)
             with pytest.raises(SealingKeyMismatch):
                 await Sealer([STRAY]).check(db)
-        finally:
-            await db.close()
 
     asyncio.run(walk())
 
 
 def test_a_reseal_that_meets_a_value_no_key_opens_stops_and_forgets_no_key(location: str):
     async def walk():
-        db = open_database(location)
-        await db.open()
-        try:
-            old = Sealer([OLD])
-            await old.check(db)
-            await stored(db, old)
+        async with sealed_store(location) as db:
             await db.execute(
                 "UPDATE channels SET sealed_voucher = ? WHERE channel_id = 'c1'",
                 (Sealer([STRAY]).seal({"signature": "0xother"}, "c1"),),  # sealed by a key nobody recorded
             )
             with pytest.raises(InvalidTag):
                 await Sealer([NEW, OLD]).reseal(db)
-            return await old.recorded(db)
-        finally:
-            await db.close()
+            return await Sealer([OLD]).recorded(db)
 
     recorded = asyncio.run(walk())
     assert set(recorded.values()) == {Sealer([OLD]).fingerprint, Sealer([NEW]).fingerprint}  # old not forgotten
