@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.support.gate_process import free_port
+from tests.support.gate_process import free_port, serving
 from tests.support.services import missing
 
 ROOT = Path(__file__).parents[1]
@@ -121,40 +119,13 @@ def newcomer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Newcomer]:
     config = folder / "a2a-gate.toml"
     shutil.copy(ROOT / "config" / "a2a-gate.example.toml", config)
     port, facilitator_port = free_port(), free_port()
-    log = folder / "serve.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [
-                str(python.parent / "a2a-gate"),
-                *("serve", "--config", str(config), "--port", str(port), "--dev-facilitator", str(facilitator_port)),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=folder,
-            env=newcomer_env(python.parent),
-        )
+    command = [
+        str(python.parent / "a2a-gate"),
+        *("serve", "--config", str(config), "--port", str(port), "--dev-facilitator", str(facilitator_port)),
+    ]
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert process.poll() is None, f"serve exited with {process.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"serve did not come up:\n{log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+    with serving(command, folder / "serve.log", url, cwd=folder, env=newcomer_env(python.parent)):
         yield Newcomer(python.parent, folder, config, url, f"http://127.0.0.1:{facilitator_port}")
-        log_text = log.read_text()
-        assert "Traceback" not in log_text, log_text[-3000:]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def paid_answer(run: subprocess.CompletedProcess[str]) -> dict:

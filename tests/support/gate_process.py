@@ -7,6 +7,7 @@ output goes to a log file the secret-leak tests read.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,3 +225,32 @@ class Gate:
 
     def agent(self, name: str) -> str:
         return f"{self.process.url}/a2a/{name}"
+
+
+@contextlib.contextmanager
+def serving(command: list[str], log: Path, url: str, *, cwd: Path, env: dict[str, str]) -> Iterator[None]:
+    """`command` (an `a2a-gate serve` as a reader types it) until its `/readyz` answers 200; after the
+    block its log holds no traceback, and it is stopped (SIGTERM, then SIGKILL after 20 s)."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert process.poll() is None, f"serve exited with {process.returncode}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"serve did not come up:\n{log.read_text()[-3000:]}"
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        yield
+        text = log.read_text()
+        assert "Traceback" not in text, text[-3000:]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

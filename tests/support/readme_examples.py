@@ -13,10 +13,8 @@ import fcntl
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from typing import NoReturn
 import httpx
 import pytest
 
-from tests.support.gate_process import free_port
+from tests.support.gate_process import free_port, serving
 from tests.support.services import in_ci
 
 ROOT = Path(__file__).parents[2]
@@ -115,37 +113,10 @@ def dev_gate(folder: Path) -> Iterator[DevGate]:
     """The README's first command (`a2a-gate serve --dev-facilitator PORT`) on free ports, in `folder`."""
     port, facilitator_port = free_port(), free_port()
     env = reader_env()
-    log = folder / "serve.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            ["a2a-gate", "serve", "--port", str(port), "--dev-facilitator", str(facilitator_port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=folder,
-            env=env,
-        )
     gate = DevGate(folder, port, facilitator_port, env)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert process.poll() is None, f"serve exited with {process.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"serve did not come up:\n{log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{gate.url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+    command = ["a2a-gate", "serve", "--port", str(port), "--dev-facilitator", str(facilitator_port)]
+    with serving(command, folder / "serve.log", gate.url, cwd=folder, env=env):
         yield gate
-        text = log.read_text()
-        assert "Traceback" not in text, text[-3000:]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def command_line(script: str, starts: str) -> str:
