@@ -101,9 +101,9 @@ def test_paying_from_python(gate: DevGate) -> None:
 
 
 def test_paying_from_a_channel(gate: DevGate) -> None:
-    """The README's channel block: the x402 package's own batch-settlement client, registered under
+    """docs/paying.md's channel block: the x402 package's own batch-settlement client, registered under
     "eip155:*" like the other schemes, pays three requests from one channel."""
-    out = ran(gate.python("pay_channel.py", example(README, "pay_channel.py")))
+    out = ran(gate.python("pay_channel.py", example(PAYING, "pay_channel.py")))
 
     assert out.split() == ["payment-completed"] * 3, out
 
