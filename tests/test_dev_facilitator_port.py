@@ -17,21 +17,7 @@ import httpx
 import pytest
 
 from tests.support.gate_process import free_port
-
-CONFIG = """
-database = "gate.db"
-
-[agents.paid]
-price = { network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318f3dCF7e", amount = "1000", pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C" }
-"""
-
-
-def children(pid: int) -> list[int]:
-    """Child processes of `pid`, zombies included (Linux /proc)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(p) for p in (task / "children").read_text().split()]
-    return found
+from tests.test_serve_lifecycle import CONFIG, children  # the priced gate and the /proc walk those tests use
 
 
 def serve(tmp_path: Path, facilitator_port: int) -> tuple[subprocess.Popen[str], int]:
