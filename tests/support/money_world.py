@@ -668,8 +668,6 @@ class World:
         # channels whose payer took its unclaimed balance back while the gate was down (no setting helps)
         self.withdrawn_in_outage: set[str] = set()
         self.charge_times: dict[str, list[tuple[int, float]]] = {}  # channel -> (charged total, when first seen)
-        self.finalized_at: dict[str, float] = {}  # channel -> when its payer last finalized a withdrawal
-        self.stale_charges: dict[str, int] = {}  # what was charged on it against a mirror read before that
 
     def config_text(self, operator: Operator, async_pricing: bool) -> str:
         return CONFIG.format(
