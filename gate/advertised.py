@@ -94,7 +94,16 @@ class Offers:
     def __init__(self, agents: dict[str, AgentPayment]) -> None:
         self.terms = dict(agents)
         self.warned: set[str] = set()  # each differing address is warned of once
+        self.supported: Any = None  # the facilitator's last /supported answer learned from
         self._settle()
+
+    def reprice(self, agents: dict[str, AgentPayment]) -> None:
+        """New terms (a reload): filled in from the last `/supported` answer, as at start."""
+        self.terms = dict(agents)
+        if self.supported is None:
+            self._settle()
+        else:
+            self.learn(self.supported)
 
     def _settle(self) -> None:
         self.ready = {
@@ -122,6 +131,7 @@ class Offers:
     def learn(self, supported: Any) -> bool:
         """Fill in what `/supported` advertises (a price's own address is kept: warned of if it
         differs); whether any offer changed."""
+        self.supported = supported
         changed = False
         for name, terms in self.terms.items():
             if terms.price is None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gate import config as gate_config
 from gate import processes
-from gate.app import CONFIG_ENV, apply_overrides, build_app, load_settings
+from gate.app import CONFIG_ENV, apply_overrides, build_app, configured, load_settings
 from gate.config import load_config
 from gate.payment_log import ACTIONS
 from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
@@ -85,12 +85,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["database"] = args.database
     processes.unwind_on_sigterm()
     with contextlib.ExitStack() as stack:
-        if args.dev_facilitator:
+        if args.dev_facilitator:  # its chain is where the channels it opens live: the gate watches it there
             ledger = settings.database + ".ledger"
             overrides["facilitator_url"] = stack.enter_context(processes.dev_facilitator(args.dev_facilitator, ledger))
+            overrides["dev_chain"] = True
         settings = apply_overrides(settings, overrides)
-        if args.dev_facilitator:  # its chain is where the channels it opens live: the gate watches it there
-            settings = gate_config.with_dev_chain(settings, overrides["facilitator_url"])
         if args.workers > 1:
             if args.config:
                 os.environ[CONFIG_ENV] = os.path.abspath(args.config)
@@ -115,7 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             server = uvicorn.Server(
                 server_config(
-                    build_app(settings),
+                    build_app(settings, lambda: configured(args.config, overrides)),
                     settings.http,
                     host=args.host,
                     port=args.port,

@@ -21,11 +21,13 @@ from gate.facilitator import FacilitatorClient, Unavailable
 from gate.parts import GateParts
 from gate.pipeline import handle_anonymous
 from gate.price import Price
+from gate.reload import reloaded_terms
 from gate.schemes import batch_settlement
 from gate.sealing import Sealer
 from server.anonymous import Parts
 from server.cards import agent_url
-from server.config import AgentConfig
+from server.config import AgentConfig, Settings
+from server.reload import Reloaded
 from server.request_log import RequestInfo
 
 # What a request on the anonymous path ends as, beside the server's outcomes (request log, metrics).
@@ -129,14 +131,32 @@ class PaymentGate:
         await reconciler.recover(parts)
         if parts.facilitator.configured and parts.offers.waiting():  # addresses left to the facilitator
             await advertised.learn_from(parts.offers, parts.facilitator)  # before any 402 is rendered
-            interval = parts.config.reconcile_interval_seconds
-            stale = parts.answers_402.rendered.clear  # the 402s rendered before an offer changed
-            learning = advertised.keep_learning(parts.offers, parts.facilitator, interval, stale)
-            self.background.append(asyncio.create_task(learning))
+            self.keep_learning()
         if parts.facilitator.configured:
             self.background.append(asyncio.create_task(reconciler.reconcile_loop(parts)))
             if any(o.scheme == batch_settlement.SCHEME_NAME for o in offers(parts)):
                 self.background.append(asyncio.create_task(channel_jobs.claim_loop(parts)))
+
+    async def reload(self, settings: Settings) -> Reloaded:
+        """Handed to the server (SIGHUP): the agents' terms from the file read again (`gate.reload`)."""
+        parts = self.parts
+        parts.config, reloaded = reloaded_terms(parts.config, settings)
+        parts.offers.reprice(parts.config.agents)
+        if parts.facilitator.configured and parts.offers.waiting() and not self.learning():
+            await advertised.learn_from(parts.offers, parts.facilitator)  # before its 402 is rendered
+            self.keep_learning()
+        return reloaded
+
+    def learning(self) -> bool:
+        """Whether the offers still ask the facilitator's `/supported` for what they wait for."""
+        return any(job.get_name() == "learning" and not job.done() for job in self.background)
+
+    def keep_learning(self) -> None:
+        parts = self.parts
+        interval = parts.config.reconcile_interval_seconds
+        stale = parts.answers_402.rendered.clear  # the 402s rendered before an offer changed
+        learning = advertised.keep_learning(parts.offers, parts.facilitator, interval, stale)
+        self.background.append(asyncio.create_task(learning, name="learning"))
 
     async def close(self) -> None:
         for job in self.background:

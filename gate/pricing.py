@@ -132,23 +132,27 @@ class Rendered(Response):
 class PaymentRequiredAnswers:
     """HTTP 402 answers: the document in the `PAYMENT-REQUIRED` header and in the body.
 
-    A door's price does not change while the server runs, so each answer is rendered
-    once per agent and resource URL (bounded: the URL may come from a trusted proxy).
+    Each answer is rendered once per agent and resource URL (bounded: the URL may come from a
+    trusted proxy), for the price it was rendered from: a new price (a reload, the facilitator's
+    `/supported` filling an offer in) is a new object, and renders anew.
     """
 
     def __init__(self, maxsize: int = 1024) -> None:
-        # the body, and its headers as they go on the wire (PAYMENT-REQUIRED: a kilobyte, encoded once)
-        self.rendered: LRUCache[tuple[str, str], tuple[bytes, list[tuple[bytes, bytes]]]] = LRUCache(maxsize=maxsize)
+        # the price it was rendered from, the body, and its headers as they go on the wire
+        # (PAYMENT-REQUIRED: a kilobyte, encoded once)
+        self.rendered: LRUCache[tuple[str, str], tuple[Price, bytes, list[tuple[bytes, bytes]]]] = LRUCache(
+            maxsize=maxsize
+        )
 
     def response(self, agent: str, price: Price, resource_url: str, description: str = "") -> Response:
         rendered = self.rendered.get((agent, resource_url))
-        if rendered is None:
+        if rendered is None or rendered[0] is not price:
             document = payment_required(price, resource_url, description)
             v1 = payment_required_v1(price, resource_url, description)
             first = JSONResponse({**v1, "detail": "Payment required", "payment_required": document}, status_code=402)
             first.raw_headers.append((b"payment-required", b64_json(document).encode("ascii")))
-            rendered = self.rendered[(agent, resource_url)] = (bytes(first.body), first.raw_headers)
-        return Rendered(402, *rendered)
+            rendered = self.rendered[(agent, resource_url)] = (price, bytes(first.body), first.raw_headers)
+        return Rendered(402, *rendered[1:])
 
     def corrective(
         self, price: Price, resource_url: str, description: str, error: str, state: dict[str, dict[str, Any]]

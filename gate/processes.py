@@ -88,10 +88,20 @@ def run_workers(config: Any, metrics_listen: tuple[str, int] | None = None) -> N
     """
     from uvicorn.supervisors import Multiprocess
 
+    class Reloading(Multiprocess):
+        """uvicorn's supervisor, but SIGHUP reloads each worker's configuration (`server.reload`)
+        instead of replacing the workers: nothing drains, and a file a worker refuses leaves it
+        serving as it was."""
+
+        def handle_hup(self) -> None:
+            for worker in self.processes:
+                if worker.process.pid is not None and worker.process.is_alive():
+                    os.kill(worker.process.pid, signal.SIGHUP)
+
     sockets = [tcp(config.bind_socket())]
     if metrics_listen:
         sockets.append(listen(metrics_listen))
-    Multiprocess(config, sockets=sockets).run()
+    Reloading(config, sockets=sockets).run()
 
 
 def tcp(sock: socket.socket) -> socket.socket:

@@ -27,6 +27,7 @@ from server.execution import Runner
 from server.methods import Methods
 from server.metrics import Metrics
 from server.registry import AgentRegistry
+from server.reload import Reloaded
 from server.request_log import RequestInfo
 from server.tasks import TaskStore
 
@@ -74,6 +75,10 @@ class AnonymousPath(Protocol):
 
     async def start(self) -> None:
         """Begin serving: after `open_store`, before the first request."""
+
+    async def reload(self, settings: Settings) -> Reloaded:
+        """Take what this path can of a configuration read again while serving (SIGHUP), from the
+        next request on; `ConfigError` refuses the whole file, nothing of it taken."""
 
     async def close(self) -> None: ...
 
@@ -143,6 +148,9 @@ class KeysOnly:
 
     async def start(self) -> None:
         return None
+
+    async def reload(self, settings: Settings) -> Reloaded:
+        return Reloaded()
 
     async def close(self) -> None:
         return None

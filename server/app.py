@@ -15,7 +15,7 @@ import hashlib
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from email.utils import formatdate, parsedate_to_datetime
 
 from starlette.applications import Starlette
@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 from server import request_log
 from server.anonymous import AnonymousFactory, KeysOnly, Parts
 from server.cards import INDEX_PATHS, agent_card, index_entry
-from server.config import Settings
+from server.config import ConfigError, Settings
 from server.database import Database, DatabaseUnavailable
 from server.engines import open_database
 from server.execution import PAST_DEADLINE, Runner
@@ -49,6 +49,7 @@ from server.metrics import Metrics, MetricsAccess, agent_label
 from server.principals import Principals, create_tables
 from server.proxy import TrustedProxyMiddleware, public_base_url
 from server.registry import AgentRegistry
+from server.reload import Reloaded, reloading_on_sighup, waiting_for_restart
 from server.request_counts import FLUSH_SECONDS, RequestCounts
 from server.request_log import RequestInfo
 from server.shutdown import draining_on_signals
@@ -62,8 +63,14 @@ DATABASE_START_SECONDS = 30.0  # how long a starting process waits for its datab
 class Services:
     """Everything a request needs, built once per process."""
 
-    def __init__(self, settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        anonymous: AnonymousFactory = KeysOnly,
+        reread: Callable[[], Settings] | None = None,
+    ) -> None:
         self.settings = settings
+        self.reread = reread  # the configuration as the file says now (None: nothing to read again)
         self.db = open_database(settings.database)
         self.store = TaskStore(self.db, deadline_seconds=settings.task_deadline_seconds)
         self.principals = Principals(self.db, settings.keys)
@@ -78,7 +85,7 @@ class Services:
         request_log.allow(self.anonymous.outcomes)
         self.methods.scrub = self.anonymous.scrub_message  # what the anonymous path says may not stay in a message
         self.runner.agent_view = self.anonymous.agent_view  # ... and what an agent may not see of one
-        self.started_at = time.time()  # cards come from the configuration read now
+        self.configured_at = time.time()  # cards come from the configuration read then (a reload moves it)
         self.background: list[asyncio.Task[None]] = []
         self.draining: asyncio.Task[None] | None = None
 
@@ -108,6 +115,31 @@ class Services:
         if self.draining is None:
             self.methods.watches.stop()  # streams of tasks running elsewhere end now, retryably
             self.draining = asyncio.create_task(self.runner.drain(self.settings.http.drain_seconds), name="drain")
+
+    def reload(self) -> None:
+        """Read the configuration again (SIGHUP), while serving: see `server.reload`."""
+        if self.reread is not None and self.draining is None:
+            self.background.append(asyncio.create_task(self._reload(self.reread), name="reload"))
+
+    async def _reload(self, reread: Callable[[], Settings]) -> None:
+        try:
+            read = reread()
+            taken = await self.anonymous.reload(read)
+        except ConfigError as exc:
+            self._refused("; ".join(exc.problems))
+            return
+        except Exception as exc:  # a fault of ours, not the file's: the running configuration stays
+            logger.exception("configuration reload failed")
+            self._refused(f"{type(exc).__name__}: {exc}")
+            return
+        self.configured_at = time.time()  # cards and the index say what is offered now
+        self.metrics.reloads.labels("applied").inc()
+        reloaded = Reloaded(taken.applied, [*waiting_for_restart(self.settings, read), *taken.waiting])
+        logger.info("%s", reloaded.line(read.source))
+
+    def _refused(self, why: str) -> None:
+        self.metrics.reloads.labels("refused").inc()
+        logger.error("configuration reload refused (%s); serving on with the configuration loaded before", why)
 
     async def close(self) -> None:
         for job in self.background:
@@ -259,7 +291,7 @@ async def card_endpoint(request: Request) -> Response:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
     public_url = public_base_url(request, services.settings.public_url)
     card = JSONResponse(agent_card(agent, public_url, services.anonymous.card_extensions(agent, public_url)))
-    return cached(request, card, services.started_at)
+    return cached(request, card, services.configured_at)
 
 
 async def index_endpoint(request: Request) -> Response:
@@ -272,7 +304,7 @@ async def index_endpoint(request: Request) -> Response:
         for agent in services.agents.configs.values()
         if agent.exposed
     ]
-    return cached(request, JSONResponse({"agents": agents}), services.started_at)
+    return cached(request, JSONResponse({"agents": agents}), services.configured_at)
 
 
 CARD_MAX_AGE_SECONDS = 300
@@ -355,20 +387,24 @@ def settle_heap() -> None:
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, old)
 
 
-def create_app(settings: Settings, anonymous: AnonymousFactory = KeysOnly) -> Starlette:
-    """The A2A server for `settings`; callers without a key are handed to `anonymous`."""
+def create_app(
+    settings: Settings, anonymous: AnonymousFactory = KeysOnly, reread: Callable[[], Settings] | None = None
+) -> Starlette:
+    """The A2A server for `settings`; callers without a key are handed to `anonymous`; `reread`
+    reads the configuration again, as it was loaded (SIGHUP: `server.reload`)."""
     if sys.getrecursionlimit() > SAFE_RECURSION_LIMIT:
         sys.setrecursionlimit(SAFE_RECURSION_LIMIT)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        services = Services(settings, anonymous)
+        services = Services(settings, anonymous, reread)
         app.state.services = services
         await services.start()
         settle_heap()
         keeper = asyncio.create_task(_housekeeping_loop(services))
         try:
-            with draining_on_signals(services.begin_drain):  # the drain starts at the signal, not after it
+            # the drain starts at the signal, not after it; SIGHUP reloads the configuration
+            with draining_on_signals(services.begin_drain), reloading_on_sighup(services.reload):
                 yield
         finally:
             keeper.cancel()

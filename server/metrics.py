@@ -51,6 +51,12 @@ class Metrics:
             ["agent", "caller", "outcome"],
             registry=self.registry,
         )
+        self.reloads = Counter(
+            "a2a_gate_config_reloads",
+            "Configuration reloads (SIGHUP) by outcome: applied, or refused whole",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.request_children: dict[tuple[str, str, str], Any] = {}  # labels() looked up once per label set
         # gauges of stored state are read from the database (asynchronously) before each scrape
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []

@@ -8,8 +8,8 @@ claim released a whole drain later. So the application starts draining when the 
 arrives (`draining_on_signals`, chained before uvicorn's own handler): running work has
 `drain_seconds` to finish, the undelivered rest is stopped (its task `canceled`, its claim
 released), each waiting request answers, and uvicorn's wait ends with every answer
-written (`grace_seconds` bounds it well past the drain). SIGHUP stops the process the
-same way (a lost terminal, or a supervisor's stop), instead of killing it mid-request.
+written (`grace_seconds` bounds it well past the drain). SIGHUP stops nothing: it reloads
+the configuration (`server.reload`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def grace_seconds(drain_seconds: float) -> int:
 
 @contextlib.contextmanager
 def draining_on_signals(begin: Callable[[], None]) -> Iterator[None]:
-    """Call `begin` on the event loop when SIGTERM, SIGINT or SIGHUP arrives, then let the
-    handler in place (uvicorn's) stop the server; SIGHUP is handed to SIGTERM's handler.
+    """Call `begin` on the event loop when SIGTERM or SIGINT arrives, then let the handler in
+    place (uvicorn's) stop the server.
 
     Entered inside the server (the lifespan's start-up), where its handlers are installed;
     the previous handlers are back on exit. Outside the main thread it does nothing."""
@@ -43,12 +43,11 @@ def draining_on_signals(begin: Callable[[], None]) -> Iterator[None]:
         yield
         return
     loop = asyncio.get_running_loop()
-    previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    stopper = previous[signal.SIGTERM]
+    previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def handler(sig: int, frame: FrameType | None) -> None:
         loop.call_soon_threadsafe(begin)
-        chained: Any = stopper if sig == signal.SIGHUP else previous[sig]
+        chained: Any = previous[sig]
         if callable(chained):
             chained(sig, frame)
 

@@ -152,6 +152,14 @@ def test_the_systemd_unit_waits_for_the_drain():
     assert "EnvironmentFile" not in settings and settings["StateDirectory"] == "a2a-gate"
 
 
+def test_the_systemd_unit_reloads_with_sighup_after_checking_the_file():
+    """`systemctl reload`: check-config first (a refused file sends no signal), then SIGHUP to the
+    server, which takes the new prices without draining (tests/test_reload.py)."""
+    unit = (DEPLOY / "a2a-gate.service").read_text()
+    reloads = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecReload=")]
+    assert reloads == ["/opt/a2a-gate/bin/a2a-gate check-config", "/bin/kill -HUP $MAINPID"]
+
+
 def unit_copy(tmp_path: Path) -> Path:
     """The unit with its ExecStart and ExecStartPre naming this checkout's command."""
     unit = (DEPLOY / "a2a-gate.service").read_text()
