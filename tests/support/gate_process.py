@@ -119,6 +119,8 @@ class GateProcess:
         env: dict[str, str] | None = None,
         host: str = "127.0.0.1",
         prefix: list[str] | None = None,
+        python: str = sys.executable,
+        cwd: Path | None = None,
     ) -> None:
         self.config = config
         self.log = log
@@ -128,13 +130,15 @@ class GateProcess:
         self.extra_args = extra_args or []
         self.env = env or {}
         self.prefix = prefix or []  # e.g. a namespace wrapper: the command runs under it
+        self.python = python  # another release's interpreter runs that release's gate
+        self.cwd = cwd or Path(__file__).parents[2]  # (python -m finds this checkout's gate from its root)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> GateProcess:
         """Start and wait for /healthz; generous, for a busy machine running the suite in parallel."""
         command = [
             *self.prefix,
-            sys.executable,
+            self.python,
             "-m",
             "gate.cli",
             "serve",
@@ -154,7 +158,7 @@ class GateProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
-                cwd=Path(__file__).parents[2],
+                cwd=self.cwd,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
