@@ -283,7 +283,7 @@ def load_json(body: bytes) -> Any:
     faster, unless the body holds a run of 19 digits (orjson reads an integer past 64 bits as a
     float); what orjson refuses (a BOM, UTF-16, a lone surrogate, a number past a double, bad
     JSON) goes to the standard library, which reads it or refuses it as before. Where both read
-    a body they read the same value (tests/test_load_json.py holds them to it)."""
+    a body they read the same value (tests/server/test_load_json.py holds them to it)."""
     if _LONG_NUMBER.search(body) is None:
         try:
             return orjson.loads(body)

@@ -70,26 +70,61 @@ callable = "tests.support.agents:ask_then_answer"
 # first: the workers then end together on short tests instead of one of them running a
 # long test alone at the end. A name missing here only costs time, never a result.
 LONGEST_FIRST = (
-    "tests/test_replicas.py::test_postgresql_restarted_mid_run_answers_retryably_and_loses_nothing",
-    "tests/test_settlement_truth.py::test_lock_held_when_settle_returns_never_turns_a_charge_into_not_charged",
-    "tests/test_fault_matrix.py::test_fault_row[database locked when settle returns]",
-    "tests/test_fault_matrix.py",
-    "tests/test_bench_smoke.py",
-    "tests/test_crash_recovery.py",
-    "tests/test_what_buys_work.py::test_a_retry_of_a_settled_request_is_a_replay_after_its_token_expired",
-    "tests/test_fuzz_envelope.py",
-    "tests/test_facilitator_client.py::test_the_breaker_opens_answers_at_once_then_probes",
-    "tests/test_replicas.py",
-    "tests/test_store_engines.py::test_postgresql_restarted_is_unavailable_meanwhile_and_used_again_at_once",
-    "tests/test_settlement_truth.py",
-    "tests/test_shared_limiter.py",
-    "tests/test_services_fixtures.py",
+    "tests/system/test_replicas.py::test_postgresql_restarted_mid_run_answers_retryably_and_loses_nothing",
+    "tests/gate/test_settlement_truth.py::test_lock_held_when_settle_returns_never_turns_a_charge_into_not_charged",
+    "tests/gate/test_fault_matrix.py::test_fault_row[database locked when settle returns]",
+    "tests/gate/test_fault_matrix.py",
+    "tests/bench/test_bench_smoke.py",
+    "tests/system/test_crash_recovery.py",
+    "tests/attacks/test_what_buys_work.py::test_a_retry_of_a_settled_request_is_a_replay_after_its_token_expired",
+    "tests/attacks/test_fuzz_envelope.py",
+    "tests/gate/test_facilitator_client.py::test_the_breaker_opens_answers_at_once_then_probes",
+    "tests/system/test_replicas.py",
+    "tests/server/test_store_engines.py::test_postgresql_restarted_is_unavailable_meanwhile_and_used_again_at_once",
+    "tests/gate/test_settlement_truth.py",
+    "tests/gate/test_shared_limiter.py",
+    "tests/server/test_services_fixtures.py",
 )
 
 
+# The tiers (pyproject.toml registers the markers; docs/testing.md): `system` tests need a server
+# (an `a2a-gate serve` process, a facilitator, nginx, PostgreSQL, Redis, a subprocess); `slow` ones
+# take minutes (the money simulation, the benchmark's smoke tests, a newcomer's install, another
+# release's build). `pytest -m "not system and not slow"` is the fast tier: seconds, no servers.
+SYSTEM_FOLDERS = ("system", "attacks", "simulation", "bench")
+SLOW = (
+    "tests/simulation/",
+    "tests/bench/",
+    "tests/system/test_install_extras.py",
+    "tests/system/test_rolling_upgrade.py",
+)
+SERVER_FIXTURES = frozenset(
+    {"facilitator", "paid", "start_gate", "replicas", "postgres_schema", "own_postgres", "redis_service", "own_redis"}
+)
+# a module holding one of these starts or reaches a server: each of its tests is `system`
+SERVER_NAMES = frozenset(
+    {"GateProcess", "serving", "serve_app", "nginx_in_front", "cli", "subprocess", "uvicorn", "psycopg", "Replicas"}
+)
+
+
+def tier(item: pytest.Item) -> None:
+    """Mark `item` with its tier: by its folder, the fixtures it asks for, and what its module uses."""
+    path = Path(str(item.path)).relative_to(Path(__file__).parent.parent).as_posix()
+    module = getattr(item, "module", None)
+    names = set(vars(module)) if module is not None else set()
+    folder = path.split("/")[1] if path.count("/") > 1 else ""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if folder in SYSTEM_FOLDERS or fixtures & SERVER_FIXTURES or names & SERVER_NAMES:
+        item.add_marker(pytest.mark.system)
+    if path.startswith(SLOW):
+        item.add_marker(pytest.mark.slow)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first (LONGEST_FIRST, in its order); the rest keep pytest's order. Every
-    xdist worker sorts its collection the same way, as the scheduler requires."""
+    """Each test's tier (`tier`); longest first (LONGEST_FIRST, in its order), the rest in
+    pytest's order. Every xdist worker sorts its collection the same way, as the scheduler requires."""
+    for item in items:
+        tier(item)
 
     def rank(item: pytest.Item) -> int:
         for index, prefix in enumerate(LONGEST_FIRST):

@@ -6,7 +6,7 @@ JSON wire shapes (camelCase keys, `TASK_STATE_*` / `ROLE_*` enum names).
 Each call resolves the card afresh and uses a fresh httpx client.
 
 What the SDK client needs and does (a2a-sdk 1.3.0; pinned by
-tests/test_support_sdk.py against a recording server):
+tests/server/test_support_sdk.py against a recording server):
 
 - Card: GET `<url>/.well-known/agent-card.json`, sent with
   `A2A-Version: 1.0` and our extra headers.  The least it accepts is

@@ -7,7 +7,7 @@ behaviour serves a card, so a client can resolve the agent and only then meet
 the broken endpoint.
 
 Wire facts that hold for all SDK behaviours (observed, pinned by
-tests/test_support_sdk.py):
+tests/server/test_support_sdk.py):
 - v1.0 methods (`SendMessage`, `GetTask`, ...) are only accepted with the HTTP
   header `A2A-Version: 1.0`; without it the call counts as v0.3 and gets error
   -32009 "A2A version '0.3' is not supported by this handler".  v0.3 methods
