@@ -520,7 +520,17 @@ class MoneyWorld(RuleBasedStateMachine):
             money_world.CALLS.clear()
             money_world.STREAMS.clear()
             self.world.channel_chain.close()
+            self.end_every_task()
             self.loop.close()
+
+    def end_every_task(self) -> None:
+        """Cancel what still runs on the world's loop (a crashed replica's agents wait forever) and
+        let it end, so no task is destroyed pending when the loop goes."""
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
     def calm_down(self) -> None:
         """The world calms down: every delivery ends settled with its transfer, or terminal."""
