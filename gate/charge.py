@@ -70,7 +70,7 @@ class Charges:
         settled = [payment]  # what the delivery settles: the payment, or its upto charge
         marked: list[bool] = []  # the claim is marked delivered (a first chunk, or the whole answer)
         charges: list[Charge] = []  # an upto delivery's charge as last recorded
-        at_delivery = self.settler.charged_at_delivery(payment)  # a channel's voucher: see deliver_final
+        one_write = self.settler.charged_at_delivery(payment)  # charged by the gate's own write: deliver_final
 
         async def mark_delivered(
             task: dict[str, Any],
@@ -131,7 +131,7 @@ class Charges:
             except ClaimLost as lost:
                 live.pop(hold, None)
                 raise OwnershipLost(str(lost)) from None
-            if collection is None:  # the channel moved: the plain hooks record the delivery, its settle finds the same
+            if collection is None:  # what its charge stood on moved: the plain hooks record it (its settle too)
                 return None
             live.pop(hold, None)
             outcome.append(collection)
@@ -186,8 +186,8 @@ class Charges:
             withhold=withhold,
             # an upto charge follows the work delivered: a streamed answer is delivered chunk by chunk
             deliver_part=deliver_part if usage_price is not None and not withhold else None,
-            # a channel's voucher: the delivery, its charge and the final task in one write
-            deliver_final=deliver_final if at_delivery and not withhold else None,
+            # a payment the gate charges itself: the delivery, its charge and the final task in one write
+            deliver_final=deliver_final if one_write and not withhold else None,
         )
         live[hold] = hooks
         return hooks

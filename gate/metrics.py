@@ -6,10 +6,14 @@ settlements) are read from the database before each scrape (`read_state`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gate.channels import Channels
 from gate.claims import Claims, ClaimState
+
+if TYPE_CHECKING:
+    from gate.flows.channel.store import Channels
 
 
 class GateMetrics:
@@ -156,7 +160,6 @@ class GateMetrics:
         self.reconciler_backlog.set(await claims.count_owed())
         self.unsettled.set(await claims.count(ClaimState.UNSETTLED))
         self.needs_attention.set(await claims.count(ClaimState.NEEDS_ATTENTION))
-        await self.read_channels(Channels(claims.db))
 
     async def read_channels(self, channels: Channels) -> None:
         """The claim obligation's gauges, over every channel with unclaimed charges."""

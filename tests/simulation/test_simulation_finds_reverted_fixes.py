@@ -46,10 +46,14 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from gate import chain as gate_chain
-from gate import channel_jobs, charge, sealing, settlement, usage_price, vouchers
-from gate import channels as gate_channels
+from gate import charge, sealing, usage_price
 from gate import claims as gate_claims
 from gate.facilitator import Unavailable
+from gate.flows.base import SettledWrite
+from gate.flows.channel import flow as channel_flow
+from gate.flows.channel import jobs as channel_jobs
+from gate.flows.channel import store as gate_channels
+from gate.flows.channel import vouchers
 from gate.schemes import batch_settlement
 from tests.simulation import test_money_simulation as simulation
 from tests.support import money_world
@@ -141,16 +145,14 @@ def with_channels_charged_at_reservation(mp: pytest.MonkeyPatch) -> None:
 
 
 def with_channels_charged_by_any_claim(mp: pytest.MonkeyPatch) -> None:
-    channel_charge = settlement.Settler._channel_charge
+    settled_write = channel_flow.ChannelFlow.settled_write
 
-    def unguarded(self: Any, p: Any, answer: Any) -> Any:
-        charge = channel_charge(self, p, answer)
-        if charge is None:
-            return None
-        sql, args = charge.charge(("1 = 1", ()))  # the channel charged whether or not the claim is ours
-        return settlement.ChannelCharge(lambda ours: (sql, args), charge.charged, charge.receipt, charge.note)
+    def unguarded(self: Any, payment: Any, answer: Any) -> Any:
+        written = settled_write(self, payment, answer)
+        sql, args = written.first[0](("1 = 1", ()))  # the channel charged whether or not the claim is ours
+        return SettledWrite(written.receipt, written.note, (lambda ours: (sql, args),), written.provided, written.unmet)
 
-    mp.setattr(settlement.Settler, "_channel_charge", unguarded)
+    mp.setattr(channel_flow.ChannelFlow, "settled_write", unguarded)
 
 
 def with_any_voucher_signature_form(mp: pytest.MonkeyPatch) -> None:
@@ -175,18 +177,18 @@ def with_any_voucher_signature_form(mp: pytest.MonkeyPatch) -> None:
 def with_claims_in_one_batch(mp: pytest.MonkeyPatch) -> None:
     """Finding 1: a receiver's claims sent as one batch, failed whole when the contract refuses a row."""
 
-    async def claim_batch(parts: Any, network: str, asset: str, receiver: str, channels: list[Any]) -> Any:
+    async def claim_batch(flow: Any, network: str, asset: str, receiver: str, channels: list[Any]) -> Any:
         fence = secrets.token_hex(8)
-        taken = [c for c in channels if await parts.channels.take_claim(c, fence, channel_jobs.CLAIM_LEASE_SECONDS)]
+        taken = [c for c in channels if await flow.store.take_claim(c, fence, channel_jobs.CLAIM_LEASE_SECONDS)]
         if not taken:
             return [{"outcome": "skipped", "channels": 0, "receiver": receiver}]
         try:
-            answer = await channel_jobs.send_claims(parts, network, asset, receiver, taken)
+            answer = await channel_jobs.send_claims(flow, network, asset, receiver, taken)
         except Unavailable as exc:
-            return [await channel_jobs.claim_failed(parts, taken, fence, exc.reason, unknown=True)]
+            return [await channel_jobs.claim_failed(flow, taken, fence, exc.reason, unknown=True)]
         if answer.success:
-            return [await channel_jobs.claimed_rows(parts, network, asset, taken, fence, answer)]
-        return [await channel_jobs.claim_failed(parts, taken, fence, answer.reason, unknown=False)]
+            return [await channel_jobs.claimed_rows(flow, network, asset, taken, fence, answer)]
+        return [await channel_jobs.claim_failed(flow, taken, fence, answer.reason, unknown=False)]
 
     mp.setattr(channel_jobs, "claim_batch", claim_batch)
 
