@@ -81,7 +81,7 @@ class GateParts:
         log = PaymentLog(server.db)
         chain = Chain(config.networks)
         keys = KeyOnDemand(settings.database)
-        flows = Flows.build(FlowParts(config, server.db, facilitator, chain, log, metrics, keys))
+        flows = Flows.build(FlowParts(config, server.db, facilitator, chain, log, metrics, keys, claims))
         settler = Settler(
             facilitator,
             claims,

@@ -238,8 +238,7 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
         payment,
         hold,
         withhold=attempt.terms.on_settle_failure == "withhold",
-        usage_price=price.usage,
-        sealer=parts.sealer if price.usage is not None else None,
+        meter=parts.flows.for_price(price).meter(payment, price),
     )
     # a new task takes the verify row and the claim's bind with its INSERT: one round trip (a task
     # the delivery stores, with the delivery's); each applies only while the claim is ours

@@ -295,10 +295,9 @@ class Settler:
         """An upto delivery whose charge is 0 (its usage priced at nothing, or its pricing failed):
         terminal, with a receipt of 0 and no settle call; the claim stays, so its signature buys nothing more."""
         payment = p.payment
-        receipt = payment.receipt(
-            {"success": True, "transaction": "", "network": payment.network, "payer": payment.payer, "amount": "0"}
-        )
-        error = str(payment.usage.get("error", ""))
+        zero = {"success": True, "transaction": "", "network": payment.network, "payer": payment.payer, "amount": "0"}
+        written = self.flows.for_payment(payment).settled_write(payment, zero)
+        receipt, error = written.receipt, written.note
 
         async def write() -> None:
             row = self._row("no_charge", p, error=error or "usage priced at 0")

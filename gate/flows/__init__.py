@@ -12,6 +12,7 @@ from typing import Any
 
 from gate import schemes
 from gate.chain import Chain
+from gate.claims import Claims
 from gate.config import GateConfig
 from gate.facilitator import FacilitatorClient
 from gate.flows.authorization import AuthorizationFlow
@@ -40,12 +41,13 @@ class FlowParts:
     log: PaymentLog
     metrics: GateMetrics
     keys: KeyOnDemand
+    claims: Claims
 
 
 # x402's scheme name -> how its payments are collected
 FLOWS: dict[str, Callable[[FlowParts], Flow]] = {
     "exact": lambda p: AuthorizationFlow(p.facilitator, p.chain, p.metrics),
-    "upto": lambda p: MeteredFlow(p.facilitator, p.chain, p.metrics),
+    "upto": lambda p: MeteredFlow(p.facilitator, p.chain, p.metrics, p.claims, p.keys),
     "batch-settlement": lambda p: ChannelFlow(
         Channels(p.db), p.facilitator, p.chain, p.log, p.metrics, p.keys, p.config
     ),

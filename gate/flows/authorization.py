@@ -14,7 +14,7 @@ from typing import Any
 from gate import schemes
 from gate.chain import Chain, ChainUnavailable
 from gate.facilitator import FacilitatorClient, SettleAnswer, Unavailable
-from gate.flows.base import FACILITATOR, ChainAnswer, Reserved, SettledWrite, Verdict
+from gate.flows.base import FACILITATOR, ChainAnswer, FixedPrice, Meter, Reserved, SettledWrite, Verdict
 from gate.metrics import GateMetrics
 from gate.payment import Payment
 from gate.price import Price
@@ -49,6 +49,9 @@ class AuthorizationFlow:
             return Verdict("refused", payer=verification.payer, reason=verification.reason)
         return Verdict("ok", payer=verification.payer)
 
+    def meter(self, payment: Payment, price: Price) -> Meter:
+        return FixedPrice(payment)
+
     def settles_by(self, payment: Payment) -> str:
         return FACILITATOR
 
@@ -56,7 +59,7 @@ class AuthorizationFlow:
         return result.receipt
 
     def settled_write(self, payment: Payment, answer: dict[str, Any]) -> SettledWrite:
-        return SettledWrite(payment.receipt(answer))
+        return SettledWrite(answer)
 
     async def ask_chain(self, payment: Payment, heard: str) -> ChainAnswer:
         """The token contract's own record, as a transfer: used AND moved the price to payTo is paid."""

@@ -10,16 +10,18 @@ its own module or package under gate/flows/, built with only the parts it uses.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gate.claims import Along
+from gate.claims import Along, Hold
 from gate.facilitator import SettleAnswer
 from gate.payment import Payment
 from gate.price import Price
 from gate.tokens import Token
 from server.database import Statement
+from server.execution import Stop
+from server.usage import Counts
 
 # How a delivered payment is settled (`Flow.settles_by`).
 FACILITATOR = "facilitator"  # the facilitator settles it: a transfer on chain
@@ -80,6 +82,49 @@ class ChainAnswer:
     expired: str = ""
 
 
+# records a delivery (the task, what it used, the statement saving it, a charge priced already)
+Record = Callable[[dict[str, Any], Counts, Statement | None, Any], Awaitable[None]]
+
+
+class Meter(Protocol):
+    """What one execution's delivery is charged, as its flow prices it."""
+
+    in_parts: bool  # a streamed answer is delivered, and charged, part by part (`part`)
+
+    async def seal(self, used: Counts, priced: Any = None) -> str:
+        """The charge of the work delivered so far, sealed to be recorded with it ("": the price's)."""
+
+    def recorded(self) -> None:
+        """The record made with the last `seal` committed."""
+
+    async def part(self, task: dict[str, Any], used: Counts, save: Statement, record: Record) -> Stop | None:
+        """One part of a streamed answer, charged before `record` records it; a `Stop` ends the run."""
+
+    async def charged(self, hold: Hold) -> Payment:
+        """What the delivery recorded under `hold` settles."""
+
+
+class FixedPrice:
+    """A delivery charged the price: nothing priced, nothing sealed with it."""
+
+    in_parts = False
+
+    def __init__(self, payment: Payment) -> None:
+        self.payment = payment
+
+    async def seal(self, used: Counts, priced: Any = None) -> str:
+        return ""
+
+    def recorded(self) -> None:
+        return None
+
+    async def part(self, task: dict[str, Any], used: Counts, save: Statement, record: Record) -> Stop | None:
+        raise AssertionError("a delivery at a fixed price is never delivered in parts")
+
+    async def charged(self, hold: Hold) -> Payment:
+        return self.payment
+
+
 class Flow(Protocol):
     """One way a payment is collected (authorization, metered, channel)."""
 
@@ -98,6 +143,9 @@ class Flow(Protocol):
         self, token: Token, requirements: dict[str, Any], price: Price, reserved: Reserved | None
     ) -> Verdict:
         """Step 9 for a claimed token: verified (and reserved) before any work, or why not."""
+
+    def meter(self, payment: Payment, price: Price) -> Meter:
+        """What the delivery of `payment` (for `price`) is charged."""
 
     def settles_by(self, payment: Payment) -> str:
         """FACILITATOR, HERE or NOTHING: how this delivered payment is settled."""

@@ -46,9 +46,10 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from gate import chain as gate_chain
-from gate import charge, sealing, usage_price
 from gate import claims as gate_claims
+from gate import sealing, usage_price
 from gate.facilitator import Unavailable
+from gate.flows import metered
 from gate.flows.base import SettledWrite
 from gate.flows.channel import flow as channel_flow
 from gate.flows.channel import jobs as channel_jobs
@@ -224,19 +225,11 @@ def with_a_channel_aged_by_its_latest_charge(mp: pytest.MonkeyPatch) -> None:
 
 def with_streams_past_the_ceiling(mp: pytest.MonkeyPatch) -> None:
     """Finding 3: each part of a usage-priced stream recorded and shown, its charge capped; the run goes on."""
-    hooks = charge.Charges.hooks
 
-    def unstopped(self: Any, payment: Any, hold: Any, **kwargs: Any) -> Any:
-        made = hooks(self, payment, hold, **kwargs)
-        if made.deliver_part is not None:
+    async def unstopped(self: Any, task: dict[str, Any], used: Any, save: Any, record: Any) -> None:
+        await record(task, used, save, None)
 
-            async def deliver_part(task: dict[str, Any], used: Any, save: Any) -> None:
-                await made.mark_delivered(task, None, used, save)
-
-            made.deliver_part = deliver_part
-        return made
-
-    mp.setattr(charge.Charges, "hooks", unstopped)
+    mp.setattr(metered.UsageMeter, "part", unstopped)
 
 
 def with_pricing_callables_not_awaited(mp: pytest.MonkeyPatch) -> None:

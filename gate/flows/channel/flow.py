@@ -17,7 +17,7 @@ from gate.chain import ChainUnavailable
 from gate.claims import only_if
 from gate.config import channel_offers
 from gate.facilitator import SettleAnswer
-from gate.flows.base import FACILITATOR, HERE, ChainAnswer, Flow, Reserved, SettledWrite, Verdict
+from gate.flows.base import FACILITATOR, HERE, ChainAnswer, FixedPrice, Flow, Meter, Reserved, SettledWrite, Verdict
 from gate.flows.channel import jobs, vouchers
 from gate.flows.channel.parts import ChannelParts
 from gate.flows.channel.store import Mirror
@@ -57,6 +57,9 @@ class ChannelFlow(ChannelParts):
         if checked.kind == "reserved":
             self.metrics.vouchers.labels("local" if checked.local else "facilitator").inc()
         return verdict(checked)
+
+    def meter(self, payment: Payment, price: Price) -> Meter:
+        return FixedPrice(payment)
 
     def settles_by(self, payment: Payment) -> str:
         """A voucher is charged by the gate itself, in its delivery's write; a deposit is settled first."""
