@@ -7,11 +7,13 @@ Settle runs only after a delivery. Every answer is classified (DESIGN section 6)
 - unknown (timeout, 5xx, transport, a refusal we cannot read): retried with backoff and
   jitter, then left owed for the reconciler, whose passes back off exponentially up to
   a cap. When an owed claim hears "nonce already used", or reaches the cap, the chain
-  is asked (`gate.chain`): a transaction that used the authorization AND moved the
-  price from the payer to payTo -> `settled` with that transaction; the nonce spent
-  without such a transfer (canceled by the payer, front-run) -> `unsettled`; unused and
-  expired -> `unsettled`; unused and still valid -> owed until it expires; no chain
+  is asked, as the payment's flow asks it (`gate.flows`; an authorization's: a transaction
+  that used it AND moved the price from the payer to payTo): paid -> `settled` with that
+  transaction; spent without such a transfer (canceled by the payer, front-run) ->
+  `unsettled`; not yet collected -> owed until it expires, `unsettled` after; no chain
   answer (no endpoint for the network, an outage) -> `needs_attention`.
+How a payment is asked for, recorded and counted is its flow's (`Flow.settles_by`,
+`settled_write`, `count_settled`); the passes, their budget and the outcomes are this module's.
 Nothing is retried forever, and passes follow the claim's own schedule (kept by the
 database's clock), whoever drives them. Each outcome is committed (claim state and
 payment log row, one transaction, retried until it sticks) before anyone hears of it,
