@@ -31,7 +31,7 @@ from gate.settlement import (
     withheld_metadata,
 )
 from server.database import Statement, commit_until_stored
-from server.execution import Collected, DeliveryHooks, OwnershipLost, Stop
+from server.execution import Collected, DeliveryHooks, DeliveryMode, OwnershipLost, Stop
 from server.usage import Counts
 
 logger = logging.getLogger("a2a_gate.gate")
@@ -40,120 +40,27 @@ HANDED_OVER = "settlement_handed_over: another server took this payment's claim 
 
 
 class Charges:
-    """The live paid executions' hooks, by the hold they write under."""
+    """The live paid executions' deliveries, by the hold they write under."""
 
     def __init__(self, claims: Claims, settler: Settler, log: PaymentLog, metrics: GateMetrics) -> None:
         self.claims, self.settler, self.log, self.metrics = claims, settler, log, metrics
-        self.live: dict[Hold, DeliveryHooks] = {}
+        self.live: dict[Hold, PaidDelivery] = {}
         claims.on_lost = self.lost
 
     def hooks(self, payment: Payment, hold: Hold, *, withhold: bool, meter: Meter | None = None) -> DeliveryHooks:
         """The hooks an execution calls for `payment`, claimed under `hold`, its delivery charged as
         `meter` says (by default: the price)."""
-        claims, live = self.claims, self.live
         meter = meter or FixedPrice(payment)
-        outcome: list[Collection] = []
-        marked: list[bool] = []  # the claim is marked delivered (a first chunk, or the whole answer)
-        one_write = self.settler.charged_at_delivery(payment)  # charged by the gate's own write: deliver_final
-
-        async def mark_delivered(
-            task: dict[str, Any],
-            withheld: dict[str, Any] | None,
-            used: Counts,
-            save: Statement | None,
-            priced: Any = None,
-        ) -> None:
-            along = [] if save is None else [only_if(save)]  # the work is saved only if the delivery is ours
-            sealed = await meter.seal(used, priced)
-            try:
-                if marked:  # delivered in part already: the charge follows what is delivered now
-                    await claims.recharge(hold, sealed, along=along)
-                else:  # it names the payer and the task too: a delivery is findable even if its bind failed
-                    await claims.mark_delivered(
-                        hold, withheld, payer=payment.payer, task_id=task["id"], sealed=sealed, along=along
-                    )
-            except ClaimLost as lost:
-                live.pop(hold, None)
-                raise OwnershipLost(str(lost)) from None
-            marked.append(True)
-            meter.recorded()
-
-        async def record_part(task: dict[str, Any], used: Counts, save: Statement | None, priced: Any) -> None:
-            await mark_delivered(task, None, used, save, priced)
-
-        async def deliver_part(task: dict[str, Any], used: Counts, save: Statement) -> Stop | None:
-            """One part of a streamed answer, charged by the meter before it is recorded."""
-            return await meter.part(task, used, save, record_part)
-
-        async def deliver_final(
-            task: dict[str, Any], used: Counts, final: Callable[[dict[str, Any]], Sequence[Statement]]
-        ) -> Collected | None:
-            def saves(metadata: dict[str, Any]) -> list[Along]:  # the task ends as the outcome says
-                task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)
-                return [only_if(statement) for statement in final(metadata)]
-
-            try:
-                collection = await self.settler.settle_delivery(payment, task["id"], hold, along=saves)
-            except ClaimLost as lost:
-                live.pop(hold, None)
-                raise OwnershipLost(str(lost)) from None
-            if collection is None:  # what its charge stood on moved: the plain hooks record it (its settle too)
-                return None
-            live.pop(hold, None)
-            outcome.append(collection)
-            return Collected(collection.metadata, collection.paid)
-
-        async def delivered(task: dict[str, Any]) -> Collected:
-            settled = await meter.charged(hold)
-            try:
-                collection = await self.settler.settle(settled, task["id"], hold)
-            except ClaimLost:  # delivered, then taken over while settling: the new owner records it
-                collection = Collection(ClaimState.SETTLE_FAILED, verified_metadata(HANDED_OVER))
-            outcome.append(collection)
-            unpaid_answer = withhold and not collection.paid
-            metadata = withheld_metadata(collection.metadata) if unpaid_answer else collection.metadata
-            task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)  # mirrored at task.metadata
-            return Collected(metadata, collection.paid)
-
-        async def not_delivered(task: dict[str, Any]) -> None:
-            async def write() -> None:
-                await claims.release(hold)
-                await self.log.append(
-                    "release", **payment.log_fields(task["id"]), error=f"task {task['status']['state']}: not charged"
-                )
-
-            live.pop(hold, None)
-            try:
-                await commit_until_stored(claims.db, write, "a release")
-            except ClaimLost as lost:
-                raise OwnershipLost(str(lost)) from None
-
-        async def saved(save: Statement) -> None:
-            live.pop(hold, None)
-            final = bool(outcome) and outcome[-1].state in ENDED_STATES
-            try:
-                await claims.task_synced(hold, final=final, along=[only_if(save)])
-            except ClaimLost as lost:
-                raise OwnershipLost(str(lost)) from None
-
-        def abandoned() -> None:
-            live.pop(hold, None)
-            claims.let_go(hold)
-
-        hooks = DeliveryHooks(
-            mark_delivered=mark_delivered,
-            delivered=delivered,
-            not_delivered=not_delivered,
-            saved=saved,
-            abandoned=abandoned,
-            withhold=withhold,
-            # a charge that follows the work delivered: a streamed answer is delivered chunk by chunk
-            deliver_part=deliver_part if meter.in_parts and not withhold else None,
-            # a payment the gate charges itself: the delivery, its charge and the final task in one write
-            deliver_final=deliver_final if one_write and not withhold else None,
-        )
-        live[hold] = hooks
-        return hooks
+        if withhold:  # settled before the answer leaves
+            mode = DeliveryMode.WITHHELD
+        elif meter.in_parts:  # a charge that follows the work delivered: a streamed answer, chunk by chunk
+            mode = DeliveryMode.IN_PARTS
+        elif self.settler.charged_at_delivery(payment):  # the gate charges it itself, in the delivery's write
+            mode = DeliveryMode.ONE_WRITE
+        else:
+            mode = DeliveryMode.WHOLE
+        delivery = self.live[hold] = PaidDelivery(self, payment, hold, mode, meter)
+        return delivery
 
     def lost(self, lost: ClaimLost) -> None:
         """A fenced write (or a renewal) found a claim of ours taken over: stop the work it covered."""
@@ -164,6 +71,111 @@ class Charges:
             lost.write,
         )
         self.metrics.claims_lost.labels(lost.write).inc()
-        hooks = self.live.pop(lost.hold, None)
-        if hooks is not None:
-            hooks.revoke()
+        delivery = self.live.pop(lost.hold, None)
+        if delivery is not None:
+            delivery.revoke()
+
+
+class PaidDelivery:
+    """One paid execution's hooks (`server.execution.DeliveryHooks`), each write under its `hold`."""
+
+    def __init__(self, charges: Charges, payment: Payment, hold: Hold, mode: DeliveryMode, meter: Meter) -> None:
+        self.charges, self.claims, self.settler = charges, charges.claims, charges.settler
+        self.payment, self.hold, self.mode, self.meter = payment, hold, mode, meter
+        self.outcome: list[Collection] = []
+        self.marked = False  # the claim is marked delivered (a first chunk, or the whole answer)
+        self.revoke: Callable[[], None] = lambda: None
+
+    def started(self, revoke: Callable[[], None]) -> None:
+        self.revoke = revoke
+
+    def gone(self) -> None:
+        """No longer live here: a lost claim has nothing of this execution left to stop."""
+        self.charges.live.pop(self.hold, None)
+
+    async def mark_delivered(
+        self,
+        task: dict[str, Any],
+        withheld: dict[str, Any] | None,
+        used: Counts,
+        save: Statement | None,
+        priced: Any = None,
+    ) -> None:
+        along = [] if save is None else [only_if(save)]  # the work is saved only if the delivery is ours
+        sealed = await self.meter.seal(used, priced)
+        try:
+            if self.marked:  # delivered in part already: the charge follows what is delivered now
+                await self.claims.recharge(self.hold, sealed, along=along)
+            else:  # it names the payer and the task too: a delivery is findable even if its bind failed
+                await self.claims.mark_delivered(
+                    self.hold, withheld, payer=self.payment.payer, task_id=task["id"], sealed=sealed, along=along
+                )
+        except ClaimLost as lost:
+            self.gone()
+            raise OwnershipLost(str(lost)) from None
+        self.marked = True
+        self.meter.recorded()
+
+    async def record_part(self, task: dict[str, Any], used: Counts, save: Statement | None, priced: Any) -> None:
+        await self.mark_delivered(task, None, used, save, priced)
+
+    async def deliver_part(self, task: dict[str, Any], used: Counts, save: Statement) -> Stop | None:
+        """One part of a streamed answer, charged by the meter before it is recorded."""
+        return await self.meter.part(task, used, save, self.record_part)
+
+    async def deliver_final(
+        self, task: dict[str, Any], used: Counts, final: Callable[[dict[str, Any]], Sequence[Statement]]
+    ) -> Collected | None:
+        def saves(metadata: dict[str, Any]) -> list[Along]:  # the task ends as the outcome says
+            task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)
+            return [only_if(statement) for statement in final(metadata)]
+
+        try:
+            collection = await self.settler.settle_delivery(self.payment, task["id"], self.hold, along=saves)
+        except ClaimLost as lost:
+            self.gone()
+            raise OwnershipLost(str(lost)) from None
+        if collection is None:  # what its charge stood on moved: the plain hooks record it (its settle too)
+            return None
+        self.gone()
+        self.outcome.append(collection)
+        return Collected(collection.metadata, collection.paid)
+
+    async def delivered(self, task: dict[str, Any]) -> Collected:
+        settled = await self.meter.charged(self.hold)
+        try:
+            collection = await self.settler.settle(settled, task["id"], self.hold)
+        except ClaimLost:  # delivered, then taken over while settling: the new owner records it
+            collection = Collection(ClaimState.SETTLE_FAILED, verified_metadata(HANDED_OVER))
+        self.outcome.append(collection)
+        unpaid_answer = self.mode is DeliveryMode.WITHHELD and not collection.paid
+        metadata = withheld_metadata(collection.metadata) if unpaid_answer else collection.metadata
+        task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)  # mirrored at task.metadata
+        return Collected(metadata, collection.paid)
+
+    async def not_delivered(self, task: dict[str, Any]) -> None:
+        payment, claims = self.payment, self.claims
+
+        async def write() -> None:
+            await claims.release(self.hold)
+            await self.charges.log.append(
+                "release", **payment.log_fields(task["id"]), error=f"task {task['status']['state']}: not charged"
+            )
+
+        self.gone()
+        try:
+            await commit_until_stored(claims.db, write, "a release")
+        except ClaimLost as lost:
+            raise OwnershipLost(str(lost)) from None
+
+    async def saved(self, save: Statement) -> None:
+        self.gone()
+        final = bool(self.outcome) and self.outcome[-1].state in ENDED_STATES
+        try:
+            await self.claims.task_synced(self.hold, final=final, along=[only_if(save)])
+        except ClaimLost as lost:
+            raise OwnershipLost(str(lost)) from None
+
+    def abandoned(self) -> None:
+        self.gone()
+        self.claims.let_go(self.hold)
