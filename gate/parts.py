@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gate import config as gate_config
+from gate import flows as payment_flows
 from gate.advertised import Offers
 from gate.chain import Chain
 from gate.charge import Charges
@@ -81,7 +82,7 @@ class GateParts:
         log = PaymentLog(server.db)
         chain = Chain(config.networks)
         keys = KeyOnDemand(settings.database)
-        flows = Flows.build(FlowParts(config, server.db, facilitator, chain, log, metrics, keys, claims))
+        flows = payment_flows.build(FlowParts(config, server.db, facilitator, chain, log, metrics, keys, claims))
         settler = Settler(
             facilitator,
             claims,

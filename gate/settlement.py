@@ -34,8 +34,7 @@ from gate import schemes
 from gate.claims import Along, Claim, Claims, ClaimState, Hold, Unmet
 from gate.config import FacilitatorConfig
 from gate.facilitator import FacilitatorClient, Unavailable
-from gate.flows import Flows
-from gate.flows.base import HERE, NOTHING
+from gate.flows.base import HERE, NOTHING, Flows
 from gate.metrics import GateMetrics
 from gate.payment import Payment
 from gate.payment_log import PaymentLog

@@ -10,10 +10,11 @@ its own module or package under gate/flows/, built with only the parts it uses.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gate import schemes
 from gate.claims import Along, Hold
 from gate.facilitator import SettleAnswer
 from gate.payment import Payment
@@ -170,3 +171,29 @@ class Flow(Protocol):
 
     async def read_state(self) -> None:
         """Set this flow's gauges of stored state (run before each metrics scrape)."""
+
+
+DEFAULT = "exact"  # a payment of no known scheme is read as an authorization (its refusals unread)
+
+
+class Flows:
+    """The gate's flows, by scheme name."""
+
+    def __init__(self, by_scheme: Mapping[str, Flow]) -> None:
+        self.by_scheme = dict(by_scheme)
+
+    def __iter__(self) -> Iterator[Flow]:
+        return iter(self.by_scheme.values())
+
+    def named(self, scheme: str) -> Flow:
+        return self.by_scheme.get(scheme) or self.by_scheme[DEFAULT]
+
+    def for_price(self, price: Price) -> Flow:
+        return self.named(price.scheme)
+
+    def for_requirements(self, requirements: dict[str, Any]) -> Flow:
+        scheme = schemes.for_requirements(requirements)
+        return self.named(scheme.scheme if scheme is not None else "")
+
+    def for_payment(self, payment: Payment) -> Flow:
+        return self.for_requirements(payment.requirements)
