@@ -332,7 +332,7 @@ def test_the_simulation_finds_the_reverted_fix(fix: str, tmp_path: Path, monkeyp
         world = simulation.UptoMoneyWorld
     machine = type("MutantWorld", (world,), {"database": "sqlite", "workdir": tmp_path})
     for scenario_world, steps in simulation.SCENARIOS.values():  # the named scenarios first, as they are
-        if issubclass(machine, scenario_world):
+        if issubclass(machine, scenario_world) and machine.replicas_at_start:  # (its steps need replicas up)
             try:
                 simulation.run_scenario(machine, steps)
             except AssertionError as failure:
