@@ -39,13 +39,33 @@ logger = logging.getLogger("a2a_gate.gate")
 HANDED_OVER = "settlement_handed_over: another server took this payment's claim over and records its outcome"
 
 
-class Charges:
-    """The live paid executions' deliveries, by the hold they write under."""
+class LiveDeliveries:
+    """The paid executions live in this process, by the hold they write under: a claim found lost
+    (`Claims(on_lost=...)`) stops the work it covered."""
 
-    def __init__(self, claims: Claims, settler: Settler, log: PaymentLog, metrics: GateMetrics) -> None:
-        self.claims, self.settler, self.log, self.metrics = claims, settler, log, metrics
+    def __init__(self, metrics: GateMetrics) -> None:
+        self.metrics = metrics
         self.live: dict[Hold, PaidDelivery] = {}
-        claims.on_lost = self.lost
+
+    def lost(self, lost: ClaimLost) -> None:
+        """A fenced write (or a renewal) found a claim of ours taken over: stop the work it covered."""
+        logger.warning(
+            "lost claim %s at %s: another process took it over after its lease lapsed;"
+            " its work is stopped here and nothing more is recorded for it by this process",
+            lost.hold.token_digest[:12],
+            lost.write,
+        )
+        self.metrics.claims_lost.labels(lost.write).inc()
+        delivery = self.live.pop(lost.hold, None)
+        if delivery is not None:
+            delivery.revoke()
+
+
+class Charges:
+    """The hooks of each paid execution, kept live until its outcome is recorded."""
+
+    def __init__(self, claims: Claims, settler: Settler, log: PaymentLog, live: LiveDeliveries) -> None:
+        self.claims, self.settler, self.log, self.live = claims, settler, log, live.live
 
     def hooks(self, payment: Payment, hold: Hold, *, withhold: bool, meter: Meter | None = None) -> DeliveryHooks:
         """The hooks an execution calls for `payment`, claimed under `hold`, its delivery charged as
@@ -61,19 +81,6 @@ class Charges:
             mode = DeliveryMode.WHOLE
         delivery = self.live[hold] = PaidDelivery(self, payment, hold, mode, meter)
         return delivery
-
-    def lost(self, lost: ClaimLost) -> None:
-        """A fenced write (or a renewal) found a claim of ours taken over: stop the work it covered."""
-        logger.warning(
-            "lost claim %s at %s: another process took it over after its lease lapsed;"
-            " its work is stopped here and nothing more is recorded for it by this process",
-            lost.hold.token_digest[:12],
-            lost.write,
-        )
-        self.metrics.claims_lost.labels(lost.write).inc()
-        delivery = self.live.pop(lost.hold, None)
-        if delivery is not None:
-            delivery.revoke()
 
 
 class PaidDelivery:

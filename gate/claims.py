@@ -236,13 +236,18 @@ def mint_fence() -> str:
 
 
 class Claims:
-    def __init__(self, db: Database, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+    def __init__(
+        self,
+        db: Database,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        on_lost: Callable[[ClaimLost], None] = lambda lost: None,
+    ) -> None:
         self.db = db
         self.instance = secrets.token_hex(8)  # this process start; never reused
         self.lease_seconds = lease_seconds
         self.held: dict[str, str] = {}  # digest -> fence, for the claims whose work is alive here
         # told of every claim found lost (the gate logs and counts it)
-        self.on_lost: Callable[[ClaimLost], None] = lambda lost: None
+        self.on_lost = on_lost  # a write (or a renewal) found a claim of ours taken over
 
     @property
     def now(self) -> str:

@@ -13,7 +13,7 @@ from gate import config as gate_config
 from gate import flows as payment_flows
 from gate.advertised import Offers
 from gate.chain import Chain
-from gate.charge import Charges
+from gate.charge import Charges, LiveDeliveries
 from gate.claims import ClaimLost, Claims, Hold
 from gate.config import GateConfig
 from gate.facilitator import FacilitatorClient
@@ -78,7 +78,8 @@ class GateParts:
 
             shared_buckets, ip_limiter, agent_limiters = shared_limiters(limits, own_ip, own_agents, metrics)
         facilitator = FacilitatorClient(config.facilitator, metrics)
-        claims = Claims(server.db, config.claim_lease_seconds)
+        live = LiveDeliveries(metrics)
+        claims = Claims(server.db, config.claim_lease_seconds, on_lost=live.lost)
         log = PaymentLog(server.db)
         chain = Chain(config.networks)
         keys = KeyOnDemand(settings.database)
@@ -117,7 +118,7 @@ class GateParts:
             log=log,
             chain=chain,
             settler=settler,
-            charges=Charges(claims, settler, log, metrics),
+            charges=Charges(claims, settler, log, live),
             answers_402=answers_402,
             in_band=InBand(server.store, server.methods, config.in_band, answers_402),
             offers=offers,
