@@ -6,6 +6,10 @@ authorization nonce, so neither the same token nor the same authorization in ano
 wrapper can claim twice. Verify is a dry run the facilitator passes again and again
 until settlement; without this row one signature would buy unlimited work.
 
+Two claims, two homes: this module's is the request's claim on its token, held under a lease
+(`Hold`); a payment channel's claim on chain (the vouchers the gate collects from the
+settlement contract) is `gate.flows.channel.jobs`'s, and named only there.
+
 States (`ClaimState`): running -> settling -> settled | settle_failed (owed: settling
 again later) | unsettled (written off) | needs_attention | no_charge (an upto delivery
 charged nothing; kept, since its nonce was never spent on chain). A claim for work that was
