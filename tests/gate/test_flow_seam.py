@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GENERIC = ("gate/pipeline.py", "gate/charge.py", "gate/settlement.py", "gate/reconciler.py")
 FLOW_WORDS = re.compile(r"channel|voucher|usage_price|metered", re.IGNORECASE)
 
