@@ -6,6 +6,10 @@ authorization nonce, so neither the same token nor the same authorization in ano
 wrapper can claim twice. Verify is a dry run the facilitator passes again and again
 until settlement; without this row one signature would buy unlimited work.
 
+Two claims, two homes: this module's is the request's claim on its token, held under a lease
+(`Hold`); a payment channel's claim on chain (the vouchers the gate collects from the
+settlement contract) is `gate.flows.channel.jobs`'s, and named only there.
+
 States (`ClaimState`): running -> settling -> settled | settle_failed (owed: settling
 again later) | unsettled (written off) | needs_attention | no_charge (an upto delivery
 charged nothing; kept, since its nonce was never spent on chain). A claim for work that was
@@ -236,13 +240,18 @@ def mint_fence() -> str:
 
 
 class Claims:
-    def __init__(self, db: Database, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+    def __init__(
+        self,
+        db: Database,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        on_lost: Callable[[ClaimLost], None] = lambda lost: None,
+    ) -> None:
         self.db = db
         self.instance = secrets.token_hex(8)  # this process start; never reused
         self.lease_seconds = lease_seconds
         self.held: dict[str, str] = {}  # digest -> fence, for the claims whose work is alive here
         # told of every claim found lost (the gate logs and counts it)
-        self.on_lost: Callable[[ClaimLost], None] = lambda lost: None
+        self.on_lost = on_lost  # a write (or a renewal) found a claim of ours taken over
 
     @property
     def now(self) -> str:

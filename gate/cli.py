@@ -506,6 +506,7 @@ CHANNEL_COLUMNS = (
 
 
 def cmd_channels(args: argparse.Namespace) -> int:
+    from gate.flows.channel import flow as channel
     from gate.gate import PaymentGate
 
     settings = _settings(args)
@@ -523,16 +524,17 @@ def cmd_channels(args: argparse.Namespace) -> int:
         async with _opened_services(args, settings) as services:
             gate = services.anonymous
             assert isinstance(gate, PaymentGate)
+            channels = channel.of(gate.parts.flows)
             if args.channels_command == "claim":
-                from gate import channel_jobs
+                from gate.flows.channel import jobs as channel_jobs
 
                 await gate.check_sealing_key()
                 if args.retry_refused:
-                    print(f"{await gate.parts.channels.retry_refused()} refused voucher(s) to claim again")
+                    print(f"{await channels.store.retry_refused()} refused voucher(s) to claim again")
                 outcomes = await gate.claim_channels(now=True)
                 for outcome in outcomes:
                     print("\t".join(f"{k}={v}" for k, v in outcome.items()))
-                left = await channel_jobs.left_unclaimed(gate.parts)
+                left = await channel_jobs.left_unclaimed(channels)
                 for row in left:
                     print("\t".join(f"{k}={v}" for k, v in {"outcome": "left", **row}.items()))
                 claimed = [o for o in outcomes if o["outcome"] == "claimed"]
@@ -553,7 +555,7 @@ def cmd_channels(args: argparse.Namespace) -> int:
                 print(f"{sum(o['outcome'] == 'refunded' for o in outcomes)} channel(s) refunded")
                 return 0 if all(o["outcome"] in ("refunded", "swept") for o in outcomes) else 1
             print("\t".join(CHANNEL_COLUMNS))
-            for c in await gate.parts.channels.listing(args.limit):
+            for c in await channels.store.listing(args.limit):
                 at = _utc(c.charged_at) if c.charged_at else "-"
                 first = c.first_charged_at if c.unclaimed else 0
                 since = _utc(first) if first else "-"

@@ -14,15 +14,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gate import advertised, channel_jobs, in_band, reconciler, sealing
+from gate import advertised, in_band, reconciler, sealing
 from gate.chain import Chain
 from gate.claims import Claims
 from gate.facilitator import FacilitatorClient, Unavailable
+from gate.flows.channel import flow as channel
+from gate.flows.channel import jobs as channel_jobs
 from gate.parts import GateParts
 from gate.pipeline import handle_anonymous
-from gate.price import Price
 from gate.reload import reloaded_terms
-from gate.schemes import batch_settlement
 from gate.sealing import Sealer
 from server.anonymous import Parts
 from server.cards import agent_url
@@ -32,11 +32,6 @@ from server.request_log import RequestInfo
 
 # What a request on the anonymous path ends as, beside the server's outcomes (request log, metrics).
 OUTCOMES = frozenset({"paid", "replay", "payment_required", "rejected", "verify_unavailable", "in_flight"})
-
-
-def offers(parts: GateParts) -> list[Price]:
-    """Every offer of every priced agent."""
-    return [o for a in parts.config.agents.values() if a.price is not None for o in a.price.offers]
 
 
 class PaymentGate:
@@ -114,7 +109,8 @@ class PaymentGate:
 
     async def open_store(self) -> None:
         await self.claims.create_tables()
-        await self.parts.channels.create_tables()
+        for flow in self.parts.flows:
+            await flow.create_tables()
         await self.parts.log.create_tables()
         await self.claims.db.migrate("sealing", sealing.MIGRATIONS)
 
@@ -134,8 +130,8 @@ class PaymentGate:
             self.keep_learning()
         if parts.facilitator.configured:
             self.background.append(asyncio.create_task(reconciler.reconcile_loop(parts)))
-            if any(o.scheme == batch_settlement.SCHEME_NAME for o in offers(parts)):
-                self.background.append(asyncio.create_task(channel_jobs.claim_loop(parts)))
+            for flow in parts.flows:
+                self.background.extend(asyncio.create_task(job) for job in flow.jobs())
 
     async def reload(self, settings: Settings) -> Reloaded:
         """Handed to the server (SIGHUP): the agents' terms from the file read again (`gate.reload`)."""
@@ -167,10 +163,10 @@ class PaymentGate:
             await self.parts.shared_buckets.close()
 
     async def claim_channels(self, *, now: bool = False) -> list[dict[str, Any]]:
-        return await channel_jobs.claim_due(self.parts, now=now)
+        return await channel_jobs.claim_due(channel.of(self.parts.flows), now=now)
 
     async def refund_channels(self, idle_seconds: float | None = None) -> list[dict[str, Any]]:
-        return await channel_jobs.refund_idle(self.parts, idle_seconds)
+        return await channel_jobs.refund_idle(channel.of(self.parts.flows), idle_seconds)
 
     async def recover(self) -> None:
         await reconciler.recover(self.parts)

@@ -6,10 +6,17 @@ settlements) are read from the database before each scrape (`read_state`).
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gate.channels import Channels
 from gate.claims import Claims, ClaimState
+
+
+class Obliged(Protocol):
+    """What holds a claim obligation (the channel store: `Channels.obligation`)."""
+
+    async def obligation(self) -> Any: ...
 
 
 class GateMetrics:
@@ -156,9 +163,8 @@ class GateMetrics:
         self.reconciler_backlog.set(await claims.count_owed())
         self.unsettled.set(await claims.count(ClaimState.UNSETTLED))
         self.needs_attention.set(await claims.count(ClaimState.NEEDS_ATTENTION))
-        await self.read_channels(Channels(claims.db))
 
-    async def read_channels(self, channels: Channels) -> None:
+    async def read_channels(self, channels: Obliged) -> None:
         """The claim obligation's gauges, over every channel with unclaimed charges."""
         state = await channels.obligation()
         self.channels_withdrawing.set(state.pending_withdrawals)

@@ -6,24 +6,24 @@ parts (never the gate object), and uses only what it names of them.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gate import config as gate_config
+from gate import flows as payment_flows
 from gate.advertised import Offers
 from gate.chain import Chain
-from gate.channels import Channels
-from gate.charge import Charges
+from gate.charge import Charges, LiveDeliveries
 from gate.claims import ClaimLost, Claims, Hold
 from gate.config import GateConfig
 from gate.facilitator import FacilitatorClient
+from gate.flows import FlowParts, Flows
 from gate.in_band import InBand
 from gate.limiter import AgentLimiters, CallerLimiter, RateLimit
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
 from gate.pricing import PaymentRequiredAnswers
-from gate.sealing import Sealer, load_key
+from gate.sealing import KeyOnDemand, Sealer
 from gate.settlement import Settler
 from server.anonymous import Parts
 from server.config import Settings
@@ -49,7 +49,8 @@ class GateParts:
     agent_limiters: RateLimit
     facilitator: FacilitatorClient
     claims: Claims
-    channels: Channels
+    flows: Flows  # how each scheme's payment is collected
+    keys: KeyOnDemand
     log: PaymentLog
     chain: Chain
     settler: Settler
@@ -77,22 +78,24 @@ class GateParts:
 
             shared_buckets, ip_limiter, agent_limiters = shared_limiters(limits, own_ip, own_agents, metrics)
         facilitator = FacilitatorClient(config.facilitator, metrics)
-        claims = Claims(server.db, config.claim_lease_seconds)
-        channels = Channels(server.db)
+        live = LiveDeliveries(metrics)
+        claims = Claims(server.db, config.claim_lease_seconds, on_lost=live.lost)
         log = PaymentLog(server.db)
         chain = Chain(config.networks)
+        keys = KeyOnDemand(settings.database)
+        flows = payment_flows.build(FlowParts(config, server.db, facilitator, chain, log, metrics, keys, claims))
         settler = Settler(
             facilitator,
             claims,
             log,
             config.facilitator,
+            flows,
             metrics,
-            chain,
             pass_interval=config.reconcile_interval_seconds,
-            channels=channels,
         )
         answers_402 = PaymentRequiredAnswers()
         server.metrics.before_scrape.append(lambda: metrics.read_state(claims))
+        server.metrics.before_scrape.extend(flow.read_state for flow in flows)
         offers = Offers(config.agents)
 
         async def count_withheld() -> None:
@@ -110,23 +113,23 @@ class GateParts:
             agent_limiters=agent_limiters,
             facilitator=facilitator,
             claims=claims,
-            channels=channels,
+            flows=flows,
+            keys=keys,
             log=log,
             chain=chain,
             settler=settler,
-            charges=Charges(claims, settler, log, metrics),
+            charges=Charges(claims, settler, log, live),
             answers_402=answers_402,
             in_band=InBand(server.store, server.methods, config.in_band, answers_402),
             offers=offers,
             shared_buckets=shared_buckets,
         )
-        settler.seal = lambda document, context: parts.sealer.seal(document, context)  # the key, when first needed
         return parts
 
-    @functools.cached_property
+    @property
     def sealer(self) -> Sealer:
         """Loaded at the first seal or unseal: `a2a-gate migrate` needs no key."""
-        return Sealer(load_key(self.settings.database))
+        return self.keys.sealer
 
     async def release(self, hold: Hold) -> None:
         """Release a claim of this request before its work started (a refusal, an outage); a

@@ -17,10 +17,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gate import in_band, pricing, reconciler, schemes, tokens, vouchers
+from gate import in_band, pricing, reconciler, schemes, tokens
 from gate.claims import Claim, ClaimLost, ClaimState, Hold
 from gate.config import AgentPayment, Price, payment_window_seconds
-from gate.facilitator import Unavailable, Verification
+from gate.facilitator import Unavailable
+from gate.flows.base import Reserved, Verdict
 from gate.limiter import caller_key
 from gate.parts import GateParts
 from gate.pricing import Offer
@@ -106,7 +107,7 @@ class Attempt:
     requirements: dict[str, Any] = field(default_factory=dict)
     payment: Payment | None = None
     hold: Hold | None = None  # the claim, once taken: every write to it names this
-    reserved: vouchers.Reservable | None = None  # a channel's voucher reserved with the claim
+    reserved: Reserved | None = None  # what its flow reserved with the claim
     started: bool = False  # the execution owns the claim from here on
 
     @property
@@ -145,10 +146,10 @@ async def paid_send(
         return await refuse(parts, attempt, "accepted_requirements_mismatch")
     price = attempt.price = paid_offer
     scheme = schemes.for_price(price)  # the one kind of payload this offer takes
+    flow = parts.flows.for_price(price)  # and how it is collected
     try:
         attempt.requirements = tokens.check_payload(token, price, resource)
-        # (a channel's voucher has no window: it is claimable while the channel lives)
-        if not scheme.channel or token.payload["payload"].get("type") != "voucher":
+        if flow.windowed(token):  # (a payload without a window is collectable while what it spends lives)
             window = payment_window_seconds(agent.deadline_seconds, parts.config.facilitator)
             tokens.check_window(token, min_window=window, scheme=scheme)
     except tokens.Rejection as exc:
@@ -170,15 +171,14 @@ async def paid_send(
     sealed = parts.sealer.seal(payment.sealable(), token.digest)
     digest = await claim_digest(parts, agent, plan, token, pending)
     nonce_key = tokens.nonce_key(token, price.asset, scheme)
-    # a channel's voucher checked now reserves its channel with the claim (only if the claim is taken)
-    reservable = await vouchers.reservable(parts.channels, token, price) if scheme.channel else None
+    # what the flow checks now it reserves with the claim (only if the claim is taken)
+    reservable = await flow.reserve_with_claim(token, price)
     along = [reservable.reserve] if reservable is not None else []
     outcome = await parts.claims.claim(token.digest, nonce_key, digest, agent.name, sealed, along=along)
     if outcome.kind == "conflict":
-        if scheme.channel:  # an increment already paid for: the payer's state is behind the channel's
-            checked = await vouchers.behind(parts.channels, token, price, parts.sealer.unseal)
-            if checked is not None:
-                return await channel_refusal(parts, attempt, checked)
+        behind = await flow.behind(token, price)  # paid for already: is the payer's state behind?
+        if behind is not None:
+            return await not_verified(parts, attempt, behind)
         return await refuse(parts, attempt, outcome.reason)
     if outcome.kind == "in_flight":
         info.set("in_flight")
@@ -217,49 +217,28 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
     assert token is not None and hold is not None and attempt.payment is not None
     call = plan.call
     assert attempt.price is not None
-    # 9. facilitator verify (a channel's voucher: checked here while the mirrored chain state is fresh)
-    if schemes.for_price(attempt.price).channel:
-        checked = await vouchers.check_and_reserve(
-            parts.channels,
-            parts.facilitator,
-            token,
-            attempt.requirements,
-            attempt.price,
-            parts.sealer.unseal,
-            attempt.reserved,
-        )
-        verification = Verification(checked.kind == "reserved", checked.payer, checked.reason)
-        if checked.kind != "reserved":
-            await parts.release(hold)
-            return await channel_refusal(parts, attempt, checked)
-        parts.metrics.vouchers.labels("local" if checked.local else "facilitator").inc()
-    else:
-        try:
-            verification = await parts.facilitator.verify(token.version, token.payload, attempt.requirements)
-        except Unavailable as exc:
-            await parts.release(hold)
-            logger.warning("facilitator verify unavailable: %s", exc.reason)
-            info.set("verify_unavailable", exc.reason)
-            return error_response(call.id, verify_unavailable(exc.retry_after))
-    info.payer = verification.payer
-    if not verification.valid:
+    # 9. verify, as the payment's flow does it (the facilitator's, or its own check and reservation)
+    verdict = await parts.flows.for_price(attempt.price).verify(
+        token, attempt.requirements, attempt.price, attempt.reserved
+    )
+    if verdict.kind != "ok":
         await parts.release(hold)
-        return await refuse(parts, attempt, verification.reason, verification.payer)
+        return await not_verified(parts, attempt, verdict)
+    info.payer = verdict.payer
     # 10. payer allowlist, failing closed
-    if not payer_allowed(attempt.terms, verification.payer):
+    if not payer_allowed(attempt.terms, verdict.payer):
         await parts.release(hold)
-        return await refuse(parts, attempt, "payer_not_allowed", verification.payer)
+        return await refuse(parts, attempt, "payer_not_allowed", verdict.payer)
     price = attempt.price  # the offer this token pays, not the price's first
     parts.metrics.authorized.labels(price.network, price.asset).inc(int(price.amount))
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
-    payment = attempt.payment = replace(attempt.payment, payer=verification.payer)
+    payment = attempt.payment = replace(attempt.payment, payer=verdict.payer)
     owner = f"payer:{payment.payer}"
     hooks = parts.charges.hooks(
         payment,
         hold,
         withhold=attempt.terms.on_settle_failure == "withhold",
-        usage_price=price.usage,
-        sealer=parts.sealer if price.usage is not None else None,
+        meter=parts.flows.for_price(price).meter(payment, price),
     )
     # a new task takes the verify row and the claim's bind with its INSERT: one round trip (a task
     # the delivery stores, with the delivery's); each applies only while the claim is ours
@@ -301,30 +280,31 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
     return result_response(call.id, result, {**headers, **payment_response_header(execution.task, payment.version)})
 
 
-async def channel_refusal(parts: GateParts, attempt: Attempt, checked: vouchers.Checked) -> Response:
-    """A channel payment that cannot go on now: the binding's corrective answer, a refusal, or a retry."""
+async def not_verified(parts: GateParts, attempt: Attempt, verdict: Verdict) -> Response:
+    """A payment that cannot go on now: a retry (our outage, or what it needs is busy), the corrective
+    answer of a payer whose state is behind, or a refusal."""
     info, call = attempt.info, attempt.plan.call
-    info.payer = checked.payer
-    if checked.kind == "unavailable":
-        logger.warning("facilitator verify unavailable: %s", checked.reason)
-        info.set("verify_unavailable", checked.reason)
-        return error_response(call.id, verify_unavailable(checked.retry_after))
-    if checked.kind == "busy":
-        info.set("in_flight", "channel busy")
-        data = {"code": "channel_busy", "retryable": True}
-        return error_response(call.id, RpcError(INTERNAL_ERROR, "Another request of this channel is in flight", data))
-    if checked.kind == "mismatch":
-        await parts.log.append("reject", **attempt.log, payer=checked.payer, error=checked.reason)
-        info.set("rejected", checked.reason)
+    info.payer = verdict.payer
+    if verdict.kind == "unavailable":
+        logger.warning("facilitator verify unavailable: %s", verdict.reason)
+        info.set("verify_unavailable", verdict.reason)
+        return error_response(call.id, verify_unavailable(verdict.retry_after))
+    if verdict.kind == "busy":
+        info.set("in_flight", verdict.reason)
+        data = {"code": verdict.code, "retryable": True}
+        return error_response(call.id, RpcError(INTERNAL_ERROR, verdict.message, data))
+    if verdict.kind == "resync":
+        await parts.log.append("reject", **attempt.log, payer=verdict.payer, error=verdict.reason)
+        info.set("rejected", verdict.reason)
         offer = attempt.offer
         if attempt.pending is not None:
             return await parts.in_band.refused(
-                attempt.plan, offer, attempt.pending, attempt.active, checked.reason, checked.payer, checked.state
+                attempt.plan, offer, attempt.pending, attempt.active, verdict.reason, verdict.payer, verdict.state
             )
         return parts.answers_402.corrective(
-            offer.price, offer.resource, offer.description, checked.reason, checked.state
+            offer.price, offer.resource, offer.description, verdict.reason, verdict.state
         )
-    return await refuse(parts, attempt, checked.reason, checked.payer)
+    return await refuse(parts, attempt, verdict.reason, verdict.payer)
 
 
 async def claim_digest(

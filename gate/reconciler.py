@@ -209,7 +209,7 @@ def show_withheld(task: dict[str, Any], withheld: dict[str, Any], metadata: dict
 
 async def renew_leases(parts: GateParts) -> None:
     """While this process lives, the claims whose work is alive here stay its own; one found
-    taken over (this process stalled past its lease) has its work stopped (`Charges.lost`)."""
+    taken over (this process stalled past its lease) has its work stopped (`LiveDeliveries.lost`)."""
     interval = parts.claims.lease_seconds / 3
     checks = 0
     while True:

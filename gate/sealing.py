@@ -22,6 +22,7 @@ lacks any of them refuses to start: it could take owed claims and never unseal t
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -125,6 +126,23 @@ def load_key(database: str) -> list[bytes]:
 
 def fingerprint(key: bytes) -> str:
     return hmac.new(key, FINGERPRINT_LABEL, hashlib.sha256).hexdigest()[:16]
+
+
+class KeyOnDemand:
+    """The sealer, loaded at the first seal or unseal: `a2a-gate migrate` needs no key."""
+
+    def __init__(self, database: str) -> None:
+        self.database = database
+
+    @functools.cached_property
+    def sealer(self) -> Sealer:
+        return Sealer(load_key(self.database))
+
+    def seal(self, document: dict[str, Any], context: str) -> str:
+        return self.sealer.seal(document, context)
+
+    def unseal(self, sealed: str, context: str) -> dict[str, Any]:
+        return self.sealer.unseal(sealed, context)
 
 
 class Sealer:

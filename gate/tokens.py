@@ -290,7 +290,7 @@ def check_payload(token: Token, price: Price, resource_url: str) -> dict[str, An
     else:
         if not set(document) <= V1_KEYS:
             raise Rejection("invalid_payload")
-        if schemes.for_price(price).channel:  # payment channels are x402 v2 only
+        if 1 not in schemes.for_price(price).versions:  # (a payment channel's are v2 only)
             raise Rejection("unsupported_payload")
         if document["scheme"] != price.scheme or document["network"] != V1_NETWORKS.get(price.network, price.network):
             raise Rejection("accepted_requirements_mismatch")

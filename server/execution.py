@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from server import request_log, usage
 from server.agents import AgentReply, AgentRequest, Answer
@@ -72,50 +73,65 @@ class Collected:
     paid: bool
 
 
-@dataclass
-class DeliveryHooks:
-    """What the payment gate plugs into an execution (None on the free path).
+class DeliveryMode(enum.Enum):
+    """How a paid answer is delivered: the anonymous path says, the runner follows (no payment named)."""
+
+    WHOLE = "whole"  # recorded whole once complete (`mark_delivered`), then collected (`delivered`)
+    IN_PARTS = "in_parts"  # chunk by chunk: each complete chunk recorded (`deliver_part`) before it is shown
+    ONE_WRITE = "one_write"  # the delivery, its outcome and the final task in one write (`deliver_final`)
+    WITHHELD = "withheld"  # recorded whole, collected before the answer leaves; uncollected, it never does
+
+
+class DeliveryHooks(Protocol):
+    """What the anonymous path plugs into an execution (None on the free path), in its `mode`.
 
     `mark_delivered` records the delivery and runs the statement that saves the work
     (`TaskStore.save_statement`) with it, only if the record is made: one transaction, so a
-    crash can never leave delivered work unowed or owed work undelivered (a withholding
-    agent's answer is handed to it instead of the task, and there is no statement), and is told
-    what the work used (the agent's usage report, plain counts); `delivered`
-    then settles, records the outcome durably, mirrors it at `task.metadata` and never
-    raises (its `Collected.metadata` goes on the final status message); `saved` stores the
-    final task the same way, its statement with the hook's own record; `abandoned` when that store gave up
-    (the reconciler repairs the task from the recorded outcome); `not_delivered` runs
-    when nothing is to be charged. With `deliver_part`, the work is delivered chunk by chunk:
-    each complete chunk of a streamed answer is recorded with it (in the transaction that
-    saves the task with the answer so far, and what the work used so far) before anyone sees
-    it; a run that then ends without its whole answer (failed, canceled, paused) is settled
-    for the part delivered (`delivered`), not released. `deliver_part` may answer a `Stop`: the run ends
-    there, as that says (a part it refuses is neither recorded nor shown). While an answer is
-    delivered in parts, its stored copy's result artifact says so (metadata `partial`), and only
-    there: the run's end stores it without, so a stored task still marked was cut by a crash. Any
-    hook may raise `OwnershipLost`; `revoke` is filled
-    in by the runner at the start, for the anonymous path to stop the work when it learns
-    the right to deliver is gone. With `deliver_final` (a payment the delivery's own write collects),
-    the delivery, its outcome and the final task are one write: it is handed the delivered task and
-    a function from the outcome's metadata to the statements that store the final task (its save,
-    or a deferred task's INSERT with the rows that came with it; each with its WHERE clause last),
-    and returns the outcome, or None when it could not (then the other hooks run, as without it).
+    crash can never leave delivered work unowed or owed work undelivered (a withheld answer is
+    handed to it instead of the task, and there is no statement), and is told what the work used
+    (the agent's usage report, plain counts); `delivered` then collects, records the outcome
+    durably, mirrors it at `task.metadata` and never raises (its `Collected.metadata` goes on the
+    final status message); `saved` stores the final task the same way, its statement with the
+    hook's own record; `abandoned` when that store gave up (the outcome recorded stands);
+    `not_delivered` runs when nothing is to be charged. Any hook may raise `OwnershipLost`;
+    `started` is handed, at the start, what stops the work when the right to deliver is gone.
+
+    IN_PARTS: each complete chunk of a streamed answer is recorded with it (`deliver_part`, in the
+    transaction that saves the task with the answer so far, and what the work used so far) before
+    anyone sees it; a run that then ends without its whole answer (failed, canceled, paused) is
+    collected for the part delivered (`delivered`), not released. `deliver_part` may answer a
+    `Stop`: the run ends there, as that says (a part it refuses is neither recorded nor shown).
+    While an answer is delivered in parts, its stored copy's result artifact says so (metadata
+    `partial`), and only there: the run's end stores it without, so a stored task still marked was
+    cut by a crash.
+
+    ONE_WRITE: `deliver_final` is handed the delivered task and a function from the outcome's
+    metadata to the statements that store the final task (its save, or a deferred task's INSERT
+    with the rows that came with it; each with its WHERE clause last), and returns the outcome, or
+    None when it could not (then the delivery is recorded and collected as WHOLE).
     """
 
-    mark_delivered: Callable[[dict[str, Any], dict[str, Any] | None, usage.Counts, Statement | None], Awaitable[None]]
-    delivered: Callable[[dict[str, Any]], Awaitable[Collected]]
-    not_delivered: Callable[[dict[str, Any]], Awaitable[None]]
-    saved: Callable[[Statement], Awaitable[None]]
-    abandoned: Callable[[], None] = lambda: None
-    withhold: bool = False  # settle before the answer leaves; unpaid, it never does
-    revoke: Callable[[], None] = lambda: None
-    deliver_part: Callable[[dict[str, Any], usage.Counts, Statement], Awaitable[Stop | None]] | None = None
-    deliver_final: (
-        Callable[
-            [dict[str, Any], usage.Counts, Callable[[dict[str, Any]], Sequence[Statement]]], Awaitable[Collected | None]
-        ]
-        | None
-    ) = None
+    mode: DeliveryMode
+
+    def started(self, revoke: Callable[[], None]) -> None: ...
+
+    async def mark_delivered(
+        self, task: dict[str, Any], withheld: dict[str, Any] | None, used: usage.Counts, save: Statement | None
+    ) -> None: ...
+
+    async def deliver_part(self, task: dict[str, Any], used: usage.Counts, save: Statement) -> Stop | None: ...
+
+    async def deliver_final(
+        self, task: dict[str, Any], used: usage.Counts, final: Callable[[dict[str, Any]], Sequence[Statement]]
+    ) -> Collected | None: ...
+
+    async def delivered(self, task: dict[str, Any]) -> Collected: ...
+
+    async def not_delivered(self, task: dict[str, Any]) -> None: ...
+
+    async def saved(self, save: Statement) -> None: ...
+
+    def abandoned(self) -> None: ...
 
 
 @dataclass
@@ -201,11 +217,12 @@ class LiveProgress:
         # before that would be work given away if the run then fails or its claim is lost),
         # or chunk by chunk where the hooks take part of it (`deliver`: each recorded, then
         # shown); a withheld one shows not even its status texts.
-        paid = execution.hooks is not None
-        self.by_chunk = paid and execution.hooks.deliver_part is not None and deliver is not None  # type: ignore[union-attr]
+        mode = execution.hooks.mode if execution.hooks is not None else None
+        paid = mode is not None
+        self.by_chunk = mode is DeliveryMode.IN_PARTS and deliver is not None
         self.deliver = deliver
         self.shown_chunks = not paid
-        self.shown = not paid or not execution.hooks.withhold  # type: ignore[union-attr]
+        self.shown = mode is not DeliveryMode.WITHHELD
 
     def status(self, text: str) -> None:
         if not self.shown:
@@ -290,7 +307,7 @@ class Runner:
         TASK_ID.set(task["id"])  # the request's log lines from here on, and the work's, name the task
         execution.job = asyncio.create_task(self._run(execution, message), name=f"task-{task['id']}")
         if hooks is not None:
-            hooks.revoke = lambda: self.revoke(execution)
+            hooks.started(lambda: self.revoke(execution))
         return execution
 
     def revoke(self, execution: Execution) -> None:
@@ -493,7 +510,7 @@ class Runner:
         refused are dropped, unrecorded and unshown. With `whole` (the run's answer, at its end), that
         is what is delivered and stored, as the whole answer."""
         task, hooks = execution.task, execution.hooks
-        assert hooks is not None and hooks.deliver_part is not None
+        assert hooks is not None and hooks.mode is DeliveryMode.IN_PARTS
         answer = Answer([dict(p) for p in (execution.delivered_part.parts if whole is None else whole)])
         for parts in execution.pending if whole is None else []:
             for part in parts:
@@ -536,14 +553,14 @@ class Runner:
             execution.delivering = False
             await self._end_undelivered(execution, unusable_usage(execution, bad))
             return
-        one_write = hooks.deliver_final is not None and not hooks.withhold
-        if one_write and await self._deliver_final(execution, artifact, text, used):
+        if hooks.mode is DeliveryMode.ONE_WRITE and await self._deliver_final(execution, artifact, text, used):
             return
         # a streamed answer delivered in parts: its end is delivered as its parts were (priced first)
-        streamed = hooks.deliver_part is not None and bool(execution.pending or execution.parts_delivered)
+        streamed = hooks.mode is DeliveryMode.IN_PARTS and bool(execution.pending or execution.parts_delivered)
+        withheld = hooks.mode is DeliveryMode.WITHHELD
         stop: Stop | None = None
         try:
-            if hooks.withhold:  # the answer stays out of the task, its streams and the store until paid
+            if withheld:  # the answer stays out of the task, its streams and the store until paid
                 await hooks.mark_delivered(task, {"artifact": artifact, "text": text}, used, None)
             elif streamed:
                 stop = await self._deliver_part(execution, used, whole=reply.parts)
@@ -558,12 +575,12 @@ class Runner:
         if stop is not None and not stop.delivered:  # its last chunks refused: it ends with what came before
             await self._end_stopped(execution)
             return
-        if not hooks.withhold:
+        if not withheld:
             execution.publish(artifact_event(task, artifact))
         # shielded: a cancel arriving now must not interrupt a settlement
         collected = await asyncio.shield(hooks.delivered(task))
-        if collected.paid or not hooks.withhold:
-            if hooks.withhold:
+        if collected.paid or not withheld:
+            if withheld:
                 self._show(execution, artifact)
             set_status(task, "completed", agent_message(task, text, collected.metadata))
         else:
@@ -579,7 +596,7 @@ class Runner:
         """The delivery, its outcome and the final task in one write (`DeliveryHooks.deliver_final`);
         False, nothing shown or stored, when the hook could not (the plain delivery follows)."""
         task, hooks = execution.task, execution.hooks
-        assert hooks is not None and hooks.deliver_final is not None
+        assert hooks is not None and hooks.mode is DeliveryMode.ONE_WRITE
         delivered = {**task, "artifacts": with_artifact(task, artifact)}
 
         def final(metadata: dict[str, Any]) -> list[Statement]:

@@ -25,7 +25,7 @@ from starlette.responses import Response, StreamingResponse
 from server import dialects
 from server.config import StreamConfig
 from server.dialects import INTERRUPTED_STATES, TERMINAL_STATES, V10, InvalidShape
-from server.execution import CANCEL_CHANNEL, DeliveryHooks, Execution, Runner
+from server.execution import CANCEL_CHANNEL, DeliveryHooks, DeliveryMode, Execution, Runner
 from server.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -147,7 +147,7 @@ class Methods:
             task = new_task(message.get("contextId"), message)
             # a blocking send: no one can name the task before its answer, which waits for the write;
             # free, or paid by its delivery's own write (which stores the task with it)
-            one_write = hooks is None or (hooks.deliver_final is not None and hooks.deliver_part is None)
+            one_write = hooks is None or hooks.mode is DeliveryMode.ONE_WRITE
             deferred = one_write and plan.blocking and plan.call.operation == "send"
             extra = with_writes(task) if with_writes is not None else ()
             await self.store.create(task, agent=agent, owner=owner, deferred=deferred, with_writes=extra)

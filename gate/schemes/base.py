@@ -55,7 +55,7 @@ class Scheme(Protocol):
 
     scheme: str  # x402's scheme name (`accepts[].scheme`)
     transfer_method: str  # how the asset moves (`extra.assetTransferMethod`; "eip3009" when absent)
-    channel: bool  # a payment channel: each payload is a voucher on a channel the gate keeps (`gate.channels`)
+    versions: tuple[int, ...]  # the x402 versions its payloads may come in
     # `extra` keys the facilitator advertises for the scheme's kind in /supported, which an offer may
     # leave to it (an address it signs or settles with; `gate.advertised` fills them in)
     advertised: tuple[str, ...]

@@ -242,7 +242,7 @@ class BatchSettlement:
     are the same either way."""
 
     scheme = SCHEME_NAME
-    channel = True
+    versions: tuple[int, ...] = (2,)  # payment channels are x402 v2 only
     advertised: tuple[str, ...] = ("receiverAuthorizer",)  # the facilitator countersigns claims and refunds
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS

@@ -43,7 +43,7 @@ def _authorization(inner: dict[str, Any]) -> dict[str, Any]:
 class ExactEip3009:
     scheme = "exact"
     transfer_method = "eip3009"
-    channel = False
+    versions: tuple[int, ...] = (1, 2)  # x402 versions its payloads may come in
     advertised: tuple[str, ...] = ()
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS

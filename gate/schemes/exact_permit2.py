@@ -54,7 +54,7 @@ def _authorization(inner: dict[str, Any]) -> dict[str, Any]:
 class ExactPermit2:
     scheme = "exact"
     transfer_method = "permit2"
-    channel = False
+    versions: tuple[int, ...] = (1, 2)  # x402 versions its payloads may come in
     advertised: tuple[str, ...] = ()
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS

@@ -19,6 +19,8 @@ from gate.chain import Chain
 from gate.claims import MIGRATED_COLUMNS, ClaimLost, Claims, ClaimState
 from gate.config import FacilitatorConfig, NetworkConfig
 from gate.facilitator import FacilitatorClient
+from gate.flows import Flows
+from gate.flows.authorization import AuthorizationFlow
 from gate.payment_log import PaymentLog
 from gate.schemes.exact_eip3009 import SCHEME as EXACT_EIP3009
 from gate.settlement import Payment, Settler
@@ -138,7 +140,8 @@ def test_unused_and_expired_authorization_is_written_off_by_the_chain(tmp_path: 
         await claims.mark_delivered(hold)
         client = FacilitatorClient(config)
         try:
-            collection = await Settler(client, claims, log, config, chain=chain).settle(payment, "t1", hold)
+            flows = Flows({"exact": AuthorizationFlow(client, chain)})
+            collection = await Settler(client, claims, log, config, flows).settle(payment, "t1", hold)
         finally:
             await client.aclose()
             await chain.aclose()

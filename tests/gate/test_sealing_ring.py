@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from cryptography.exceptions import InvalidTag
 
-from gate.channels import Channels
 from gate.claims import Claims
+from gate.flows.channel.store import Channels
 from gate.sealing import ENV_KEY, Sealer, SealingKeyMalformed, SealingKeyMismatch, decode_ring, load_key
 from server.engines import open_database
 

@@ -389,7 +389,7 @@ class MoneyWorld(RuleBasedStateMachine):
     async def start_replica(self, skew: float, wrong_key: bool) -> None:
         replica = Replica(self.world, f"r{len(self.world.replicas)}", skew)
         if wrong_key:
-            replica.gate.parts.__dict__["sealer"] = Sealer(os.urandom(32))
+            replica.gate.parts.keys.__dict__["sealer"] = Sealer(os.urandom(32))
         await replica.open()
         try:
             await replica.gate.check_sealing_key()  # what `serve` and `reconcile` do before anything else

@@ -46,10 +46,15 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from gate import chain as gate_chain
-from gate import channel_jobs, charge, sealing, settlement, usage_price, vouchers
-from gate import channels as gate_channels
 from gate import claims as gate_claims
+from gate import sealing, usage_price
 from gate.facilitator import Unavailable
+from gate.flows import metered
+from gate.flows.base import SettledWrite
+from gate.flows.channel import flow as channel_flow
+from gate.flows.channel import jobs as channel_jobs
+from gate.flows.channel import store as gate_channels
+from gate.flows.channel import vouchers
 from gate.schemes import batch_settlement
 from tests.simulation import test_money_simulation as simulation
 from tests.support import money_world
@@ -141,16 +146,14 @@ def with_channels_charged_at_reservation(mp: pytest.MonkeyPatch) -> None:
 
 
 def with_channels_charged_by_any_claim(mp: pytest.MonkeyPatch) -> None:
-    channel_charge = settlement.Settler._channel_charge
+    settled_write = channel_flow.ChannelFlow.settled_write
 
-    def unguarded(self: Any, p: Any, answer: Any) -> Any:
-        charge = channel_charge(self, p, answer)
-        if charge is None:
-            return None
-        sql, args = charge.charge(("1 = 1", ()))  # the channel charged whether or not the claim is ours
-        return settlement.ChannelCharge(lambda ours: (sql, args), charge.charged, charge.receipt, charge.note)
+    def unguarded(self: Any, payment: Any, answer: Any) -> Any:
+        written = settled_write(self, payment, answer)
+        sql, args = written.first[0](("1 = 1", ()))  # the channel charged whether or not the claim is ours
+        return SettledWrite(written.receipt, written.note, (lambda ours: (sql, args),), written.provided, written.unmet)
 
-    mp.setattr(settlement.Settler, "_channel_charge", unguarded)
+    mp.setattr(channel_flow.ChannelFlow, "settled_write", unguarded)
 
 
 def with_any_voucher_signature_form(mp: pytest.MonkeyPatch) -> None:
@@ -175,18 +178,18 @@ def with_any_voucher_signature_form(mp: pytest.MonkeyPatch) -> None:
 def with_claims_in_one_batch(mp: pytest.MonkeyPatch) -> None:
     """Finding 1: a receiver's claims sent as one batch, failed whole when the contract refuses a row."""
 
-    async def claim_batch(parts: Any, network: str, asset: str, receiver: str, channels: list[Any]) -> Any:
+    async def claim_batch(flow: Any, network: str, asset: str, receiver: str, channels: list[Any]) -> Any:
         fence = secrets.token_hex(8)
-        taken = [c for c in channels if await parts.channels.take_claim(c, fence, channel_jobs.CLAIM_LEASE_SECONDS)]
+        taken = [c for c in channels if await flow.store.take_claim(c, fence, channel_jobs.CLAIM_LEASE_SECONDS)]
         if not taken:
             return [{"outcome": "skipped", "channels": 0, "receiver": receiver}]
         try:
-            answer = await channel_jobs.send_claims(parts, network, asset, receiver, taken)
+            answer = await channel_jobs.send_claims(flow, network, asset, receiver, taken)
         except Unavailable as exc:
-            return [await channel_jobs.claim_failed(parts, taken, fence, exc.reason, unknown=True)]
+            return [await channel_jobs.claim_failed(flow, taken, fence, exc.reason, unknown=True)]
         if answer.success:
-            return [await channel_jobs.claimed_rows(parts, network, asset, taken, fence, answer)]
-        return [await channel_jobs.claim_failed(parts, taken, fence, answer.reason, unknown=False)]
+            return [await channel_jobs.claimed_rows(flow, network, asset, taken, fence, answer)]
+        return [await channel_jobs.claim_failed(flow, taken, fence, answer.reason, unknown=False)]
 
     mp.setattr(channel_jobs, "claim_batch", claim_batch)
 
@@ -222,19 +225,11 @@ def with_a_channel_aged_by_its_latest_charge(mp: pytest.MonkeyPatch) -> None:
 
 def with_streams_past_the_ceiling(mp: pytest.MonkeyPatch) -> None:
     """Finding 3: each part of a usage-priced stream recorded and shown, its charge capped; the run goes on."""
-    hooks = charge.Charges.hooks
 
-    def unstopped(self: Any, payment: Any, hold: Any, **kwargs: Any) -> Any:
-        made = hooks(self, payment, hold, **kwargs)
-        if made.deliver_part is not None:
+    async def unstopped(self: Any, task: dict[str, Any], used: Any, save: Any, record: Any) -> None:
+        await record(task, used, save, None)
 
-            async def deliver_part(task: dict[str, Any], used: Any, save: Any) -> None:
-                await made.mark_delivered(task, None, used, save)
-
-            made.deliver_part = deliver_part
-        return made
-
-    mp.setattr(charge.Charges, "hooks", unstopped)
+    mp.setattr(metered.UsageMeter, "part", unstopped)
 
 
 def with_pricing_callables_not_awaited(mp: pytest.MonkeyPatch) -> None:

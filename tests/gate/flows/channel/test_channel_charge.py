@@ -12,12 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from gate import vouchers
-from gate.channels import Channels, Mirror
+from gate.chain import Chain
 from gate.claims import ClaimLost, Claims, ClaimState, Hold
-from gate.config import FacilitatorConfig, Price
+from gate.config import FacilitatorConfig, GateConfig, Price
 from gate.facilitator import FacilitatorClient
+from gate.flows import Flows
+from gate.flows.channel import vouchers
+from gate.flows.channel.flow import ChannelFlow
+from gate.flows.channel.store import Channels, Mirror
+from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
 from gate.schemes.batch_settlement import SCHEME_NAME, read
 from gate.settlement import Payment, Settler
@@ -55,14 +60,21 @@ def voucher_payment(digest: str, cumulative: int) -> Payment:
     return Payment(digest, 2, payload, requirements, "paid-channel", CONFIG["payer"], str(PRICE), NETWORK, ASSET)
 
 
+class Sealed:
+    """Seals every voucher as the same text: the store's writes are what these tests read."""
+
+    def seal(self, document: dict[str, Any], context: str) -> str:
+        return "sealed"
+
+
 class Store:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.claims, self.channels, self.log = Claims(db, lease_seconds=30.0), Channels(db), PaymentLog(db)
         config = FacilitatorConfig(url="http://127.0.0.1:9", timeout_seconds=1, settle_attempts=1, settle_passes=1)
-        self.settler = Settler(
-            FacilitatorClient(config), self.claims, self.log, config, channels=self.channels, seal=lambda v, k: "sealed"
-        )
+        facilitator, metrics = FacilitatorClient(config), GateMetrics(CollectorRegistry())
+        flow = ChannelFlow(self.channels, facilitator, Chain({}), self.log, metrics, Sealed(), GateConfig(config))
+        self.settler = Settler(facilitator, self.claims, self.log, config, Flows({SCHEME_NAME: flow}))
 
     async def setup(self) -> None:
         await self.claims.create_tables()

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gate.channels import MIGRATIONS, Channels
+from gate.flows.channel.store import MIGRATIONS, Channels
 from gate.metrics import GateMetrics
 from server.database import Database
 from server.engines import open_database
@@ -200,7 +200,7 @@ def test_the_gauges_say_what_stands_between_withdrawals_and_the_unclaimed_money(
 def test_a_state_read_before_a_claim_landed_never_moves_the_claimed_total_back(location: str) -> None:
     """The watch reads the chain while a claim of ours lands and is recorded: written after it, that
     older state would make the claimed vouchers look unclaimed again (claimed and counted twice)."""
-    from gate.channels import Mirror
+    from gate.flows.channel.store import Mirror
 
     async def body(db: Database) -> None:
         channels = Channels(db)

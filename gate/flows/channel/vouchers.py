@@ -7,7 +7,7 @@ signed by the channel's payer authorizer, so only the payer learns it back. An E
 is verified here (ecrecover) while the mirrored on-chain state is fresh: its signer, and a
 maximum within the balance and above what is claimed. A deposit, a contract wallet's voucher,
 a channel the gate has not seen and a stale mirror go to the facilitator, whose answer
-refreshes the mirror. Then the channel is reserved for this request's claim (`gate.channels`).
+refreshes the mirror. Then the channel is reserved for this request's claim (`store`).
 The common voucher (an EOA's, at the base of a fresh channel nobody holds) is checked before its
 claim is taken (`reservable`), and its reservation goes with the claim's INSERT.
 """
@@ -17,10 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.channels import Channel, Channels, Mirror
-from gate.claims import Along, only_if
+from gate.claims import only_if
 from gate.config import fresh_seconds
 from gate.facilitator import FacilitatorClient, Unavailable
+from gate.flows.base import Reserved
+from gate.flows.channel.store import Channel, Channels, Mirror
 from gate.price import Price
 from gate.schemes import batch_settlement
 from gate.schemes.batch_settlement import Voucher
@@ -40,15 +41,7 @@ class Checked:
     retry_after: float = 0.0
 
 
-@dataclass(frozen=True)
-class Reservable:
-    """A voucher checked before its claim: the reservation to send with the claim's INSERT."""
-
-    payer: str
-    reserve: Along
-
-
-async def reservable(channels: Channels, token: Token, price: Price) -> Reservable | None:
+async def reservable(channels: Channels, token: Token, price: Price) -> Reserved | None:
     """The common case, checked before the claim is taken: an EOA's voucher at the base of a channel
     nobody holds, whose mirrored state is fresh, within its balance and above what is claimed, signed
     by its payer authorizer. Its reservation then goes with the claim (one write, applying only if the claim was
@@ -70,7 +63,7 @@ async def reservable(channels: Channels, token: Token, price: Price) -> Reservab
     if not batch_settlement.voucher_signer_matches(voucher.config, inner["voucher"], price.network):
         return None
     reserve = channels.reserve_statement(voucher.channel_id, base, token.digest, deposit=False, unheld=True)
-    return Reservable(voucher.payer, only_if(reserve))
+    return Reserved(voucher.payer, only_if(reserve))
 
 
 async def check_and_reserve(
@@ -80,7 +73,7 @@ async def check_and_reserve(
     requirements: dict[str, Any],
     price: Price,
     unseal: Any,
-    reserved: Reservable | None = None,
+    reserved: Reserved | None = None,
 ) -> Checked:
     """Check a claimed channel payment and reserve its channel; `reserved`: it was checked before
     the claim (`reservable`) and reserved with it."""

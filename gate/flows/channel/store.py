@@ -14,7 +14,7 @@ twice or lose one:
   the channel is free again, whatever crashed where;
 - `charged` advances only at delivery, from that base to the voucher's maximum, in the same
   statement group as the delivered task, the claim's `settled` and its payment log row
-  (`Settler.settle_delivery`).
+  (`Settler.settle_delivery`, `flow.ChannelFlow.settled_write`).
 The x402 package's own server storage does the same in one process (a dict or a file and a
 lock); this is that, in SQLite or PostgreSQL, for replicas.
 """
@@ -322,7 +322,7 @@ class Channels:
         `unheld`: only if no other name is on it at all. PostgreSQL rechecks a row another
         transaction just updated at its new version, but a subquery (whether the holder's claim is
         live) at the statement's snapshot, which may not show that transaction's claim yet (taken in
-        the same transaction as its reservation, `gate.vouchers.reservable`): a condition on the row
+        the same transaction as its reservation, `vouchers.reservable`): a condition on the row
         alone sees it. Without `unheld`, the subquery lets a name left by an ended claim go; `reserve`
         sends it after taking the row's lock, in a transaction of its own, so it sees that claim."""
         open_ = "" if deposit else " AND refunded = 0"
