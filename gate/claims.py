@@ -231,7 +231,7 @@ MIGRATIONS = (
         postgresql=("ALTER TABLE claims ADD COLUMN IF NOT EXISTS last_write TEXT NOT NULL DEFAULT ''",),
     ),
     # (state) alone: claims_lease (state, lease_until) answers every query by state, one index less per write
-    Migration(sqlite=("DROP INDEX IF EXISTS idx_claims_state",), postgresql=("DROP INDEX IF EXISTS idx_claims_state",)),
+    Migration(("DROP INDEX IF EXISTS idx_claims_state",)),
 )
 
 

@@ -45,15 +45,13 @@ _INDEXES = (
     "CREATE INDEX IF NOT EXISTS idx_payments_token_digest ON payments (token_digest)",
     "CREATE INDEX IF NOT EXISTS idx_payments_action_at ON payments (action, at)",
 )
+_TABLE = "CREATE TABLE IF NOT EXISTS payments (id {key} PRIMARY KEY,{columns})"
 MIGRATIONS = (
     Migration(
-        sqlite=(f"CREATE TABLE IF NOT EXISTS payments (id INTEGER PRIMARY KEY,{_COLUMNS})", *_INDEXES),
-        postgresql=(f"CREATE TABLE IF NOT EXISTS payments (id BIGSERIAL PRIMARY KEY,{_COLUMNS})", *_INDEXES),
+        sqlite=(_TABLE.format(key="INTEGER", columns=_COLUMNS), *_INDEXES),
+        postgresql=(_TABLE.format(key="BIGSERIAL", columns=_COLUMNS), *_INDEXES),
     ),
-    Migration(  # what the payer authorized, beside what was charged (upto)
-        sqlite=("ALTER TABLE payments ADD COLUMN authorized TEXT NOT NULL DEFAULT ''",),
-        postgresql=("ALTER TABLE payments ADD COLUMN IF NOT EXISTS authorized TEXT NOT NULL DEFAULT ''",),
-    ),
+    Migration.add_columns("payments", ("authorized TEXT NOT NULL DEFAULT ''",)),  # what the payer authorized (upto)
 )
 
 

@@ -44,12 +44,7 @@ ENV_KEY = "A2A_GATE_SEALING_KEY"
 
 
 FINGERPRINT_LABEL = b"a2a-gate sealing key fingerprint v1"
-MIGRATIONS = (
-    Migration(
-        sqlite=("CREATE TABLE IF NOT EXISTS sealing (name TEXT PRIMARY KEY, fingerprint TEXT NOT NULL)",),
-        postgresql=("CREATE TABLE IF NOT EXISTS sealing (name TEXT PRIMARY KEY, fingerprint TEXT NOT NULL)",),
-    ),
-)
+MIGRATIONS = (Migration(("CREATE TABLE IF NOT EXISTS sealing (name TEXT PRIMARY KEY, fingerprint TEXT NOT NULL)",)),)
 
 
 # Where sealed values are stored: (table, the key column that is each value's context, the column)

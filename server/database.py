@@ -45,12 +45,43 @@ class DatabaseRefused(Exception):
     password, no entry for us): the configuration is wrong, and waiting will not help."""
 
 
+DIALECTS = ("sqlite", "postgresql")  # `Database.dialect` of each engine
+
+
 @dataclass(frozen=True)
 class Migration:
-    """One schema step, in each engine's words: statements, or a function for what SQL cannot say."""
+    """One schema step: the statements every engine runs (portable SQL, written once), and an
+    engine's own only where its words differ; either may be a function, for what SQL cannot say.
 
-    sqlite: Statements
-    postgresql: Statements
+    ``Migration(statements)`` is the same on both engines; ``Migration(statements, postgresql=...)``
+    replaces them on PostgreSQL alone; ``Migration(sqlite=..., postgresql=...)`` has nothing in common.
+    """
+
+    portable: Statements | None = None
+    sqlite: Statements | None = None
+    postgresql: Statements | None = None
+
+    def __post_init__(self) -> None:
+        for dialect in DIALECTS:
+            if self.portable is None and getattr(self, dialect) is None:
+                raise TypeError(f"a migration step says nothing for {dialect}: give its portable statements")
+
+    def statements(self, dialect: str) -> Statements:
+        """What this step runs on the engine of `dialect`."""
+        own: Statements | None = getattr(self, dialect)
+        statements = self.portable if own is None else own
+        assert statements is not None  # __post_init__
+        return statements
+
+    @classmethod
+    def add_columns(cls, table: str, columns: Sequence[str], then: Sequence[str] = ()) -> Migration:
+        """`ALTER TABLE ... ADD COLUMN` for each declaration in `columns`, then the statements in
+        `then`. PostgreSQL's adds ``IF NOT EXISTS`` (a column a concurrent or earlier start added is
+        no error); SQLite has no such clause, and its schema lock already makes the step run once."""
+        return cls(
+            sqlite=(*(f"ALTER TABLE {table} ADD COLUMN {c}" for c in columns), *then),
+            postgresql=(*(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {c}" for c in columns), *then),
+        )
 
 
 class Database(ABC):
@@ -138,7 +169,7 @@ class Database(ABC):
             for version, step in enumerate(steps, start=1):
                 if version <= current:
                     continue
-                statements = getattr(step, self.dialect)
+                statements = step.statements(self.dialect)
                 if callable(statements):
                     await statements(self)
                 else:

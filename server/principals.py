@@ -79,13 +79,10 @@ _LIVE_NAMES = (
 )
 _ADDED = ("expires_at DOUBLE PRECISION", "last_used_at DOUBLE PRECISION")
 MIGRATIONS = (
-    Migration(sqlite=_TABLES[:1], postgresql=_TABLES[:1]),
-    Migration(sqlite=_TABLES[1:], postgresql=_TABLES[1:]),
-    Migration(
-        sqlite=tuple(f"ALTER TABLE api_keys ADD COLUMN {c}" for c in _ADDED),
-        postgresql=tuple(f"ALTER TABLE api_keys ADD COLUMN IF NOT EXISTS {c}" for c in _ADDED),
-    ),
-    Migration(sqlite=_LIVE_NAMES, postgresql=_LIVE_NAMES),
+    Migration(_TABLES[:1]),
+    Migration(_TABLES[1:]),
+    Migration.add_columns("api_keys", _ADDED),
+    Migration(_LIVE_NAMES),
 )
 
 

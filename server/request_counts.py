@@ -21,18 +21,11 @@ logger = logging.getLogger("a2a_gate.request_counts")
 FLUSH_SECONDS = 10.0
 COUNTED = frozenset({"payment_required", "paid", "replay", "rejected", "verify_unavailable", "limited"})
 
-MIGRATIONS = (
-    Migration(
-        sqlite=(
-            "CREATE TABLE IF NOT EXISTS request_counts (day TEXT, agent TEXT, outcome TEXT, count INTEGER,"
-            " PRIMARY KEY (day, agent, outcome))",
-        ),
-        postgresql=(
-            "CREATE TABLE IF NOT EXISTS request_counts (day TEXT, agent TEXT, outcome TEXT, count BIGINT,"
-            " PRIMARY KEY (day, agent, outcome))",
-        ),
-    ),
+_TABLE = (
+    "CREATE TABLE IF NOT EXISTS request_counts (day TEXT, agent TEXT, outcome TEXT, count {integer},"
+    " PRIMARY KEY (day, agent, outcome))"
 )
+MIGRATIONS = (Migration(sqlite=(_TABLE.format(integer="INTEGER"),), postgresql=(_TABLE.format(integer="BIGINT"),)),)
 
 
 def day_of(at: float) -> str:

@@ -129,10 +129,7 @@ _TABLES = (
 )
 # a cancel asked of another process (worker or replica) than the one running the task
 _CANCEL_COLUMN = ("ALTER TABLE tasks ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0",)
-MIGRATIONS = (
-    Migration(sqlite=_TABLES, postgresql=_TABLES),
-    Migration(sqlite=_CANCEL_COLUMN, postgresql=_CANCEL_COLUMN),
-)
+MIGRATIONS = (Migration(_TABLES), Migration(_CANCEL_COLUMN))
 
 
 @dataclass

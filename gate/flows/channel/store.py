@@ -68,13 +68,7 @@ _ADDED = (
     "refused_reason TEXT NOT NULL DEFAULT ''",
     "refused_at DOUBLE PRECISION NOT NULL DEFAULT 0",
 )
-MIGRATIONS = (
-    Migration(sqlite=_STATEMENTS, postgresql=_STATEMENTS),
-    Migration(
-        sqlite=(*(f"ALTER TABLE channels ADD COLUMN {c}" for c in _ADDED), _FIRST_CHARGE),
-        postgresql=(*(f"ALTER TABLE channels ADD COLUMN IF NOT EXISTS {c}" for c in _ADDED), _FIRST_CHARGE),
-    ),
-)
+MIGRATIONS = (Migration(_STATEMENTS), Migration.add_columns("channels", _ADDED, then=(_FIRST_CHARGE,)))
 # `total_claimed`, or the decimal given if it is larger (decimals without leading zeros: longer is
 # larger, then the text's order), bound four times: a uint128 does not fit either engine's integers
 _AT_LEAST = (
