@@ -29,7 +29,6 @@ from gate.settlement import STATUS, Payment, metadata_for
 from server.anonymous import not_authenticated
 from server.cards import agent_url
 from server.config import AgentConfig
-from server.database import DatabaseUnavailable
 from server.jsonrpc import (
     INTERNAL_ERROR,
     TASK_NOT_FOUND,
@@ -39,7 +38,6 @@ from server.jsonrpc import (
     error_response,
     read_call,
     result_response,
-    store_unavailable,
 )
 from server.methods import SendPlan, plan_send, task_answer, unsupported
 from server.proxy import public_base_url
@@ -64,31 +62,19 @@ async def handle_anonymous(parts: GateParts, request: Request, name: str, info: 
     # 3. a priced door that cannot take payment now (no facilitator, or every offer waits for what it advertises)
     if not parts.facilitator.configured or terms.price is None:
         return JSONResponse({"detail": "Payment is not available for this agent now"}, status_code=501)
-    # 4. envelope
-    try:
-        call = await read_call(request, settings.max_body_bytes)
-    except RpcError as exc:
-        return error_response(exc.call_id, exc)
+    # 4. envelope; what any step raises is answered by the server (`server.app.answered`): an
+    # unreachable store or a bug of ours is a retryable -32603, never a 500, never a free pass
+    call = await read_call(request, settings.max_body_bytes)
     info.method = call.method
-    try:
-        if call.operation in ("get", "cancel", "subscribe", "list"):
-            return await bound_task_call(parts, request, call, agent, terms.price, info.client)
-        if call.operation not in ("send", "stream"):
-            raise unsupported(call)
-        if call.operation == "stream" and not agent.streaming:
-            raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
-        # 5. the message must be usable before a token is looked for
-        plan = plan_send(call)
-        return await paid_send(parts, request, plan, agent, terms, info)
-    except RpcError as exc:
-        return error_response(call.id, exc)
-    except DatabaseUnavailable as exc:  # nothing runs without a claim; a retry is safe
-        logger.warning("the task store is unavailable: %s", exc)
-        info.set("store_unavailable")
-        return error_response(call.id, store_unavailable())
-    except Exception:  # a bug of ours: never a 500, never a free pass; a retry is safe
-        logger.exception("internal error on the anonymous path")
-        return error_response(call.id, RpcError(INTERNAL_ERROR, data={"code": "internal_error", "retryable": True}))
+    if call.operation in ("get", "cancel", "subscribe", "list"):
+        return await bound_task_call(parts, request, call, agent, terms.price, info.client)
+    if call.operation not in ("send", "stream"):
+        raise unsupported(call)
+    if call.operation == "stream" and not agent.streaming:
+        raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
+    # 5. the message must be usable before a token is looked for
+    plan = plan_send(call)
+    return await paid_send(parts, request, plan, agent, terms, info)
 
 
 @dataclass

@@ -52,7 +52,8 @@ class AnonymousPath(Protocol):
 
     async def handle(self, request: Request, agent: str, info: RequestInfo) -> Response:
         """Answer one anonymous POST to `/a2a/{agent}`; `info` is its request-log line, for the path
-        to name the method, the payer and the outcome on."""
+        to name the method, the payer and the outcome on. What it raises, the server answers
+        (`server.app.answered`): an `RpcError` as itself, anything else as a retryable -32603."""
 
     def scrub_message(self, message: dict[str, Any]) -> dict[str, Any]:
         """A message as it may be stored, run and echoed (on every path, principals' too)."""

@@ -15,7 +15,7 @@ import hashlib
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from email.utils import formatdate, parsedate_to_datetime
 
 from starlette.applications import Starlette
@@ -39,7 +39,9 @@ from server.jsonrpc import (
     UNSUPPORTED_OPERATION,
     Call,
     RpcError,
+    answering_call,
     error_response,
+    internal_error,
     read_call,
     result_response,
     store_unavailable,
@@ -200,7 +202,7 @@ async def a2a_endpoint(request: Request) -> Response:
     info = RequestInfo(
         agent=agent_label(name, services.agents.get(name)), client=request.client.host if request.client else "-"
     )
-    response = await branch(services, request, name, info)
+    response = await answered(info, branch(services, request, name, info))
     if not info.outcome:
         info.set(outcome_of(response))
     services.metrics.count_request(info.agent, info.caller.partition(":")[0], info.outcome)
@@ -209,14 +211,30 @@ async def a2a_endpoint(request: Request) -> Response:
     return response
 
 
-async def branch(services: Services, request: Request, name: str, info: RequestInfo) -> Response:
-    """The one branch on the principal: the free path here, or the anonymous path."""
+async def answered(info: RequestInfo, answer: Awaitable[Response]) -> Response:
+    """`answer`, or the answer for what it raised: the one place a request's failures are caught,
+    on both paths (the free path below, the anonymous path's `handle`), so no input a client can
+    send ends in a 500 or a stack trace. An `RpcError` is its own answer; an unreachable store the
+    retryable `store_unavailable`; anything else a bug of ours, logged with its traceback and
+    answered `internal_error`. Each with the call's id once the envelope named one."""
+    answering_call.set(None)
     try:
-        principal = await services.principals.identify(header(request.headers, "authorization"))
+        return await answer
+    except RpcError as exc:
+        return error_response(answering_call.get() if exc.call_id is None else exc.call_id, exc)
     except DatabaseUnavailable as exc:
         logger.warning("the task store is unavailable: %s", exc)
         info.set("store_unavailable")
-        return error_response(None, store_unavailable())
+        return error_response(answering_call.get(), store_unavailable())
+    except Exception:
+        logger.exception("internal error in %s (caller %s)", info.method or "a request", info.caller)
+        return error_response(answering_call.get(), internal_error())
+
+
+async def branch(services: Services, request: Request, name: str, info: RequestInfo) -> Response:
+    """The one branch on the principal: the free path here, or the anonymous path. What either
+    raises is answered by `answered`."""
+    principal = await services.principals.identify(header(request.headers, "authorization"))
     if principal is None:
         return await services.anonymous.handle(request, name, info)
     info.caller = principal.owner
@@ -224,10 +242,7 @@ async def branch(services: Services, request: Request, name: str, info: RequestI
         return forbidden()
     if services.agents.get(name) is None:
         return JSONResponse({"detail": "Agent not found"}, status_code=404)
-    try:
-        call = await read_call(request, services.settings.max_body_bytes)
-    except RpcError as exc:
-        return error_response(exc.call_id, exc)
+    call = await read_call(request, services.settings.max_body_bytes)
     info.method = call.method
     return await dispatch_free(services, call, name, principal.owner, info.client)
 
@@ -236,8 +251,7 @@ class A2AEndpoint:
     """`POST /a2a/{agent}` as an ASGI application of its own (Starlette routes to a class
     endpoint as it is). A function endpoint is wrapped per request in closures that catch what
     it raises for Starlette's exception handlers and relay every message it sends; this one
-    answers every failure itself, and anything it still raises is the app's exception
-    middleware's, as before."""
+    answers every failure itself (`answered`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = await a2a_endpoint(Request(scope, receive, send))
@@ -260,27 +274,18 @@ def outcome_of(response: Response) -> str:
 
 
 async def dispatch_free(services: Services, call: Call, agent: str, owner: str, client: str = "") -> Response:
-    """The free path: the method, with no payment step anywhere."""
+    """The free path: the method, with no payment step anywhere (what it raises: `answered`)."""
     methods = services.methods
-    try:
-        if call.operation == "send":
-            plan = plan_send(call)
-            execution = await methods.start_send(plan, agent, owner)
-            return result_response(call.id, await methods.send(plan, execution))
-        if call.operation == "stream":
-            if not services.agents.get(agent).streaming:  # type: ignore[union-attr]
-                raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
-            plan = plan_send(call)
-            return methods.stream(plan, await methods.start_send(plan, agent, owner))
-        return await methods.task_call(call, agent, owner, client)
-    except RpcError as exc:
-        return error_response(call.id, exc)
-    except DatabaseUnavailable as exc:
-        logger.warning("the task store is unavailable: %s", exc)
-        return error_response(call.id, store_unavailable())
-    except Exception:
-        logger.exception("internal error in %s", call.method)
-        return error_response(call.id, RpcError(INTERNAL_ERROR))
+    if call.operation == "send":
+        plan = plan_send(call)
+        execution = await methods.start_send(plan, agent, owner)
+        return result_response(call.id, await methods.send(plan, execution))
+    if call.operation == "stream":
+        if not services.agents.get(agent).streaming:  # type: ignore[union-attr]
+            raise RpcError(UNSUPPORTED_OPERATION, "This agent does not stream")
+        plan = plan_send(call)
+        return methods.stream(plan, await methods.start_send(plan, agent, owner))
+    return await methods.task_call(call, agent, owner, client)
 
 
 async def card_endpoint(request: Request) -> Response:

@@ -75,6 +75,9 @@ answering_dialect: contextvars.ContextVar[str] = contextvars.ContextVar("answeri
 # v0.3 `tasks/resubscribe` answers its errors as one server-sent event, as the a2a-sdk does
 # (a v0.3 SSE client refuses a JSON body on a stream); every other error is a JSON body
 errors_as_event: contextvars.ContextVar[bool] = contextvars.ContextVar("errors_as_event", default=False)
+# The id of the call being answered, set by `read_call` once it is parsed: an error raised anywhere
+# after that is answered with it (`server.app.answered`); None before.
+answering_call: contextvars.ContextVar[str | int | None] = contextvars.ContextVar("answering_call", default=None)
 
 
 class RpcError(Exception):
@@ -91,6 +94,13 @@ class RpcError(Exception):
 def store_unavailable() -> RpcError:
     """The task store cannot be reached now: nothing was done, the same request may be sent again."""
     return RpcError(INTERNAL_ERROR, "The task store is unavailable", {"code": "store_unavailable", "retryable": True})
+
+
+def internal_error() -> RpcError:
+    """A failure of ours while answering (a bug, never the input's fault): never a 500 or a trace,
+    never a free pass. Nothing was charged for it, and the same request may be sent again: a paid
+    one is held by its claim, which replays its answer or runs it once."""
+    return RpcError(INTERNAL_ERROR, data={"code": "internal_error", "retryable": True})
 
 
 def shutting_down() -> RpcError:
@@ -245,6 +255,7 @@ async def read_call(request: Request, limit: int) -> Call:
     if version == V10:
         answering_dialect.set(V10)  # even an envelope error of a v1.0 client is rendered for it
     call = parse_call(await read_body(request, limit))
+    answering_call.set(call.id)
     answering_dialect.set(V10 if V10 in (version, call.dialect) else V03)
     errors_as_event.set(call.method == "tasks/resubscribe")
     if version not in SUPPORTED_VERSIONS:
