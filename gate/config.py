@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from gate.price import Price
 from gate.schemes import batch_settlement
 from gate.usage_price import UsagePrice
 from server import anonymous
-from server.config import AgentConfig, ConfigError, Reader, Settings
+from server.config import AgentConfig, ConfigError, Reader, Settings, callable_name, key, keys_of, optional_http_url
 from server.config import default_settings as server_defaults
 
 EVM_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
@@ -64,26 +65,118 @@ KNOWN_ASSETS: dict[tuple[str, str], dict[str, str]] = {
 }
 
 
+# How the keys that are not read plainly are read (`server.config.Key`): each is called with the
+# reader, the value, the key's path and the fields read before it (with the reading's context).
+
+
+def _ipv6_prefix(r: Reader, prefix: int, path: str, _: Mapping[str, Any]) -> int:
+    if not 16 <= prefix <= 128:
+        r.problem(path, f"must be a prefix length from 16 to 128, got {prefix}")
+        return LimitsConfig.ipv6_prefix
+    return prefix
+
+
+def _redis_url(r: Reader, url: str, path: str, _: Mapping[str, Any]) -> str:
+    if url and urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        r.problem(path, "must be a redis://, rediss:// or unix:// URL")
+        return ""
+    return url
+
+
+def _unwatched(r: Reader, accept: bool, path: str, _: Mapping[str, Any]) -> bool:
+    if accept:
+        r.warn(
+            path,
+            "payment channels on a network without [networks] rpc_url are not watched for withdrawals:"
+            " only the claim schedule stands between a payer's withdrawal and its charged vouchers",
+        )
+    return accept
+
+
+def _refund_after(r: Reader, seconds: float, path: str, _: Mapping[str, Any]) -> float:
+    if seconds < 0:
+        r.problem(path, "must be 0 (never) or a number of seconds")
+        return ChannelsConfig.refund_after_seconds
+    return seconds
+
+
+def _claim_at_amount(r: Reader, amount: Any, path: str, _: Mapping[str, Any]) -> int:
+    """A whole number of atomic units: a TOML integer, or a string of digits (larger than an integer holds)."""
+    if amount is None:
+        return ChannelsConfig.claim_at_amount
+    if isinstance(amount, str) and amount.isascii() and amount.isdigit():
+        amount = int(amount)
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
+        r.problem(path, f"must be a whole number of atomic units, got {amount!r}")
+        return ChannelsConfig.claim_at_amount
+    return amount
+
+
+def _networks(r: Reader, raw: Any, path: str, _: Mapping[str, Any]) -> dict[str, NetworkConfig]:
+    networks = {}
+    for name, body in r.as_table(raw, path).items():
+        where = f'{path}."{name}"'
+        if not CAIP2_NETWORK.match(name):
+            r.problem(where, "must be a CAIP-2 network such as 'eip155:8453'")
+        if not isinstance(body, dict):
+            r.problem(where, "must be a table")
+            continue
+        networks[name] = r.section(NetworkConfig, body, where)
+    return networks
+
+
+def _agents(r: Reader, _: Any, path: str, gate: Mapping[str, Any]) -> dict[str, AgentPayment]:
+    """Each agent's payment keys (kept raw by the server in `AgentConfig.sections`)."""
+    settings: Settings = gate["settings"]
+    facilitator: FacilitatorConfig = gate["facilitator"]
+    agents = {
+        name: r.section(AgentPayment, agent.sections, f"agents.{name}", name=name, context={**gate, "agent": agent})
+        for name, agent in settings.agents.items()
+    }
+    if facilitator.url == "" and any(a.price for a in agents.values()):
+        r.warn("facilitator.url", "missing: priced agents answer 501 until a facilitator is set")
+    return agents
+
+
+def _allowed_payers(r: Reader, payers: Any, path: str, _: Mapping[str, Any]) -> tuple[str, ...] | None:
+    if payers is None:
+        return None
+    if not isinstance(payers, list):
+        r.problem(path, "must be a list of addresses")
+        return None
+    for i, p in enumerate(payers):
+        if not isinstance(p, str) or not EVM_ADDRESS.match(p):
+            r.problem(f"{path}[{i}]", "must be a 0x address (40 hex digits)")
+    return tuple(p.lower() for p in payers if isinstance(p, str))
+
+
+def _price(r: Reader, raw: Any, path: str, agent: Mapping[str, Any]) -> Price | None:
+    return None if raw is None else _GateReader(r).agent_price(agent["agent"], raw, path, agent["facilitator"])
+
+
 @dataclass(frozen=True)
 class AgentPayment:
     """What one agent asks of an anonymous caller: its price (None: keys only) and payment rules."""
 
-    name: str
-    price: Price | None = None
-    allowed_payers: tuple[str, ...] | None = None
+    # read (and their problems listed) in this order
+    name: str = key(in_file=False)  # the agent's
+    allowed_payers: tuple[str, ...] | None = key(None, read=_allowed_payers)
+    price: Price | None = key(None, read=_price)
+    # "withhold": settle before the answer leaves
+    on_settle_failure: str = key("deliver", choices=SETTLE_FAILURE_POLICIES)
     per_agent_per_minute: int | None = None
-    on_settle_failure: str = "deliver"  # "withhold": settle before the answer leaves
 
 
 @dataclass(frozen=True)
 class FacilitatorConfig:
-    url: str = ""
+    url: str = key("", check=optional_http_url)
     timeout_seconds: float = 10.0
     max_in_flight: int = 32
     max_wait_seconds: float = 2.0
     connections: int = 8  # kept-alive HTTP connections; more calls than this queue for one
     auth_header_env: str = ""  # env var holding e.g. "Bearer abc"; never in the file
-    auth: str = ""  # "package.module:callable" minting headers per call ({"verify": {...}, "settle": {...}})
+    # "package.module:callable" minting headers per call ({"verify": {...}, "settle": {...}})
+    auth: str = key("", check=callable_name)
     breaker_failures: int = 5  # consecutive failures that open the circuit breaker
     breaker_cooldown_seconds: float = 30.0  # how long it stays open before one probe
     settle_attempts: int = 4
@@ -105,7 +198,7 @@ class FacilitatorConfig:
 class NetworkConfig:
     """A chain the gate may ask directly (settlement ground truth, DESIGN section 6)."""
 
-    rpc_url: str = ""
+    rpc_url: str = key("", check=optional_http_url)
     timeout_seconds: float = 10.0
 
 
@@ -113,11 +206,12 @@ class NetworkConfig:
 class LimitsConfig:
     """The anonymous path's token buckets (`[limits]`)."""
 
+    # read (and their problems listed) in this order
+    ipv6_prefix: int = key(64, positive=False, check=_ipv6_prefix)  # an IPv6 caller is its network of this many bits
+    redis_url: str = key("", check=_redis_url)  # set: the buckets are shared by every replica through Redis
     per_ip_per_minute: int = 30
     per_agent_per_minute: int = 120
     max_entries: int = 100_000
-    ipv6_prefix: int = 64  # an IPv6 caller is its network of this many bits (one household)
-    redis_url: str = ""  # set: the buckets are shared by every replica through Redis
     redis_prefix: str = "a2a-gate:limits:"
     redis_timeout_seconds: float = 0.5  # past this a check is answered by the replica's own buckets
 
@@ -137,24 +231,29 @@ class ChannelsConfig:
     The defaults fit the shortest withdraw delay a channel may have (900 s): see
     `claim_deadline_seconds`."""
 
-    claim_interval_seconds: float = 60.0  # how often a claim pass runs
-    claim_at_amount: int = 1_000_000  # claim a channel once this much (atomic units) is charged and unclaimed
-    claim_after_seconds: float = 300.0  # or once its oldest unclaimed charge is this old
-    refund_after_seconds: float = 7 * 86400.0  # a channel unused this long is refunded (0: never)
+    # read (and their problems listed) in this order
     # channel offers on a network without [networks] rpc_url: a payer's withdrawal goes unseen (opt-out, warned)
-    accept_unwatched_withdrawals: bool = False
+    accept_unwatched_withdrawals: bool = key(False, check=_unwatched)
+    # a channel unused this long is refunded (0: never)
+    refund_after_seconds: float = key(7 * 86400.0, positive=False, check=_refund_after)
+    # claim a channel once this much (atomic units) is charged and unclaimed
+    claim_at_amount: int = key(1_000_000, read=_claim_at_amount)
+    claim_interval_seconds: float = 60.0  # how often a claim pass runs
+    claim_after_seconds: float = 300.0  # or once its oldest unclaimed charge is this old
 
 
 @dataclass(frozen=True)
 class GateConfig:
+    # read (and their problems listed) in this order: an agent's payment window needs the facilitator's
     facilitator: FacilitatorConfig = FacilitatorConfig()
-    networks: dict[str, NetworkConfig] = field(default_factory=dict)
+    # each agent's own keys, beside the server's in [agents.NAME] (`AgentPayment`)
+    agents: dict[str, AgentPayment] = key(factory=dict, in_file=False, read=_agents)
+    networks: dict[str, NetworkConfig] = key(factory=dict, read=_networks)
     limits: LimitsConfig = LimitsConfig()
-    in_band: InBandConfig = InBandConfig()
     channels: ChannelsConfig = ChannelsConfig()
+    in_band: InBandConfig = InBandConfig()
     reconcile_interval_seconds: float = 30.0
     claim_lease_seconds: float = 30.0  # an owner renews its claims' leases; a lapsed one is an orphan
-    agents: dict[str, AgentPayment] = field(default_factory=dict)
 
     def agent(self, name: str) -> AgentPayment:
         return self.agents.get(name) or AgentPayment(name)
@@ -308,18 +407,8 @@ def with_dev_chain(settings: Settings, facilitator_url: str) -> Settings:
 class GateSections:
     """The gate's `server.anonymous.PathConfig`: which keys it owns, and how it reads them."""
 
-    keys = frozenset(
-        {
-            "limits",
-            "facilitator",
-            "networks",
-            "in_band",
-            "channels",
-            "reconcile_interval_seconds",
-            "claim_lease_seconds",
-        }
-    )
-    agent_keys = frozenset({"price", "allowed_payers", "per_agent_per_minute", "on_settle_failure"})
+    keys = keys_of(GateConfig)
+    agent_keys = keys_of(AgentPayment)
 
     def read(self, settings: Settings, reader: Reader) -> GateConfig:
         return _GateReader(reader).config(settings)
@@ -356,9 +445,9 @@ def default_settings(database: str = "a2a-gate.db") -> Settings:
         limits=DEMO_LIMITS,
         channels=DEMO_CHANNELS,
         agents={
-            "paid-echo": AgentPayment("paid-echo", DEMO_PRICE),
-            "paid-metered": AgentPayment("paid-metered", DEMO_METERED_PRICE),
-            "paid-channel": AgentPayment("paid-channel", DEMO_CHANNEL_PRICE),
+            "paid-echo": AgentPayment("paid-echo", price=DEMO_PRICE),
+            "paid-metered": AgentPayment("paid-metered", price=DEMO_METERED_PRICE),
+            "paid-channel": AgentPayment("paid-channel", price=DEMO_CHANNEL_PRICE),
         },
     )
     agents = {**settings.agents, "paid-echo": paid, "paid-metered": metered, "paid-channel": channel}
@@ -397,223 +486,14 @@ class _GateReader:
         self.r = reader
 
     def config(self, settings: Settings) -> GateConfig:
-        r, raw, defaults = self.r, settings.sections, GateConfig()
-        facilitator = self.facilitator(r.table(raw, "facilitator", "facilitator"))
-        agents = {name: self.agent(agent, facilitator) for name, agent in settings.agents.items()}
-        if facilitator.url == "" and any(a.price for a in agents.values()):
-            r.warn("facilitator.url", "missing: priced agents answer 501 until a facilitator is set")
-        in_band = r.table(raw, "in_band", "in_band")
-        r.unknown(in_band, {"max_message_bytes", "pending_per_ip"}, "in_band")
-        return GateConfig(
-            facilitator=facilitator,
-            networks=self.networks(r.table(raw, "networks", "networks")),
-            limits=self.limits(r.table(raw, "limits", "limits")),
-            channels=self.channels(r.table(raw, "channels", "channels")),
-            in_band=InBandConfig(
-                max_message_bytes=r.positive(
-                    in_band, "max_message_bytes", defaults.in_band.max_message_bytes, "in_band.max_message_bytes"
-                ),
-                pending_per_ip=r.positive(
-                    in_band, "pending_per_ip", defaults.in_band.pending_per_ip, "in_band.pending_per_ip"
-                ),
-            ),
-            reconcile_interval_seconds=r.positive(
-                raw,
-                "reconcile_interval_seconds",
-                defaults.reconcile_interval_seconds,
-                "reconcile_interval_seconds",
-                float,
-            ),
-            claim_lease_seconds=r.positive(
-                raw, "claim_lease_seconds", defaults.claim_lease_seconds, "claim_lease_seconds", float
-            ),
-            agents=agents,
-        )
+        return self.r.section(GateConfig, settings.sections, "", context={"settings": settings})
 
-    def channels(self, raw: dict[str, Any]) -> ChannelsConfig:
-        r, d = self.r, ChannelsConfig()
-        r.unknown(
-            raw,
-            {
-                "claim_interval_seconds",
-                "claim_at_amount",
-                "claim_after_seconds",
-                "refund_after_seconds",
-                "accept_unwatched_withdrawals",
-            },
-            "channels",
-        )
-        unwatched = r.get(raw, "accept_unwatched_withdrawals", bool, False, "channels.accept_unwatched_withdrawals")
-        if unwatched:
-            r.warn(
-                "channels.accept_unwatched_withdrawals",
-                "payment channels on a network without [networks] rpc_url are not watched for withdrawals:"
-                " only the claim schedule stands between a payer's withdrawal and its charged vouchers",
-            )
-        refund_after = r.get(
-            raw, "refund_after_seconds", (int, float), d.refund_after_seconds, "channels.refund_after_seconds"
-        )
-        if refund_after < 0:
-            r.problem("channels.refund_after_seconds", "must be 0 (never) or a number of seconds")
-            refund_after = d.refund_after_seconds
-        amount = raw.get("claim_at_amount", d.claim_at_amount)
-        if isinstance(amount, str) and amount.isascii() and amount.isdigit():
-            amount = int(amount)
-        if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
-            r.problem("channels.claim_at_amount", f"must be a whole number of atomic units, got {amount!r}")
-            amount = d.claim_at_amount
-        return ChannelsConfig(
-            claim_interval_seconds=r.positive(
-                raw, "claim_interval_seconds", d.claim_interval_seconds, "channels.claim_interval_seconds", float
-            ),
-            claim_at_amount=amount,
-            claim_after_seconds=r.positive(
-                raw, "claim_after_seconds", d.claim_after_seconds, "channels.claim_after_seconds", float
-            ),
-            refund_after_seconds=float(refund_after),
-            accept_unwatched_withdrawals=unwatched,
-        )
-
-    def limits(self, raw: dict[str, Any]) -> LimitsConfig:
-        r, d = self.r, LimitsConfig()
-        r.unknown(
-            raw,
-            {
-                "per_ip_per_minute",
-                "per_agent_per_minute",
-                "max_entries",
-                "ipv6_prefix",
-                "redis_url",
-                "redis_prefix",
-                "redis_timeout_seconds",
-            },
-            "limits",
-        )
-        ipv6_prefix = r.get(raw, "ipv6_prefix", int, d.ipv6_prefix, "limits.ipv6_prefix")
-        if not 16 <= ipv6_prefix <= 128:
-            r.problem("limits.ipv6_prefix", f"must be a prefix length from 16 to 128, got {ipv6_prefix}")
-            ipv6_prefix = d.ipv6_prefix
-        redis_url = r.get(raw, "redis_url", str, "", "limits.redis_url")
-        if redis_url and urlsplit(redis_url).scheme not in ("redis", "rediss", "unix"):
-            r.problem("limits.redis_url", "must be a redis://, rediss:// or unix:// URL")
-            redis_url = ""
-        return LimitsConfig(
-            per_ip_per_minute=r.positive(raw, "per_ip_per_minute", d.per_ip_per_minute, "limits.per_ip_per_minute"),
-            per_agent_per_minute=r.positive(
-                raw, "per_agent_per_minute", d.per_agent_per_minute, "limits.per_agent_per_minute"
-            ),
-            max_entries=r.positive(raw, "max_entries", d.max_entries, "limits.max_entries"),
-            ipv6_prefix=ipv6_prefix,
-            redis_url=redis_url,
-            redis_prefix=r.get(raw, "redis_prefix", str, d.redis_prefix, "limits.redis_prefix"),
-            redis_timeout_seconds=r.positive(
-                raw, "redis_timeout_seconds", d.redis_timeout_seconds, "limits.redis_timeout_seconds", float
-            ),
-        )
-
-    def facilitator(self, raw: dict[str, Any]) -> FacilitatorConfig:
-        r, path = self.r, "facilitator"
-        r.unknown(
-            raw,
-            {
-                "url",
-                "timeout_seconds",
-                "max_in_flight",
-                "max_wait_seconds",
-                "connections",
-                "auth_header_env",
-                "settle_attempts",
-                "settle_backoff_seconds",
-                "settle_margin_seconds",
-                "auth",
-                "breaker_failures",
-                "breaker_cooldown_seconds",
-                "settle_passes",
-                "settle_max_delay_seconds",
-            },
-            path,
-        )
-        d = FacilitatorConfig()
-        url = r.get(raw, "url", str, "", f"{path}.url")
-        if url:
-            url = r.http_url(url, f"{path}.url")
-        return FacilitatorConfig(
-            url=url,
-            timeout_seconds=r.positive(raw, "timeout_seconds", d.timeout_seconds, f"{path}.timeout_seconds", float),
-            max_in_flight=r.positive(raw, "max_in_flight", d.max_in_flight, f"{path}.max_in_flight"),
-            max_wait_seconds=r.positive(raw, "max_wait_seconds", d.max_wait_seconds, f"{path}.max_wait_seconds", float),
-            connections=r.positive(raw, "connections", d.connections, f"{path}.connections"),
-            auth_header_env=r.get(raw, "auth_header_env", str, "", f"{path}.auth_header_env"),
-            auth=r.callable_name(raw, "auth", f"{path}.auth"),
-            breaker_failures=r.positive(raw, "breaker_failures", d.breaker_failures, f"{path}.breaker_failures"),
-            breaker_cooldown_seconds=r.positive(
-                raw, "breaker_cooldown_seconds", d.breaker_cooldown_seconds, f"{path}.breaker_cooldown_seconds", float
-            ),
-            settle_attempts=r.positive(raw, "settle_attempts", d.settle_attempts, f"{path}.settle_attempts"),
-            settle_backoff_seconds=r.positive(
-                raw, "settle_backoff_seconds", d.settle_backoff_seconds, f"{path}.settle_backoff_seconds", float
-            ),
-            settle_margin_seconds=r.positive(
-                raw, "settle_margin_seconds", d.settle_margin_seconds, f"{path}.settle_margin_seconds", float
-            ),
-            settle_passes=r.positive(raw, "settle_passes", d.settle_passes, f"{path}.settle_passes"),
-            settle_max_delay_seconds=r.positive(
-                raw, "settle_max_delay_seconds", d.settle_max_delay_seconds, f"{path}.settle_max_delay_seconds", float
-            ),
-        )
-
-    def networks(self, raw: dict[str, Any]) -> dict[str, NetworkConfig]:
-        r, networks = self.r, {}
-        for name, body in raw.items():
-            path = f'networks."{name}"'
-            if not CAIP2_NETWORK.match(name):
-                r.problem(path, "must be a CAIP-2 network such as 'eip155:8453'")
-            if not isinstance(body, dict):
-                r.problem(path, "must be a table")
-                continue
-            r.unknown(body, {"rpc_url", "timeout_seconds"}, path)
-            rpc_url = r.get(body, "rpc_url", str, "", f"{path}.rpc_url")
-            if rpc_url:
-                rpc_url = r.http_url(rpc_url, f"{path}.rpc_url")
-            networks[name] = NetworkConfig(
-                rpc_url=rpc_url,
-                timeout_seconds=r.positive(body, "timeout_seconds", 10.0, f"{path}.timeout_seconds", float),
-            )
-        return networks
-
-    def agent(self, agent: AgentConfig, facilitator: FacilitatorConfig) -> AgentPayment:
-        r, raw, path = self.r, agent.sections, f"agents.{agent.name}"
-        payers = raw.get("allowed_payers")
-        allowed: tuple[str, ...] | None = None
-        if payers is not None:
-            if not isinstance(payers, list):
-                r.problem(f"{path}.allowed_payers", "must be a list of addresses")
-            else:
-                for i, p in enumerate(payers):
-                    if not isinstance(p, str) or not EVM_ADDRESS.match(p):
-                        r.problem(f"{path}.allowed_payers[{i}]", "must be a 0x address (40 hex digits)")
-                allowed = tuple(p.lower() for p in payers if isinstance(p, str))
-        price_raw = raw.get("price")
-        price = None if price_raw is None else self.offers(price_raw, f"{path}.price")
+    def agent_price(self, agent: AgentConfig, raw: Any, path: str, facilitator: FacilitatorConfig) -> Price | None:
+        """An agent's price, each offer's payment window fitted to the agent and the facilitator."""
+        price = self.offers(raw, path)
         if price is not None:
-            fitted = [self.fit_payment_window(agent, offer, price_raw, facilitator) for offer in price.offers]
-            price = Price.of(fitted)
-        per_agent = raw.get("per_agent_per_minute")
-        policy = r.get(raw, "on_settle_failure", str, "deliver", f"{path}.on_settle_failure")
-        if policy not in SETTLE_FAILURE_POLICIES:
-            r.problem(
-                f"{path}.on_settle_failure", f"must be one of {', '.join(SETTLE_FAILURE_POLICIES)}, got {policy!r}"
-            )
-            policy = "deliver"
-        return AgentPayment(
-            name=agent.name,
-            price=price,
-            allowed_payers=allowed,
-            per_agent_per_minute=None
-            if per_agent is None
-            else r.positive(raw, "per_agent_per_minute", None, f"{path}.per_agent_per_minute"),
-            on_settle_failure=policy,
-        )
+            price = Price.of([self.fit_payment_window(agent, offer, raw, facilitator) for offer in price.offers])
+        return price
 
     def fit_payment_window(self, agent: AgentConfig, price: Price, raw: Any, facilitator: FacilitatorConfig) -> Price:
         """A priced agent's maxTimeoutSeconds covers its payment window plus a client's time to sign and send.
@@ -833,7 +713,7 @@ class _GateReader:
                     ' version, e.g. extra = { name = "USD Coin", version = "2" }',
                 )
             return extra
-        for key in ("name", "version"):
-            if not isinstance(extra.get(key), str) or not extra[key]:
-                r.problem(f"{path}.{key}", "required: the token's EIP-712 domain name and version, as strings")
+        for name in ("name", "version"):
+            if not isinstance(extra.get(name), str) or not extra[name]:
+                r.problem(f"{path}.{name}", "required: the token's EIP-712 domain name and version, as strings")
         return extra

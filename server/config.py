@@ -8,6 +8,11 @@ The server reads its own keys only. The tables and per-agent keys an anonymous p
 declares it reads (`server.anonymous.PathConfig`) are kept raw in `Settings.sections`
 and `AgentConfig.sections`, for that path's own reader (a `Reader` like the server's,
 so its problems join the same list); any other key is a problem.
+
+Each key is written once, as a field of the dataclass it fills: its name is the key, its type
+what the file may hold, its default the default. What differs (a TOML name, a check, a default
+that depends on another key) is the field's `key(...)` metadata, and `Reader.section` walks the
+fields, in their order, for the allowed keys, the reading and the problems naming each key.
 """
 
 from __future__ import annotations
@@ -17,16 +22,19 @@ import ipaddress
 import os
 import re
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections import ChainMap
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from server import callables
 
+T = TypeVar("T")
 AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 BACKENDS = ("echo", "upstream", "python", "a2a-sdk")
+CALLABLE = re.compile(r"^[\w.]+:[\w.]+$")  # "package.module:name"
 
 
 def trusted_proxy_problem(value: str) -> str:
@@ -63,10 +71,185 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+# A key's check or its own reading: (reader, its value, the key's path, the fields read before it
+# with the reading's context) -> the value kept; problems go to the reader, each with the key's path
+Check = Callable[["Reader", Any, str, Mapping[str, Any]], Any]
+KEY = "a2a_gate.key"  # the field metadata entry holding its `Key`
+
+
+@dataclass(frozen=True)
+class Key:
+    """How a configuration field is read from its table (`Reader.section`): the field is the key
+    (its name, its default), and this says only what differs.
+
+    The field's type says what the file may hold: `str`, `bool`, `int` (a TOML integer), `float`
+    (an integer or a float, kept as a float), `tuple[str, ...]` (an array, its items as strings),
+    a dataclass (a table, read the same way). A number must be greater than 0 unless `positive`
+    is False. A value of the wrong type, or refused, is a problem naming the key, and the default
+    stands in for it.
+    """
+
+    toml: str = ""  # its name in the file, when it is not the field's
+    kinds: tuple[type, ...] = ()  # the TOML types it takes, when the field's type does not say
+    positive: bool = True  # a number must be greater than 0
+    choices: tuple[str, ...] = ()  # the strings it may be (the first is the default)
+    default_from: Callable[[Mapping[str, Any]], Any] | None = None  # a default from the fields read before
+    check: Check | None = None  # what the value must also be, and what is kept of it (after its type)
+    read: Check | None = None  # the key read its own way, from its raw value in the file (None: absent)
+    in_file: bool = True  # False: not a key of its table; filled by the reader (with `read`, from elsewhere)
+
+
+def key(default: Any = MISSING, *, factory: Any = MISSING, **how: Any) -> Any:
+    """A configuration field: its default (or `factory`) and how it is read, if not plainly (`Key`)."""
+    metadata = {KEY: Key(**how)}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# What the file may hold for a field of each type (its first is named when it holds another)
+KINDS: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "bool": (bool,),
+    "int": (int,),
+    "int | None": (int,),
+    "float": (int, float),
+    "tuple[str, ...]": (list,),
+}
+NUMBERS = frozenset({"int", "int | None", "float"})
+
+
+def typed(annotation: str, value: Any) -> Any:
+    """A value read from the file as its field holds it."""
+    if value is None:
+        return None
+    if annotation == "float":
+        return float(value)
+    if annotation in ("int", "int | None"):
+        return int(value)
+    if annotation == "tuple[str, ...]":
+        return tuple(str(item) for item in value)
+    return value
+
+
+def specs(cls: type) -> tuple[tuple[Field[Any], Key], ...]:
+    """Each field of the configuration dataclass `cls`, with how it is read; a field the reader
+    could not read is a `TypeError` here (found by the tests, not by an operator)."""
+    found = []
+    for f in fields(cls):
+        spec = f.metadata.get(KEY, Key())
+        nested = is_dataclass(f.default)
+        if spec.read is None and spec.in_file and not nested and not spec.kinds and f.type not in KINDS:
+            raise TypeError(f"{cls.__name__}.{f.name}: a {f.type} is read with a `read` or its `kinds`")
+        if spec.choices and f.default != spec.choices[0]:
+            raise TypeError(f"{cls.__name__}.{f.name}: the default must be the first choice")
+        found.append((f, spec))
+    return tuple(found)
+
+
+def keys_of(cls: type) -> frozenset[str]:
+    """The keys of a table read into `cls`: anything else in it is an unknown key."""
+    return frozenset(spec.toml or f.name for f, spec in specs(cls) if spec.in_file)
+
+
+class Dropped(Exception):
+    """A check refusing the whole table it is in (an API key without a usable digest)."""
+
+
+def optional_http_url(r: Reader, url: str, path: str, _: Mapping[str, Any]) -> str:
+    """An http(s) URL, or empty for none."""
+    return r.http_url(url, path) if url else url
+
+
+def callable_name(r: Reader, target: str, path: str, _: Mapping[str, Any]) -> str:
+    """'package.module:callable', or empty for none (imported by whoever calls it)."""
+    if target and not CALLABLE.match(target):
+        r.problem(path, f"must be 'package.module:callable', got {target!r}")
+    return target
+
+
+def _database(r: Reader, database: str, path: str, _: Mapping[str, Any]) -> str:
+    """A relative SQLite path resolves beside the configuration, or in systemd's state directory."""
+    if not is_database_url(database) and database != ":memory:" and not os.path.isabs(database):
+        database = str((state_directory(os.environ) or r.base_dir or Path()) / database)
+    return database
+
+
+def _trusted_proxies(r: Reader, value: Any, path: str, _: Mapping[str, Any]) -> tuple[str, ...]:
+    return r.section(ProxyConfig, r.as_table(value, path), path).trusted
+
+
+def _trusted_items(r: Reader, trusted: list[Any], path: str, _: Mapping[str, Any]) -> tuple[str, ...]:
+    for i, item in enumerate(trusted):
+        if not isinstance(item, str) or not item:
+            r.problem(f"{path}[{i}]", "must be an address or network string")
+        elif problem := trusted_proxy_problem(item):
+            r.problem(f"{path}[{i}]", problem)
+    return tuple(t for t in trusted if isinstance(t, str))
+
+
+def _agents(r: Reader, value: Any, path: str, _: Mapping[str, Any]) -> dict[str, AgentConfig]:
+    return {name: r.agent(name, body) for name, body in r.as_table(value, path).items()}
+
+
+def _default_agent(r: Reader, name: str, path: str, settings: Mapping[str, Any]) -> str:
+    if name and name not in settings["agents"]:
+        r.problem(path, f"names no configured agent: {name!r}")
+    return name
+
+
+def _keys(r: Reader, listed: list[Any], path: str, settings: Mapping[str, Any]) -> tuple[ApiKey, ...]:
+    return tuple(k for i, body in enumerate(listed) if (k := r.key(i, body, settings["agents"])) is not None)
+
+
+def _upstream_url(r: Reader, url: str, path: str, agent: Mapping[str, Any]) -> str:
+    if agent["backend"] == "upstream":
+        if not url:
+            r.problem(path, "required for an upstream agent")
+        else:
+            url = r.http_url(url, path)
+    return url
+
+
+def _python_callable(r: Reader, target: str, path: str, agent: Mapping[str, Any]) -> str:
+    if agent["backend"] == "python":
+        if not CALLABLE.match(target):
+            r.problem(path, "required for a python agent, as 'package.module:function'")
+        elif (function := r.importable(target, path)) is not None and not callable(function):
+            r.problem(path, f"{target} is not callable")
+    return target
+
+
+def _executor(r: Reader, target: str, path: str, agent: Mapping[str, Any]) -> str:
+    if agent["backend"] == "a2a-sdk":
+        r.executor(target, path)
+    return target
+
+
+def _required(r: Reader, value: str, path: str, _: Mapping[str, Any]) -> str:
+    if not value:
+        r.problem(path, "required")
+    return value
+
+
+def _digest(r: Reader, digest: str, path: str, _: Mapping[str, Any]) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        r.problem(path, "must be 64 lowercase hex digits (the stored form from `a2a-gate keys create`)")
+        raise Dropped
+    return digest
+
+
+def _key_agents(r: Reader, names: list[Any], path: str, key: Mapping[str, Any]) -> list[Any]:
+    for name in names:
+        if not isinstance(name, str) or (name != "*" and name not in key["agents"]):
+            r.problem(path, f"names no configured agent: {name!r}")
+    return names
+
+
 @dataclass(frozen=True)
 class Skill:
-    id: str
-    name: str
+    id: str = key("", check=_required)
+    name: str = key("", default_from=lambda skill: skill["id"])
     description: str = ""
     tags: tuple[str, ...] = ()
     examples: tuple[str, ...] = ()
@@ -74,20 +257,26 @@ class Skill:
 
 @dataclass(frozen=True)
 class AgentConfig:
-    name: str
+    # read in this order: the backend decides what url, callable and executor must be
+    name: str = key(in_file=False)  # the key of its table in [agents]
+    backend: str = key("echo", choices=BACKENDS)
+    url: str = key("", check=_upstream_url)  # upstream: the remote agent's JSON-RPC endpoint
+    callable: str = key("", check=_python_callable)  # python: "package.module:function"
+    # a2a-sdk: "package.module:Class" (an AgentExecutor) or a factory returning one
+    executor: str = key("", check=_executor)
     description: str = ""
-    backend: str = "echo"
     exposed: bool = True
-    skills: tuple[Skill, ...] = ()
-    url: str = ""  # upstream: the remote agent's JSON-RPC endpoint
+    skills: tuple[Skill, ...] = key(
+        (),
+        kinds=(list,),
+        check=lambda r, listed, path, _: tuple(r.skill(s, f"{path}[{i}]") for i, s in enumerate(listed)),
+    )
     upstream_auth_env: str = ""  # upstream: env var holding the operator's credential
     timeout_seconds: float = 30.0
     poll_interval_seconds: float = 0.5
     deadline_seconds: float = 120.0
-    callable: str = ""  # python: "package.module:function"
-    executor: str = ""  # a2a-sdk: "package.module:Class" (an AgentExecutor) or a factory returning one
     streaming: bool = True
-    sections: dict[str, Any] = field(default_factory=dict)  # the anonymous path's keys, raw
+    sections: dict[str, Any] = key(factory=dict, in_file=False)  # the anonymous path's keys, raw
 
 
 @dataclass(frozen=True)
@@ -99,10 +288,14 @@ class HttpConfig:
     keep_alive_seconds: float = 5.0  # an idle connection between requests
     max_head_bytes: int = 16_384  # request line and headers together; a larger head is answered 400
     drain_seconds: float = 10.0  # on SIGTERM: how long requests and running work may finish
-    metrics_listen: tuple[str, int] | None = None  # (ip, port): /metrics there only, not on the A2A port
+    # (ip, port): /metrics there only, not on the A2A port; in the file "IP:PORT"
+    metrics_listen: tuple[str, int] | None = key(
+        None, kinds=(str,), check=lambda r, value, path, _: r.listen_address(value, path)
+    )
     metrics_token_env: str = ""  # env var holding the bearer token /metrics asks for; never in the file
-    implementation: str = "auto"  # uvicorn's HTTP parser: h11, httptools, or auto (httptools when installed)
-    loop: str = "auto"  # the event loop: asyncio, uvloop, or auto (uvloop when installed)
+    # uvicorn's HTTP parser: h11, httptools, or auto (httptools when installed)
+    implementation: str = key("auto", choices=("auto", "h11", "httptools"))
+    loop: str = key("auto", choices=("auto", "asyncio", "uvloop"))  # asyncio, uvloop, or auto (uvloop when installed)
 
 
 @dataclass(frozen=True)
@@ -115,33 +308,44 @@ class StreamConfig:
 
 
 @dataclass(frozen=True)
+class ProxyConfig:
+    """`[proxy]`: the peers whose forwarded headers are believed (`Settings.trusted_proxies`)."""
+
+    trusted: tuple[str, ...] = key((), check=_trusted_items)
+
+
+@dataclass(frozen=True)
 class ApiKey:
     """A key declared in the file by its SHA-256 digest (see `a2a-gate keys create`)."""
 
-    name: str
-    sha256: str
-    agents: tuple[str, ...]
+    # read in this order: a key without a usable digest is dropped, its other keys unread
+    sha256: str = key("", check=_digest)
+    agents: tuple[str, ...] = key((), check=_key_agents)
+    name: str = key("", default_from=lambda key: f"key-{key['index']}")
     revoked: bool = False
 
 
 @dataclass(frozen=True)
 class Settings:
-    public_url: str = ""  # empty: from a trusted proxy's headers, else the server's own address
-    database: str = "a2a-gate.db"
-    default_agent: str = "echo"
+    # read in this order (each problem listed in it): default_agent and keys name agents
+    public_url: str = key("", check=optional_http_url)  # empty: from a trusted proxy's headers, else the server's own
+    database: str = key("a2a-gate.db", check=_database)
+    trusted_proxies: tuple[str, ...] = key((), toml="proxy", read=_trusted_proxies)  # [proxy] trusted
+    agents: dict[str, AgentConfig] = key(factory=dict, read=_agents)
+    default_agent: str = key(
+        "echo", default_from=lambda settings: next(iter(settings["agents"]), ""), check=_default_agent
+    )
+    keys: tuple[ApiKey, ...] = key((), kinds=(list,), check=_keys)
     max_body_bytes: int = 1_048_576
     task_retention_days: float = 7.0
     task_deadline_seconds: float = 600.0
     housekeeping_interval_seconds: float = 60.0  # how often stuck tasks are failed and old ones deleted
-    trusted_proxies: tuple[str, ...] = ()
     http: HttpConfig = HttpConfig()
     streams: StreamConfig = StreamConfig()
-    agents: dict[str, AgentConfig] = field(default_factory=dict)
-    keys: tuple[ApiKey, ...] = ()
-    source: str = "<embedded defaults>"
-    warnings: tuple[str, ...] = ()  # problems that do not stop the server (shown by check-config)
-    sections: dict[str, Any] = field(default_factory=dict)  # the anonymous path's tables and keys, raw
-    anonymous: Any = None  # what the anonymous path read of them (`server.anonymous.PathConfig.read`)
+    source: str = key("<embedded defaults>", in_file=False)
+    warnings: tuple[str, ...] = key((), in_file=False)  # problems that do not stop the server (shown by check-config)
+    sections: dict[str, Any] = key(factory=dict, in_file=False)  # the anonymous path's tables and keys, raw
+    anonymous: Any = key(None, in_file=False)  # what the anonymous path read of them (`PathConfig.read`)
 
 
 def is_database_url(database: str) -> bool:
@@ -220,11 +424,62 @@ class Reader:
             self.problem(where, "unknown key")
 
     def table(self, raw: dict[str, Any], key: str, path: str) -> dict[str, Any]:
-        value = raw.get(key, {})
+        return self.as_table(raw.get(key), path)
+
+    def as_table(self, value: Any, path: str) -> dict[str, Any]:
+        """A table's raw keys: none when it is absent (None), a problem when it is not a table."""
+        if value is None:
+            return {}
         if not isinstance(value, dict):
             self.problem(path, "must be a table")
             return {}
         return value
+
+    def section(
+        self,
+        cls: type[T],
+        raw: dict[str, Any],
+        path: str,
+        *,
+        extra: frozenset[str] = frozenset(),
+        context: Mapping[str, Any] | None = None,
+        **given: Any,
+    ) -> T:
+        """The dataclass `cls` read from its table `raw` at `path`: its unknown keys (beside `extra`,
+        kept for another reader) are problems, then each field is read in its order (`Key`), unless
+        `given`. A field's check or reading sees the fields read before it and `context`."""
+        self.unknown(raw, keys_of(cls) | extra, path)
+        values: dict[str, Any] = dict(given)
+        before = ChainMap(values, dict(context or {}))
+        for f, spec in specs(cls):
+            if f.name in given or (not spec.in_file and spec.read is None):
+                continue
+            name = spec.toml or f.name
+            where = f"{path}.{name}" if path else name
+            if spec.read is not None:
+                values[f.name] = spec.read(self, raw.get(name) if spec.in_file else None, where, before)
+            elif is_dataclass(f.default):
+                values[f.name] = self.section(type(f.default), self.table(raw, name, where), where)
+            else:
+                values[f.name] = self.value(raw, name, f, spec, where, before)
+        return cls(**values)
+
+    def value(
+        self, raw: dict[str, Any], name: str, f: Field[Any], spec: Key, path: str, before: Mapping[str, Any]
+    ) -> Any:
+        """One key of a table, as its field `f` holds it."""
+        default = spec.default_from(before) if spec.default_from is not None else f.default
+        if default is MISSING:
+            default = f.default_factory() if f.default_factory is not MISSING else None
+        value = self.get(raw, name, spec.kinds or KINDS[str(f.type)], default, path)
+        if spec.choices and value not in spec.choices:
+            self.problem(path, f"must be one of {', '.join(spec.choices)}, got {value!r}")
+            value = spec.choices[0]
+        elif spec.positive and f.type in NUMBERS:
+            value = self.above_zero(value, default, path)
+        if spec.check is not None:
+            value = spec.check(self, value, path, before)
+        return typed(str(f.type), value)
 
     def get(self, raw: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any, path: str) -> Any:
         if key not in raw:
@@ -241,18 +496,13 @@ class Reader:
 
     def positive(self, raw: dict[str, Any], key: str, default: Any, path: str, kind: type = int) -> Any:
         kinds: tuple[type, ...] = (int,) if kind is int else (int, float)
-        value = self.get(raw, key, kinds, default, path)
+        return kind(self.above_zero(self.get(raw, key, kinds, default, path), default, path))
+
+    def above_zero(self, value: Any, default: Any, path: str) -> Any:
+        """A number read from the file, or the default when it is not greater than 0."""
         if value is not default and not value > 0:  # `not > 0` also refuses nan
             self.problem(path, "must be greater than 0")
             return default
-        return kind(value)
-
-    def one_of(self, raw: dict[str, Any], key: str, choices: tuple[str, ...], path: str) -> str:
-        """A string among `choices` (the first is the default)."""
-        value = self.get(raw, key, str, choices[0], path)
-        if value not in choices:
-            self.problem(path, f"must be one of {', '.join(choices)}, got {value!r}")
-            return choices[0]
         return value
 
     def http_url(self, value: str, path: str) -> str:
@@ -271,118 +521,17 @@ class Reader:
 
     def settings(self, raw: dict[str, Any], base_dir: Path, source: str) -> Settings:
         self.base_dir = base_dir
-        known = {
-            "public_url",
-            "database",
-            "default_agent",
-            "max_body_bytes",
-            "task_retention_days",
-            "task_deadline_seconds",
-            "housekeeping_interval_seconds",
-            "proxy",
-            "agents",
-            "keys",
-            "http",
-            "streams",
-        }
-        self.unknown(raw, known | self.path_keys, "")
-        defaults = Settings()
-        public_url = self.get(raw, "public_url", str, defaults.public_url, "public_url")
-        if public_url:
-            public_url = self.http_url(public_url, "public_url")
-        database = self.get(raw, "database", str, defaults.database, "database")
-        if not is_database_url(database) and database != ":memory:" and not os.path.isabs(database):
-            database = str((state_directory(os.environ) or base_dir) / database)
-        proxy = self.table(raw, "proxy", "proxy")
-        self.unknown(proxy, {"trusted"}, "proxy")
-        trusted = self.get(proxy, "trusted", list, [], "proxy.trusted")
-        for i, item in enumerate(trusted):
-            if not isinstance(item, str) or not item:
-                self.problem(f"proxy.trusted[{i}]", "must be an address or network string")
-            elif problem := trusted_proxy_problem(item):
-                self.problem(f"proxy.trusted[{i}]", problem)
-
-        agents_raw = self.table(raw, "agents", "agents")
-        agents = {name: self.agent(name, body) for name, body in agents_raw.items()}
-        default_agent = self.get(raw, "default_agent", str, next(iter(agents), ""), "default_agent")
-        if default_agent and default_agent not in agents:
-            self.problem("default_agent", f"names no configured agent: {default_agent!r}")
-
-        keys_raw = self.get(raw, "keys", list, [], "keys")
-        keys = tuple(k for i, body in enumerate(keys_raw) if (k := self.key(i, body, agents)) is not None)
-        return Settings(
-            public_url=public_url,
-            database=database,
-            default_agent=default_agent,
-            max_body_bytes=self.positive(raw, "max_body_bytes", defaults.max_body_bytes, "max_body_bytes"),
-            task_retention_days=self.positive(
-                raw, "task_retention_days", defaults.task_retention_days, "task_retention_days", float
-            ),
-            task_deadline_seconds=self.positive(
-                raw, "task_deadline_seconds", defaults.task_deadline_seconds, "task_deadline_seconds", float
-            ),
-            housekeeping_interval_seconds=self.positive(
-                raw,
-                "housekeeping_interval_seconds",
-                defaults.housekeeping_interval_seconds,
-                "housekeeping_interval_seconds",
-                float,
-            ),
-            trusted_proxies=tuple(t for t in trusted if isinstance(t, str)),
-            http=self.http(self.table(raw, "http", "http")),
-            streams=self.streams(self.table(raw, "streams", "streams")),
-            agents=agents,
-            keys=keys,
-            source=source,
-            warnings=tuple(f"{source}: {w}" for w in self.warnings),
-            sections={key: raw[key] for key in self.path_keys if key in raw},
-        )
-
-    def http(self, raw: dict[str, Any]) -> HttpConfig:
-        self.unknown(
+        settings = self.section(
+            Settings,
             raw,
-            {
-                "head_timeout_seconds",
-                "body_timeout_seconds",
-                "keep_alive_seconds",
-                "max_head_bytes",
-                "drain_seconds",
-                "metrics_listen",
-                "metrics_token_env",
-                "implementation",
-                "loop",
-            },
-            "http",
+            "",
+            extra=self.path_keys,
+            source=source,
+            sections={k: raw[k] for k in self.path_keys if k in raw},
         )
-        d = HttpConfig()
-        return HttpConfig(
-            head_timeout_seconds=self.positive(
-                raw, "head_timeout_seconds", d.head_timeout_seconds, "http.head_timeout_seconds", float
-            ),
-            body_timeout_seconds=self.positive(
-                raw, "body_timeout_seconds", d.body_timeout_seconds, "http.body_timeout_seconds", float
-            ),
-            keep_alive_seconds=self.positive(
-                raw, "keep_alive_seconds", d.keep_alive_seconds, "http.keep_alive_seconds", float
-            ),
-            max_head_bytes=self.positive(raw, "max_head_bytes", d.max_head_bytes, "http.max_head_bytes"),
-            drain_seconds=self.positive(raw, "drain_seconds", d.drain_seconds, "http.drain_seconds", float),
-            metrics_listen=self.listen_address(self.get(raw, "metrics_listen", str, "", "http.metrics_listen")),
-            metrics_token_env=self.get(raw, "metrics_token_env", str, "", "http.metrics_token_env"),
-            implementation=self.one_of(raw, "implementation", ("auto", "h11", "httptools"), "http.implementation"),
-            loop=self.one_of(raw, "loop", ("auto", "asyncio", "uvloop"), "http.loop"),
-        )
+        return replace(settings, warnings=tuple(f"{source}: {w}" for w in self.warnings))
 
-    def streams(self, raw: dict[str, Any]) -> StreamConfig:
-        self.unknown(raw, {"max_per_task", "max_per_owner", "max_per_client"}, "streams")
-        d = StreamConfig()
-        return StreamConfig(
-            max_per_task=self.positive(raw, "max_per_task", d.max_per_task, "streams.max_per_task"),
-            max_per_owner=self.positive(raw, "max_per_owner", d.max_per_owner, "streams.max_per_owner"),
-            max_per_client=self.positive(raw, "max_per_client", d.max_per_client, "streams.max_per_client"),
-        )
-
-    def listen_address(self, value: str) -> tuple[str, int] | None:
+    def listen_address(self, value: str | None, path: str) -> tuple[str, int] | None:
         """`IP:PORT` (`[::1]:9464` for IPv6), as the listener reports it; "" is none."""
         if not value:
             return None
@@ -393,15 +542,12 @@ class Reader:
             if not 0 < number < 65536:
                 raise ValueError(port)
         except ValueError:
-            self.problem("http.metrics_listen", 'must be IP:PORT, e.g. "127.0.0.1:9464" or "[::1]:9464"')
+            self.problem(path, 'must be IP:PORT, e.g. "127.0.0.1:9464" or "[::1]:9464"')
             return None
         return str(address), number
 
     def callable_name(self, raw: dict[str, Any], key: str, path: str) -> str:
-        target = self.get(raw, key, str, "", path)
-        if target and not re.match(r"^[\w.]+:[\w.]+$", target):
-            self.problem(path, f"must be 'package.module:callable', got {target!r}")
-        return target
+        return callable_name(self, self.get(raw, key, str, "", path), path, {})
 
     def agent(self, name: str, raw: Any) -> AgentConfig:
         path = f"agents.{name}"
@@ -410,58 +556,8 @@ class Reader:
         if not isinstance(raw, dict):
             self.problem(path, "must be a table")
             return AgentConfig(name=name)
-        known = {
-            "description",
-            "backend",
-            "exposed",
-            "skills",
-            "url",
-            "upstream_auth_env",
-            "timeout_seconds",
-            "poll_interval_seconds",
-            "deadline_seconds",
-            "callable",
-            "executor",
-            "streaming",
-        }
-        self.unknown(raw, known | self.path_agent_keys, path)
-        backend = self.get(raw, "backend", str, "echo", f"{path}.backend")
-        if backend not in BACKENDS:
-            self.problem(f"{path}.backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        url = self.get(raw, "url", str, "", f"{path}.url")
-        if backend == "upstream":
-            if not url:
-                self.problem(f"{path}.url", "required for an upstream agent")
-            else:
-                url = self.http_url(url, f"{path}.url")
-        target = self.get(raw, "callable", str, "", f"{path}.callable")
-        if backend == "python":
-            if not re.match(r"^[\w.]+:[\w.]+$", target):
-                self.problem(f"{path}.callable", "required for a python agent, as 'package.module:function'")
-            elif (function := self.importable(target, f"{path}.callable")) is not None and not callable(function):
-                self.problem(f"{path}.callable", f"{target} is not callable")
-        executor = self.get(raw, "executor", str, "", f"{path}.executor")
-        if backend == "a2a-sdk":
-            self.executor(executor, f"{path}.executor")
-        skills_raw = self.get(raw, "skills", list, [], f"{path}.skills")
-        return AgentConfig(
-            name=name,
-            description=self.get(raw, "description", str, "", f"{path}.description"),
-            backend=backend,
-            exposed=self.get(raw, "exposed", bool, True, f"{path}.exposed"),
-            skills=tuple(self.skill(s, f"{path}.skills[{i}]") for i, s in enumerate(skills_raw)),
-            url=url,
-            upstream_auth_env=self.get(raw, "upstream_auth_env", str, "", f"{path}.upstream_auth_env"),
-            timeout_seconds=self.positive(raw, "timeout_seconds", 30.0, f"{path}.timeout_seconds", float),
-            poll_interval_seconds=self.positive(
-                raw, "poll_interval_seconds", 0.5, f"{path}.poll_interval_seconds", float
-            ),
-            deadline_seconds=self.positive(raw, "deadline_seconds", 120.0, f"{path}.deadline_seconds", float),
-            callable=target,
-            executor=executor,
-            streaming=self.get(raw, "streaming", bool, True, f"{path}.streaming"),
-            sections={key: raw[key] for key in self.path_agent_keys if key in raw},
-        )
+        sections = {key: raw[key] for key in self.path_agent_keys if key in raw}
+        return self.section(AgentConfig, raw, path, extra=self.path_agent_keys, name=name, sections=sections)
 
     def importable(self, target: str, path: str) -> Any:
         """The object `target` names, imported now (so `check-config` finds what `serve` would), or None."""
@@ -475,7 +571,7 @@ class Reader:
 
     def executor(self, target: str, path: str) -> None:
         """An a2a-sdk agent: an `AgentExecutor` subclass, or a factory (a callable) that returns one."""
-        if not re.match(r"^[\w.]+:[\w.]+$", target):
+        if not CALLABLE.match(target):
             self.problem(path, "required for an a2a-sdk agent, as 'package.module:ExecutorClass'")
             return
         try:
@@ -497,40 +593,17 @@ class Reader:
         if not isinstance(raw, dict):
             self.problem(path, "must be a table")
             return Skill(id="invalid", name="invalid")
-        self.unknown(raw, {"id", "name", "description", "tags", "examples"}, path)
-        skill_id = self.get(raw, "id", str, "", f"{path}.id")
-        if not skill_id:
-            self.problem(f"{path}.id", "required")
-        return Skill(
-            id=skill_id,
-            name=self.get(raw, "name", str, skill_id, f"{path}.name"),
-            description=self.get(raw, "description", str, "", f"{path}.description"),
-            tags=tuple(str(t) for t in self.get(raw, "tags", list, [], f"{path}.tags")),
-            examples=tuple(str(e) for e in self.get(raw, "examples", list, [], f"{path}.examples")),
-        )
+        return self.section(Skill, raw, path)
 
     def key(self, index: int, raw: Any, agents: dict[str, AgentConfig]) -> ApiKey | None:
         path = f"keys[{index}]"
         if not isinstance(raw, dict):
             self.problem(path, "must be a table")
             return None
-        self.unknown(raw, {"name", "sha256", "agents", "revoked"}, path)
-        digest = self.get(raw, "sha256", str, "", f"{path}.sha256")
-        if not re.fullmatch(r"[0-9a-f]{64}", digest):
-            self.problem(
-                f"{path}.sha256", "must be 64 lowercase hex digits (the stored form from `a2a-gate keys create`)"
-            )
+        try:
+            return self.section(ApiKey, raw, path, context={"index": index, "agents": agents})
+        except Dropped:
             return None
-        names = self.get(raw, "agents", list, [], f"{path}.agents")
-        for name in names:
-            if not isinstance(name, str) or (name != "*" and name not in agents):
-                self.problem(f"{path}.agents", f"names no configured agent: {name!r}")
-        return ApiKey(
-            name=self.get(raw, "name", str, f"key-{index}", f"{path}.name"),
-            sha256=digest,
-            agents=tuple(str(n) for n in names),
-            revoked=self.get(raw, "revoked", bool, False, f"{path}.revoked"),
-        )
 
 
 def takes_no_arguments(function: Any) -> bool:
