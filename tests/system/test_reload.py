@@ -135,5 +135,12 @@ def test_sighup_to_the_supervisor_reloads_every_worker_without_restarting_one(tm
 
 
 def workers_of(supervisor: psutil.Process) -> list[psutil.Process]:
-    """The supervisor's uvicorn workers (multiprocessing's spawned children)."""
-    return [c for c in supervisor.children() if "spawn_main" in " ".join(c.cmdline())]
+    """The supervisor's uvicorn workers (multiprocessing's spawned children), zombies left out."""
+    workers = []
+    for child in supervisor.children():
+        try:
+            if "spawn_main" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                workers.append(child)
+        except psutil.Error:  # gone, or a zombie whose command line cannot be read
+            continue
+    return workers
