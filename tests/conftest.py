@@ -112,6 +112,9 @@ def tier(item: pytest.Item) -> None:
     path = Path(str(item.path)).relative_to(Path(__file__).parent.parent).as_posix()
     module = getattr(item, "module", None)
     names = set(vars(module)) if module is not None else set()
+    code = getattr(getattr(item, "function", None), "__code__", None)
+    if code is not None:  # what the test imports or names itself (a local import included)
+        names |= set(code.co_names) | set(code.co_varnames)
     folder = path.split("/")[1] if path.count("/") > 1 else ""
     fixtures = set(getattr(item, "fixturenames", ()))
     if folder in SYSTEM_FOLDERS or fixtures & SERVER_FIXTURES or names & SERVER_NAMES:
@@ -133,6 +136,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return len(LONGEST_FIRST)
 
     items.sort(key=rank)
+
+
+@pytest.fixture(autouse=True)
+def no_servers_unless_system(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test outside the `system` tier starts no process, listens on no port and connects to none:
+    the fast tier runs anywhere. One that does fails here, saying to mark it (its module's
+    `pytestmark = pytest.mark.system`, or a server fixture)."""
+    if request.node.get_closest_marker("system") is not None:
+        return
+    import socket
+    import subprocess
+
+    def refuse(what: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError(f"{request.node.nodeid} {what} but is not marked system (tests/conftest.py)")
+
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("starts a process"))
+    monkeypatch.setattr(socket.socket, "listen", refuse("listens on a port"))
+    real_connect = socket.socket.connect
+
+    def connect(self: socket.socket, address: Any) -> Any:
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            refuse(f"connects to {address}")()
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
 
 
 @pytest.hookimpl(optionalhook=True)  # a run without xdist (`-p no:xdist`) does not know the hook

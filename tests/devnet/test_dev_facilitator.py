@@ -46,6 +46,8 @@ from tests.support.dev_facilitator_helpers import (
     tamper,
 )
 
+pytestmark = pytest.mark.system  # real servers on loopback ports
+
 # Shared fixtures, bound by assignment rather than imported by name: pytest finds
 # fixtures among a module's attributes, and pyflakes would read every test
 # parameter that names an imported fixture as a redefinition of an unused import.

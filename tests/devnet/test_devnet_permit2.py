@@ -72,6 +72,8 @@ from tests.support.permit2_payments import (
     upto_offer,
 )
 
+pytestmark = pytest.mark.system  # real servers on loopback ports
+
 start, facilitator = helpers.start, helpers.facilitator
 key, payer = helpers.key, helpers.payer
 

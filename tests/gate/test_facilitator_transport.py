@@ -20,6 +20,8 @@ from gate.config import FacilitatorConfig
 from gate.facilitator import FacilitatorClient, Unavailable
 from tests.support.gate_process import free_port
 
+pytestmark = pytest.mark.system  # real servers on loopback ports
+
 ANSWER = b'{"isValid": true, "payer": "0x1111111111111111111111111111111111111111"}'
 
 

@@ -73,6 +73,7 @@ def test_the_server_alone_serves_keys_and_answers_everyone_else_401(tmp_path):
         assert seen_by_agent(client) == "trace x402.payment.payload x402.payment.status"
 
 
+@pytest.mark.system  # the a2a-gate command, as a process
 def test_the_a2a_gate_command_plugs_the_payment_gate_in(tmp_path):
     with TestClient(build_app(settings(tmp_path))) as client:
         priced = client.post("/a2a/priced", json=send("hi"))
