@@ -1,7 +1,8 @@
 """``a2a-gate-devnet``: run the development facilitator, or pay a priced agent.
 
-The x402 package and eth-account come with the ``dev`` extra; without them the command
-says how to install them instead of failing with a traceback. The facilitator checks at its
+The x402 package and eth-account are the distribution's own dependencies; where they cannot be
+imported (the package run from a checkout without ``pip install ./devnet``), the command says how
+to install them instead of failing with a traceback. The facilitator checks at its
 start what its Permit2 schemes import on their first verify (x402's extensions), so a missing
 piece is one line and a refusal to start, not a 500 to every Permit2 payment.
 
