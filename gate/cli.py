@@ -676,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dev-facilitator",
         type=int,
         metavar="PORT",
-        help="also start the development facilitator on this port and use it (a2a-gate-devnet, from the [dev] extra)",
+        help="also start the development facilitator on this port and use it (a2a-gate-devnet: pip install ./devnet)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-json", action="store_true", help="one JSON object per log line")

@@ -34,6 +34,11 @@ def dev_facilitator(port: int, ledger: str) -> Iterator[str]:
     On Linux the child also asks the kernel for SIGTERM when this process dies, however
     it dies (SIGKILL, a crash), so it never outlives the gate holding its port.
     """
+    if not devnet_installed():
+        raise SystemExit(
+            f"error: --dev-facilitator {port}: the development network is not installed"
+            " (pip install ./devnet from a2a-gate's repository: the a2a-gate-devnet distribution)"
+        )
     url = f"http://127.0.0.1:{port}"
     taken = port_in_use("127.0.0.1", port)
     if taken:
@@ -55,6 +60,19 @@ def dev_facilitator(port: int, ledger: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def devnet_installed() -> bool:
+    """Whether this interpreter can run `python -m devnet` (the a2a-gate-devnet distribution), found
+    without importing it: the gate imports nothing of the development network. A folder named
+    `devnet` without the package (the repository's, seen from its root) is a namespace: no origin."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("devnet")
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -16,9 +16,9 @@ import pytest
 
 from tests.support.services import missing, postgres_url, redis_url, where
 
-pytest.importorskip("fastapi", reason="the benchmark needs its extras: pip install -e '.[bench]'")
-pytest.importorskip("psutil", reason="the benchmark needs its extras: pip install -e '.[bench]'")
-pytest.importorskip("a2a.server.routes", reason="the benchmark needs its extras: pip install -e '.[bench]'")
+pytest.importorskip("fastapi", reason="the benchmark needs its extras: pip install -e '.[bench]' -e ./devnet")
+pytest.importorskip("psutil", reason="the benchmark needs its extras: pip install -e '.[bench]' -e ./devnet")
+pytest.importorskip("a2a.server.routes", reason="the benchmark needs its extras: pip install -e '.[bench]' -e ./devnet")
 
 REPO = Path(__file__).parents[2]
 # Every row of the table, by the case that measures it (case b measures its own floor too).

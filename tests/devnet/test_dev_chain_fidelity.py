@@ -39,6 +39,7 @@ from x402.mechanisms.evm.signers import EthAccountSigner
 from x402.schemas import PaymentRequirements
 
 from devnet.batch_settlement import EVENT_TOPICS, UINT128_MAX, BatchSettlementContract
+from devnet.batch_settlement.state import store_channel
 from devnet.chain import (
     AUTHORIZATION_CANCELED_TOPIC,
     AUTHORIZATION_USED_TOPIC,
@@ -264,7 +265,7 @@ def test_deposit_refuses_a_balance_past_uint128(world):
     record = world.record(channel)
     record.balance = UINT128_MAX - 10
     with world.ledger.contract_transaction() as db:
-        world.contract._store(db, record)
+        store_channel(db, record)
     data = world.deposit_data(channel, 11)
     reason = world.reverts("deposit", channel.contract_config, 11, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, data)
     assert reason.endswith("balance overflow")

@@ -1,4 +1,4 @@
-"""The development network as its own program: the README's first commands, and its extra."""
+"""The development network as its own program: the README's first commands, and its distribution."""
 
 from __future__ import annotations
 
@@ -78,15 +78,19 @@ def test_serve_with_dev_facilitator_then_devnet_pay_runs_the_paid_flow(tmp_path:
     assert (tmp_path / "a2a-gate.db.ledger").exists(), "the ledger sits beside the database"
 
 
-def test_devnet_without_its_extra_says_how_to_install_it(monkeypatch, capsys):
+INSTALL = "pip install ./devnet"
+
+
+def test_devnet_without_its_dependencies_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setattr(cli, "EXTRA_MODULES", ("x402", "surely_not_installed_module"))
     assert cli.main(["facilitator"]) == cli.MISSING_EXTRA_STATUS
     error = capsys.readouterr().err
-    assert "surely_not_installed_module" in error and 'pip install "a2a-gate[dev]"' in error
+    assert "surely_not_installed_module" in error and INSTALL in error
 
 
 def test_production_server_runs_without_the_extra_and_dev_facilitator_says_what_is_missing(tmp_path: Path):
-    """Without x402 and eth-account (no `dev` extra) the gate serves; --dev-facilitator says how to get it."""
+    """Without x402 and eth-account (the development network's dependencies) the gate serves;
+    --dev-facilitator says how to get them."""
     shadow = tmp_path / "shadow"
     shadow.mkdir()
     # A sitecustomize that hides the x402 package, as on an install without the extra.
@@ -109,7 +113,7 @@ def test_production_server_runs_without_the_extra_and_dev_facilitator_says_what_
         timeout=30,
     )
     assert result.returncode != 0
-    assert 'pip install "a2a-gate[dev]"' in result.stderr
+    assert INSTALL in result.stderr
     assert "the development facilitator exited" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -129,3 +133,35 @@ def test_production_server_runs_without_the_extra_and_dev_facilitator_says_what_
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(15)
+
+
+def test_dev_facilitator_without_the_development_network_says_so_in_one_line(tmp_path: Path):
+    """A production install (no a2a-gate-devnet): --dev-facilitator stops before starting anything,
+    with one line naming the install, and the gate still imports nothing of the development network."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    # A sitecustomize that makes `devnet` absent, as on an install without the distribution.
+    (shadow / "sitecustomize.py").write_text("import sys\nsys.modules['devnet'] = None\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
+    facilitator_port = free_port()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gate.cli",
+            "serve",
+            "--port",
+            str(free_port()),
+            "--dev-facilitator",
+            str(facilitator_port),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert f"--dev-facilitator {facilitator_port}" in result.stderr and "not installed" in result.stderr
+    assert INSTALL in result.stderr

@@ -1,8 +1,8 @@
 """`a2a-gate-devnet pay` exits 0 only for a paid answer: what each other answer says on its one line.
 
 The processes themselves (a refusal, an unreachable gate, an offer the client cannot sign) are run
-by tests/system/test_install_extras.py from a `[dev]`-only virtualenv; these are the answers a development
-gate rarely gives on demand.
+by tests/system/test_install_extras.py from a newcomer's virtualenv (the gate and ./devnet alone);
+these are the answers a development gate rarely gives on demand.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
-"""The README's steps, run from a virtualenv holding only `pip install -e ".[dev]"`, as a newcomer has.
+"""The README's steps, run from a virtualenv holding only the gate and the development network
+(`pip install -e . -e ./devnet`: the distributions `a2a-gate` and `a2a-gate-devnet`), as a newcomer has.
 
-The suite itself runs with the `test` extra, which pulls in more than `dev` does: a package only the
-`test` extra installs would hide a README step that cannot run on a `[dev]` install (the development
+The suite itself runs with the `test` extra, which pulls in more than that: a package only the
+`test` extra installs would hide a README step that cannot run on the newcomer's install (the development
 facilitator's Permit2 schemes, `exact` by Permit2 and `upto`, need x402's extensions). This module
 drives that other virtualenv's own `a2a-gate` and `a2a-gate-devnet` commands: `serve --dev-facilitator`
 with the shipped example, a free call with an API key, then `a2a-gate-devnet pay` to the priced,
 the usage-priced and the channel agent (each exits 0 with the receipt), and payments that are refused
 or fail (each exits non-zero with one line saying why).
 
-`DEV_EXTRA_PYTHON` names that virtualenv's python (`.ci/run` builds `.venv-dev`:
-`python3 -m venv .venv-dev && .venv-dev/bin/pip install -e ".[dev]"`). Without it the module is
-skipped, with `CI` set it fails.
+`DEV_EXTRA_PYTHON` names that virtualenv's python (`.ci/run` builds `build/venv-dev`:
+`python3 -m venv build/venv-dev && build/venv-dev/bin/pip install -e . -e ./devnet`). Without it the
+module is skipped, with `CI` set it fails.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tests.support.services import missing
 
 ROOT = Path(__file__).parents[2]
 VARIABLE = "DEV_EXTRA_PYTHON"
-# what the `test` extra adds and `dev` does not: none of it may be importable there
+# what the `test` extra adds and the two distributions do not: none of it may be importable there
 TEST_ONLY = ("pytest", "hypothesis", "a2a", "fastapi", "psutil")
 SEND = {
     "jsonrpc": "2.0",
@@ -49,7 +50,9 @@ SEND = {
 def dev_only_python() -> Path:
     value = os.environ.get(VARIABLE, "")
     if not value:
-        missing(f'{VARIABLE} is not set: no [dev]-only virtualenv (python3 -m venv V && V/bin/pip install -e ".[dev]")')
+        missing(
+            f"{VARIABLE} is not set: no newcomer's virtualenv (python3 -m venv V && V/bin/pip install -e . -e ./devnet)"
+        )
     python = Path(value)
     if not python.exists():
         missing(f"{VARIABLE}={value}: no such interpreter")
@@ -57,20 +60,25 @@ def dev_only_python() -> Path:
 
 
 def check_dev_only(python: Path) -> None:
-    """The virtualenv is this checkout's `[dev]` install and nothing more: a stale or richer one
-    would prove nothing about the extras as pyproject.toml declares them."""
+    """The virtualenv is this checkout's gate and development network and nothing more: a stale or
+    richer one would prove nothing about the install the README names."""
     probe = (
-        "import importlib.metadata as m, importlib.util as u, json, gate;"
-        f"print(json.dumps({{'gate': gate.__file__, 'requires': m.requires('a2a-gate') or [],"
+        "import importlib.metadata as m, importlib.util as u, json, gate, devnet;"
+        "print(json.dumps({'gate': gate.__file__, 'devnet': devnet.__file__,"
+        " 'requires': m.requires('a2a-gate-devnet') or [],"
         f" 'present': [n for n in {TEST_ONLY!r} if u.find_spec(n)]}}))"
     )
-    found = json.loads(subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout)
+    run = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd="/")
+    assert run.returncode == 0, f"{python} lacks the gate or the development network: {run.stderr[-2000:]}"
+    found = json.loads(run.stdout)
     assert Path(found["gate"]).resolve().is_relative_to(ROOT.resolve()), f"{python} does not run this checkout"
-    assert not found["present"], f"{python} has the test extra's {found['present']}: not a [dev]-only install"
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
-    installed = [r.split(";")[0].strip() for r in found["requires"] if 'extra == "dev"' in r]
+    devnet = Path(found["devnet"]).resolve()
+    assert devnet.is_relative_to((ROOT / "devnet").resolve()), f"{python} runs another development network: {devnet}"
+    assert not found["present"], f"{python} has the test extra's {found['present']}: not a newcomer's install"
+    declared = tomllib.loads((ROOT / "devnet" / "pyproject.toml").read_text())["project"]["dependencies"]
+    installed = [r for r in found["requires"] if "extra ==" not in r]
     assert same(installed) == same(declared), (
-        f"{python} was installed from another pyproject.toml (dev extra {installed}, now {declared}): rebuild it"
+        f"{python} was installed from another devnet/pyproject.toml ({installed}, now {declared}): rebuild it"
     )
 
 
@@ -85,7 +93,7 @@ def newcomer_env(bin: Path) -> dict[str, str]:
 
 def same(requirements: list[str]) -> list[tuple[str, list[str], str]]:
     """Requirements in one spelling (the installed metadata sorts a requirement's extras)."""
-    parsed = (Requirement(r) for r in requirements)
+    parsed = (Requirement(r.split(";")[0]) for r in requirements)
     return sorted((canonicalize_name(r.name), sorted(r.extras), str(r.specifier)) for r in parsed)
 
 

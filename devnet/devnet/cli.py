@@ -1,7 +1,8 @@
 """``a2a-gate-devnet``: run the development facilitator, or pay a priced agent.
 
-The x402 package and eth-account come with the ``dev`` extra; without them the command
-says how to install them instead of failing with a traceback. The facilitator checks at its
+The x402 package and eth-account are the distribution's own dependencies; where they cannot be
+imported (the package run from a checkout without ``pip install ./devnet``), the command says how
+to install them instead of failing with a traceback. The facilitator checks at its
 start what its Permit2 schemes import on their first verify (x402's extensions), so a missing
 piece is one line and a refusal to start, not a 500 to every Permit2 payment.
 
@@ -22,18 +23,18 @@ import os
 import sys
 from typing import Any
 
-#: What ``pip install "a2a-gate[dev]"`` adds; ``main`` checks for them before anything else.
+#: What the distribution's own dependencies add; ``main`` checks for them before anything else.
 EXTRA_MODULES = ("x402", "eth_account")
 MISSING_EXTRA_STATUS = 3
 #: ``pay``: the payment was refused, or could not be made.
 NOT_PAID_STATUS = 1
 #: What the facilitator's Permit2 schemes (exact by Permit2, upto) import when first used.
 PERMIT2_MODULES = ("x402.extensions",)
-INSTALL_HINT = 'pip install "a2a-gate[dev]" (or pip install -e ".[dev]" in a checkout)'
+INSTALL_HINT = "pip install ./devnet in a2a-gate's repository (the a2a-gate-devnet distribution and its dependencies)"
 
 
 def missing_modules() -> list[str]:
-    """The modules of the ``dev`` extra that cannot be imported."""
+    """The modules of the distribution's dependencies that cannot be imported."""
     missing = []
     for name in EXTRA_MODULES:
         try:
