@@ -11,12 +11,12 @@ obligation `serve` checks (`claim_obligation_problems`), or the whole file is re
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from gate import config as gate_config
 from gate.config import GateConfig, channel_offers
 from server.config import ConfigError, Settings
-from server.reload import Reloaded
+from server.reload import Reloaded, changed_fields
 
 # what of an agent's terms a reload applies now (the rest of AgentPayment waits for a restart)
 TAKEN_NOW = ("price", "allowed_payers", "on_settle_failure")
@@ -27,9 +27,7 @@ def reloaded_terms(running: GateConfig, settings: Settings) -> tuple[GateConfig,
     read = gate_config.of(settings)
     agents = dict(running.agents)
     applied: list[str] = []
-    waiting = [
-        f.name for f in fields(GateConfig) if f.name != "agents" and getattr(read, f.name) != getattr(running, f.name)
-    ]
+    waiting = changed_fields(running, read, leaving={"agents"})
     for name, terms in running.agents.items():
         new = read.agents.get(name)
         if new is None:

@@ -37,13 +37,15 @@ class Reloaded:
         return f"configuration reloaded from {source}: {applied}{waiting}"
 
 
+def changed_fields(running: Any, read: Any, *, leaving: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """The names of the dataclass fields `read` changes from `running`, but those in `leaving`."""
+    unchanged = leaving | {f.name for f in fields(running) if getattr(running, f.name) == getattr(read, f.name)}
+    return [f.name for f in fields(running) if f.name not in unchanged]
+
+
 def waiting_for_restart(running: Settings, read: Settings) -> list[str]:
     """The server's own settings `read` changes, by key path: only a restart applies them."""
-    changed = [
-        f.name
-        for f in fields(Settings)
-        if f.name not in _NOT_THE_SERVERS and f.name != "agents" and getattr(running, f.name) != getattr(read, f.name)
-    ]
+    changed = changed_fields(running, read, leaving=_NOT_THE_SERVERS | {"agents"})
     for name in sorted(running.agents.keys() | read.agents.keys()):
         before, after = running.agents.get(name), read.agents.get(name)
         if before is None or after is None or _own(before) != _own(after):
