@@ -20,9 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gate import schemes
-from gate.price import Price
+from gate.price import Price, UsagePrice
 from gate.schemes import batch_settlement
-from gate.usage_price import UsagePrice
 from server import anonymous
 from server.config import AgentConfig, ConfigError, Reader, Settings, callable_name, key, keys_of, optional_http_url
 from server.config import default_settings as server_defaults

@@ -24,9 +24,9 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
-from gate import pricing
+from gate import payment_required
 from gate.config import InBandConfig, Price
-from gate.pricing import Offer, PaymentRequiredAnswers
+from gate.payment_required import Offer, PaymentRequiredAnswers
 from gate.settlement import ERROR, RECEIPTS, STATUS
 from server.config import AgentConfig
 from server.dialects import TERMINAL_STATES
@@ -105,7 +105,7 @@ def card_extensions(price: Price | None, url: str) -> list[dict[str, Any]]:
     """What a priced agent's card declares: every extension URI it accepts, none required."""
     if price is None:
         return []
-    params = {"x402Version": 2, "accepts": [pricing.requirement(offer, url) for offer in price.offers]}
+    params = {"x402Version": 2, "accepts": [payment_required.requirement(offer, url) for offer in price.offers]}
     description = "Pay per request with x402; without a payment the agent answers HTTP 402."
     return [{"uri": uri, "description": description, "required": False, "params": params} for uri in EXTENSION_URIS]
 
@@ -236,7 +236,7 @@ class InBand:
         receipt = {
             "success": False,
             "errorReason": reason,
-            "network": pricing.V1_NETWORKS.get(price.network, price.network),
+            "network": payment_required.V1_NETWORKS.get(price.network, price.network),
             "transaction": "",
             "payer": payer,
         }
@@ -273,11 +273,11 @@ def ask(
     metadata: dict[str, Any],
     text: str = "Payment is required to use this agent.",
     state: dict[str, dict[str, Any]] | None = None,
-    error: str = pricing.PAYMENT_REQUIRED_ERROR,
+    error: str = payment_required.PAYMENT_REQUIRED_ERROR,
 ) -> None:
     """Put the task in input-required with fresh requirements and the given payment metadata
     (a corrective one names why in `error` and carries the payer's `state`, a channel's)."""
-    required = pricing.payment_required_v1(offer.price, offer.resource, offer.description, error, state)
+    required = payment_required.payment_required_v1(offer.price, offer.resource, offer.description, error, state)
     metadata = {**metadata, REQUIRED: required}
     set_status(task, "input-required", agent_message(task, text, metadata))
     task["metadata"] = metadata
@@ -285,4 +285,4 @@ def ask(
 
 def max_timeout(price: Price, resource: str) -> float:
     """How long a request may wait for its payment: the requirements' own maxTimeoutSeconds."""
-    return float(pricing.requirement_v1(price, resource)["maxTimeoutSeconds"])
+    return float(payment_required.requirement_v1(price, resource)["maxTimeoutSeconds"])

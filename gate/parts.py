@@ -22,7 +22,7 @@ from gate.in_band import InBand
 from gate.limiter import AgentLimiters, CallerLimiter, RateLimit
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
-from gate.pricing import PaymentRequiredAnswers
+from gate.payment_required import PaymentRequiredAnswers
 from gate.sealing import KeyOnDemand, Sealer
 from gate.settlement import Settler
 from server.anonymous import Parts

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from gate.claims import Claim
-from gate.usage_price import Charge
 
 
 @dataclass(frozen=True)
@@ -76,17 +75,6 @@ class Payment:
             asset,
             authorized=str(charged["authorized"]) if isinstance(charged, dict) else "",
             usage=dict(charged["usage"]) if isinstance(charged, dict) else {},
-        )
-
-    def charged(self, charge: Charge) -> Payment:
-        """This (upto) payment as its delivery is settled: the requirements ask for the charge, not the ceiling."""
-        amount = str(charge.amount)
-        return replace(
-            self,
-            amount=amount,
-            requirements={**self.requirements, "amount": amount},
-            authorized=str(charge.ceiling),
-            usage=charge.receipt(),
         )
 
     def receipt(self, answer: dict[str, Any]) -> dict[str, Any]:

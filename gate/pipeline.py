@@ -17,14 +17,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gate import in_band, pricing, reconciler, schemes, tokens
+from gate import in_band, payment_required, reconciler, schemes, tokens
 from gate.claims import Claim, ClaimLost, ClaimState, Hold
 from gate.config import AgentPayment, Price, payment_window_seconds
 from gate.facilitator import Unavailable
 from gate.flows.base import Reserved, Verdict
 from gate.limiter import caller_key
 from gate.parts import GateParts
-from gate.pricing import Offer
+from gate.payment_required import Offer
 from gate.settlement import STATUS, Payment, metadata_for
 from server.anonymous import not_authenticated
 from server.cards import agent_url
@@ -418,7 +418,7 @@ def payment_response_header(task: dict[str, Any], version: int = 2) -> dict[str,
     receipts = metadata.get("x402.payment.receipts")
     if metadata.get(STATUS) != "payment-completed" or not receipts:
         return {}
-    receipt = pricing.b64_json(receipts[-1])
+    receipt = payment_required.b64_json(receipts[-1])
     return (
         {"PAYMENT-RESPONSE": receipt, "X-PAYMENT-RESPONSE": receipt} if version == 1 else {"PAYMENT-RESPONSE": receipt}
     )

@@ -5,17 +5,29 @@ schemes (`exact` beside `batch-settlement`, say) is its first offer with the oth
 `alternatives`: every place that asks "what does this agent charge" reads the first,
 the 402 and the card list `offers`, and a payment is checked against the offer of its
 own scheme (`offer_for`). A usage price (`upto`) asks for a ceiling (`amount`, what the
-payer authorizes) and charges the delivery's priced usage (`usage`, gate/usage_price.py),
-never more.
+payer authorizes) and charges the delivery's priced usage (`usage`, a `UsagePrice`), never
+more: how usage becomes an amount is the price's (`UsagePrice`), what one delivery is charged the
+metered flow's (gate/flows/metered/usage_charge.py).
+
+A `UsagePrice` is a fixed amount plus a unit price per unit of one named usage count
+(``fixed + unit_price * usage[unit]``, rounded up to a whole atomic unit), or an operator's
+callable (``module:function``, called with the usage mapping, returning whole atomic units; an
+`async def` is awaited, for at most PRICING_SECONDS) for anything else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import inspect
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any
 
-from gate.usage_price import UsagePrice
+PRICING_SECONDS = 5.0  # how long an async pricing callable may take at one delivery
+
+Counts = dict[str, int | float]
 
 
 @dataclass(frozen=True)
@@ -49,3 +61,50 @@ class Price:
             if offer.scheme == scheme and transfer_method in (None, offer.asset_transfer_method):
                 return offer
         return None
+
+
+@dataclass(frozen=True)
+class UsagePrice:
+    """How usage becomes atomic units: `fixed` + `unit_price` per `unit`, or `function`'s answer."""
+
+    fixed: int = 0
+    unit: str = ""  # the usage count charged per unit ("characters", "output_tokens")
+    unit_price: Fraction = Fraction(0)  # atomic units per unit; may be a fraction of one
+    callable: str = ""  # "module:function", when the price is an operator's code
+    function: Callable[[Counts], Any] | None = field(default=None, compare=False, repr=False)
+
+    async def priced(self, used: Counts) -> int:
+        """The usage's amount in atomic units (uncapped); raises whatever the callable raises (an
+        async one's TimeoutError past PRICING_SECONDS)."""
+        if self.function is not None:
+            amount = self.function(dict(used))
+            if inspect.isawaitable(amount):
+                amount = await asyncio.wait_for(amount, PRICING_SECONDS)
+            if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
+                raise ValueError(f"the pricing callable returned {type(amount).__name__}, not a whole amount >= 0")
+            return amount
+        units = Fraction(str(used.get(self.unit, 0)))
+        return self.fixed + math.ceil(self.unit_price * units)
+
+    def terms(self) -> dict[str, str]:
+        """What the receipt says of the rule (a callable's is its name)."""
+        if self.callable:
+            return {"pricing": self.callable}
+        return {"unit": self.unit, "unitPrice": fraction_text(self.unit_price), "fixed": str(self.fixed)}
+
+
+def fraction_text(value: Fraction) -> str:
+    """A unit price as the decimal it was written as ("0.25"), or n/d when it has no finite decimal."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    denominator, twos, fives = value.denominator, 0, 0
+    while denominator % 2 == 0:
+        denominator, twos = denominator // 2, twos + 1
+    while denominator % 5 == 0:
+        denominator, fives = denominator // 5, fives + 1
+    if denominator != 1:
+        return f"{value.numerator}/{value.denominator}"
+    places = max(twos, fives)
+    scaled = value * 10**places
+    text = str(scaled.numerator).rjust(places + 1, "0")
+    return f"{text[:-places]}.{text[-places:]}"

@@ -32,8 +32,8 @@ import orjson
 from starlette.datastructures import Headers
 
 from gate import schemes
+from gate.payment_required import CAIP2_FOR_V1, V1_NETWORKS, requirement, requirement_v1
 from gate.price import Price
-from gate.pricing import CAIP2_FOR_V1, V1_NETWORKS, requirement, requirement_v1
 from gate.schemes import exact_eip3009
 from gate.schemes.base import Rejection, Scheme
 from server.headers import header as http_header

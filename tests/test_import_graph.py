@@ -22,7 +22,7 @@ def module_name(path: Path) -> str:
 
 
 def imported(node: ast.AST, modules: set[str]) -> set[str]:
-    """The project modules one import statement names (`from gate import pricing` names `gate.pricing`)."""
+    """The project modules one import statement names (`from gate import payment_required` names `gate.payment_required`)."""
     found: set[str] = set()
     if isinstance(node, ast.Import):
         names = [alias.name for alias in node.names]

@@ -16,7 +16,7 @@ import pytest
 from gate import advertised
 from gate.advertised import Offers
 from gate.config import parse_config
-from gate.pricing import payment_required
+from gate.payment_required import payment_required
 from tests.support.paid import ASSET, PAY_TO
 
 NETWORK = "eip155:84532"

@@ -1,4 +1,4 @@
-"""The 402 is rendered once per door and sent as made (`gate.pricing.PaymentRequiredAnswers`):
+"""The 402 is rendered once per door and sent as made (`gate.payment_required.PaymentRequiredAnswers`):
 every answer carries the same status, headers and body as one built afresh, and each is its own,
 so what a later step adds to one answer (the request id) never reaches the next."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import base64
 import json
 
+from gate.payment_required import PaymentRequiredAnswers, payment_required, payment_required_v1
 from gate.price import Price
-from gate.pricing import PaymentRequiredAnswers, payment_required, payment_required_v1
 from tests.support.paid import ASSET, PAY_TO
 
 PRICE = Price(scheme="exact", network="eip155:84532", asset=ASSET, amount="1000", pay_to=PAY_TO)

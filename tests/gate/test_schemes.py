@@ -16,7 +16,7 @@ import pytest
 from devnet.payer import new_private_key, sign_payment
 from gate import schemes, tokens
 from gate.config import DEMO_PRICE, parse_config
-from gate.pricing import payment_required, requirement
+from gate.payment_required import payment_required, requirement
 from gate.schemes.base import Authorization, Rejection
 from gate.schemes.exact_eip3009 import SCHEME as EXACT_EIP3009
 from gate.settlement import classify

@@ -14,7 +14,7 @@ from starlette.datastructures import Headers
 from devnet.payer import encode_header, new_private_key, sign_payment
 from gate import tokens
 from gate.config import DEMO_PRICE
-from gate.pricing import payment_required
+from gate.payment_required import payment_required
 
 RESOURCE = "http://gate.example/a2a/paid"
 # Strings with lone surrogates (what a JSON `\\ud800` escape decodes to), huge and

@@ -47,14 +47,15 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from gate import chain as gate_chain
 from gate import claims as gate_claims
-from gate import sealing, usage_price
+from gate import sealing
 from gate.facilitator import Unavailable
-from gate.flows import metered
 from gate.flows.base import SettledWrite
 from gate.flows.channel import flow as channel_flow
 from gate.flows.channel import jobs as channel_jobs
 from gate.flows.channel import store as gate_channels
 from gate.flows.channel import vouchers
+from gate.flows.metered import flow as metered
+from gate.price import UsagePrice
 from gate.schemes import batch_settlement
 from tests.simulation import test_money_simulation as simulation
 from tests.support import money_world
@@ -234,7 +235,7 @@ def with_streams_past_the_ceiling(mp: pytest.MonkeyPatch) -> None:
 
 def with_pricing_callables_not_awaited(mp: pytest.MonkeyPatch) -> None:
     """Finding 4: an `async def` pricing callable called and not awaited: its coroutine is no amount."""
-    priced = usage_price.UsagePrice.priced
+    priced = UsagePrice.priced
 
     async def unawaited(self: Any, used: Any) -> int:
         if self.function is None:
@@ -246,7 +247,7 @@ def with_pricing_callables_not_awaited(mp: pytest.MonkeyPatch) -> None:
             raise ValueError(f"the pricing callable returned {type(amount).__name__}, not a whole amount >= 0")
         return amount
 
-    mp.setattr(usage_price.UsagePrice, "priced", unawaited)
+    mp.setattr(UsagePrice, "priced", unawaited)
 
 
 MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gate.config import default_settings, load_config, of, parse_config
-from gate.pricing import payment_required, payment_required_v1
+from gate.payment_required import payment_required, payment_required_v1
 from server.config import ConfigError
 from tests.support.paid import ASSET, PAY_TO
 

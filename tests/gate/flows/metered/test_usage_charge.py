@@ -19,9 +19,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gate.config import parse_config
+from gate.flows.metered.usage_charge import charge
+from gate.price import UsagePrice, fraction_text
 from gate.schemes import upto_permit2
 from gate.schemes.base import Rejection
-from gate.usage_price import UsagePrice, charge, fraction_text
 from server.config import ConfigError
 from tests.support.paid import ASSET, PAY_TO
 
@@ -108,9 +109,9 @@ def test_an_async_pricing_callable_is_awaited_and_charges_as_a_plain_one(used, c
 
 
 def test_an_async_pricing_callable_that_never_answers_charges_nothing(monkeypatch):
-    from gate import usage_price
+    from gate import price as prices
 
-    monkeypatch.setattr(usage_price, "PRICING_SECONDS", 0.05)
+    monkeypatch.setattr(prices, "PRICING_SECONDS", 0.05)
 
     async def stuck(usage: dict[str, Any]) -> int:
         await asyncio.sleep(60)

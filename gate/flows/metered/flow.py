@@ -1,13 +1,14 @@
 """The metered flow (`upto`): the payer authorizes a ceiling; the delivered work's priced usage is settled.
 
 Verified like an authorization. At the delivery the usage the agent reported is priced
-(gate/usage_price.py), capped at the ceiling the payer authorized, and the charge is sealed onto
-the claim in the transaction that records the delivery, so whoever settles it later (the
-reconciler, a replay) collects that amount and no other. An answer streamed in parts is priced
-at each part, and the ceiling ends the work: a part whose usage prices past the ceiling (or
-cannot be priced) is refused, unrecorded and unshown, and a part that reaches the ceiling is the
-last; either way the run is told to stop (`server.execution.Stop`), and the charge is what was
-delivered: at most the ceiling. A delivery priced at 0 is charged nothing: no settle call.
+(`gate.price.UsagePrice`, charged by `usage_charge`), capped at the ceiling the payer
+authorized, and the charge is sealed onto the claim in the transaction that records the
+delivery, so whoever settles it later (the reconciler, a replay) collects that amount and no
+other. An answer streamed in parts is priced at each part, and the ceiling ends the work: a part
+whose usage prices past the ceiling (or cannot be priced) is refused, unrecorded and unshown,
+and a part that reaches the ceiling is the last; either way the run is told to stop
+(`server.execution.Stop`), and the charge is what was delivered: at most the ceiling. A delivery
+priced at 0 is charged nothing: no settle call.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from gate.claims import Claims, Hold
 from gate.facilitator import FacilitatorClient
 from gate.flows.authorization import AuthorizationFlow
 from gate.flows.base import FACILITATOR, NOTHING, Meter, Record, SettledWrite
+from gate.flows.metered.usage_charge import USAGE_INVALID, Charge, charge, charged_payment
 from gate.metrics import GateMetrics
 from gate.payment import Payment
-from gate.price import Price
+from gate.price import Counts, Price, UsagePrice
 from gate.sealing import KeyOnDemand
-from gate.usage_price import USAGE_INVALID, Charge, Counts, UsagePrice, charge
 from server.database import Statement
 from server.execution import Stop
 
@@ -83,7 +84,7 @@ class UsageMeter:
     async def seal(self, used: Counts, priced: Any = None) -> str:
         charged: Charge = priced or await self.price(used)
         self.pending = charged
-        self.settled = self.payment.charged(charged)
+        self.settled = charged_payment(self.payment, charged)
         return self.flow.keys.seal(self.settled.sealable(), self.payment.token_digest)
 
     def recorded(self) -> None:
