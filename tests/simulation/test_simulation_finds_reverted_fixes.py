@@ -181,7 +181,7 @@ def with_claims_in_one_batch(mp: pytest.MonkeyPatch) -> None:
 
     async def claim_batch(flow: Any, network: str, asset: str, receiver: str, channels: list[Any]) -> Any:
         fence = secrets.token_hex(8)
-        taken = [c for c in channels if await flow.store.take_claim(c, fence, channel_jobs.CLAIM_LEASE_SECONDS)]
+        taken = [c for c in channels if await flow.store.take_claim(c, fence, channel_jobs.CHANNEL_JOB_LEASE_SECONDS)]
         if not taken:
             return [{"outcome": "skipped", "channels": 0, "receiver": receiver}]
         try:

@@ -58,7 +58,9 @@ from server.database import commit_until_stored
 
 logger = logging.getLogger("a2a_gate.channels")
 
-CLAIM_LEASE_SECONDS = 60.0
+# how long one replica's claim or refund job holds a channel (its `claim_fence`, `claim_until`); not the
+# request's claim lease (`claim_lease_seconds`, gate/claims.py)
+CHANNEL_JOB_LEASE_SECONDS = 60.0
 MAX_CLAIMS_PER_BATCH = 100
 
 
@@ -183,7 +185,7 @@ async def claim_batch(
     row(s) it refuses by halving it, claim the rest, and set the refused rows aside (`set_aside`): one
     voucher the contract will not take never holds back another channel's claim."""
     fence = secrets.token_hex(8)
-    taken = [c for c in channels if await flow.store.take_claim(c, fence, CLAIM_LEASE_SECONDS)]
+    taken = [c for c in channels if await flow.store.take_claim(c, fence, CHANNEL_JOB_LEASE_SECONDS)]
     if not taken:
         return [{"outcome": "skipped", "channels": 0, "receiver": receiver}]
     outcomes: list[dict[str, Any]] = []
@@ -392,7 +394,7 @@ async def refund_idle(flow: ChannelParts, idle_seconds: float | None = None) -> 
     claimed_for: set[tuple[str, str, str]] = set()
     for channel in await flow.store.idle(idle):
         fence = secrets.token_hex(8)
-        if not await flow.store.take_refund(channel, fence, CLAIM_LEASE_SECONDS):
+        if not await flow.store.take_refund(channel, fence, CHANNEL_JOB_LEASE_SECONDS):
             continue
         outcome = await refund(flow, channel, fence)
         outcomes.append(outcome)
