@@ -34,6 +34,7 @@ import functools
 import itertools
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ CHANNEL_KEY = "|batch-settlement|"
 
 QUIET_SECONDS = 10.0  # real time a step may take to come to rest (a hang is a failure)
 CALM_ROUNDS = 14
+END_ROUNDS, END_SECONDS = 5, 2.0  # the teardown's rounds of cancelling what still runs, and each one's wait
 RUNS = itertools.count()
 # how an agent call ends: it fails, or the settle that follows is answered so (an unknown
 # answer twice as often: owed work is where replays, tricks and takeovers matter)
@@ -513,7 +515,7 @@ class MoneyWorld(RuleBasedStateMachine):
             for replica in self.world.replicas:
                 for task in replica.requests:
                     task.cancel()
-            self.loop.run_until_complete(asyncio.sleep(0))
+            self.end_every_task()  # while the databases are open: an ending run may still write
             for replica in self.world.replicas:
                 self.loop.run_until_complete(replica.client.aclose())
                 self.loop.run_until_complete(replica.services.db.close())
@@ -525,12 +527,19 @@ class MoneyWorld(RuleBasedStateMachine):
 
     def end_every_task(self) -> None:
         """Cancel what still runs on the world's loop (a crashed replica's agents wait forever) and
-        let it end, so no task is destroyed pending when the loop goes."""
-        pending = asyncio.all_tasks(self.loop)
-        for task in pending:
-            task.cancel()
-        if pending:
-            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        let it end, so no task is destroyed pending when the loop goes. Ending a run may start work
+        of its own (a run canceled mid-delivery shields its `not_delivered` call), so each round
+        cancels what the last one left or started; a task that outlives every round is named on
+        stderr and left to the loop's close, never waited for without end."""
+        for _ in range(END_ROUNDS):
+            pending = asyncio.all_tasks(self.loop)
+            if not pending:
+                return
+            for task in pending:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.wait(pending, timeout=END_SECONDS))
+        for task in asyncio.all_tasks(self.loop):
+            print(f"still running when the world's loop closed: {task!r}", file=sys.stderr)
 
     def calm_down(self) -> None:
         """The world calms down: every delivery ends settled with its transfer, or terminal."""
