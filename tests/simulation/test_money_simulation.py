@@ -515,7 +515,7 @@ class MoneyWorld(RuleBasedStateMachine):
             for replica in self.world.replicas:
                 for task in replica.requests:
                     task.cancel()
-            self.end_every_task()  # while the databases are open: an ending run may still write
+            self.loop.run_until_complete(asyncio.sleep(0))
             for replica in self.world.replicas:
                 self.loop.run_until_complete(replica.client.aclose())
                 self.loop.run_until_complete(replica.services.db.close())
