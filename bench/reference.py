@@ -5,6 +5,12 @@ The tree is `git archive REF` unpacked into a cache directory keyed by the full 
 with that tree's own dependencies installed (``pip install -e src[bench]``, plus uvloop
 and httptools for the faster stack). Built once, reused by every later run; nothing is
 registered in the repository (no worktree to clean up).
+
+`build` is the builder itself, for any commit, cache directory and install: the
+rolling-upgrade test builds the previous release with it (tests/support/previous_release.py,
+a production install with no extras). Only the gate's own distribution goes into the venv:
+the development network (./devnet) the benchmark needs runs from this tree's interpreter
+(bench/servers.py, `facilitator`), never from the other commit's.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,26 +52,48 @@ def git(*args: str) -> bytes:
     return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, check=True, timeout=120).stdout
 
 
-def prepare(ref: str, log=print) -> Reference:
-    """The tree and venv of `ref` (a commit, branch or tag of this repository), built if missing."""
-    commit = git("rev-parse", "--verify", f"{ref}^{{commit}}").decode().strip()
-    home = cache_root() / commit
+def build(
+    commit: str,
+    home: Path,
+    *,
+    extras: str = "",
+    editable: bool = False,
+    also: tuple[str, ...] = (),
+    log: Callable[[str], object] = lambda line: None,
+) -> Path:
+    """`commit`'s tree (`git archive`) in `home`/src and a venv in `home`/venv with it installed,
+    built once (`home`/ready marks it done) and reused; the venv's interpreter.
+
+    `extras`: the tree's extras to install with it ("bench"; "" for a production install);
+    `editable`: `pip install -e`; `also`: more requirements for the same venv;
+    `log`: told once when it builds.
+    """
     src, venv = home / "src", home / "venv"
     python = venv / "bin" / "python"
     ready = home / "ready"
     if ready.exists():
-        return Reference(commit, commit[:7], src, python, cli_module(src))
-    log(f"building {ref} ({commit[:7]}) in {home} (once) ...")
+        return python
+    log(f"building {commit[:7]} in {home} (once) ...")
     home.mkdir(parents=True, exist_ok=True)
     if not (src / "pyproject.toml").exists():
         with tarfile.open(fileobj=io.BytesIO(git("archive", "--format=tar", commit))) as archive:
             archive.extractall(src, filter="data")
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    tree = f"{src}[{extras}]" if extras else str(src)
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "-e", f"{src}[bench]", "uvloop", "httptools"],
+        [str(python), "-m", "pip", "install", "-q", *(["-e"] if editable else []), tree, *also],
         check=True,
         timeout=1200,
     )
     ready.write_text(commit + "\n")
+    return python
+
+
+def prepare(ref: str, log: Callable[[str], object] = print) -> Reference:
+    """The tree and venv of `ref` (a commit, branch or tag of this repository), built if missing."""
+    commit = git("rev-parse", "--verify", f"{ref}^{{commit}}").decode().strip()
+    home = cache_root() / commit
+    python = build(commit, home, extras="bench", editable=True, also=("uvloop", "httptools"), log=log)
+    src = home / "src"
     return Reference(commit, commit[:7], src, python, cli_module(src))

@@ -35,30 +35,21 @@ from x402.mechanisms.evm.signers import EthAccountSignerWithRPC
 from tests.support.channels import contract_config, receipt_of, signed_transaction
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import ASSET, PAY_TO, send_body
+from tests.support.shipped_config import shipped_config
 
 ROOT = Path(__file__).parents[2]
 PRICE = 1000
 DELAY = 900  # the shipped offer's withdraw_delay_seconds
 SETTLEMENT_CONTRACT = "0x4020074e9dF2ce1deE5A9C1b5c3f541D02a10003"
-WATCHED_RPC = 'rpc_url = "http://127.0.0.1:8402/rpc"'
 
 
 def config_text(tmp_path: Path, facilitator_port: int, channels: str, *, watched: bool = True) -> str:
-    """The shipped example: its database in `tmp_path`, its facilitator (and chain) on
-    `facilitator_port`, generous limits, and `channels` as its [channels] table's keys."""
-    text = (ROOT / "config" / "a2a-gate.example.toml").read_text()
-    assert WATCHED_RPC in text, "the shipped example watches the development chain"
-    if not watched:
-        text = text.replace(WATCHED_RPC, "")
-    text = text.replace("127.0.0.1:8402", f"127.0.0.1:{facilitator_port}")
-    text = text.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"')
-    text = text.replace("per_ip_per_minute = 300", "per_ip_per_minute = 100000")
-    text = text.replace("per_agent_per_minute = 1200", "per_agent_per_minute = 100000")
+    """The shipped example (tests.support.shipped_config) watching the development chain unless
+    `watched` is false, generous limits, and `channels` as its [channels] table's keys."""
     # a claim of a hundred vouchers on a loaded machine: a facilitator call may take a while
-    text = text.replace("timeout_seconds = 10\nmax_in_flight", "timeout_seconds = 30\nmax_in_flight")
-    start = text.index("[channels]")
-    end = text.index("\n[", start + 1)
-    return text[:start] + "[channels]\n" + channels + "\n" + text[end:]
+    return shipped_config(
+        tmp_path, facilitator_port, watched=watched, per_minute=100000, facilitator_timeout=30, channels=channels
+    )
 
 
 @dataclass

@@ -32,6 +32,7 @@ from x402.mechanisms.evm.signers import EthAccountSignerWithRPC
 from tests.support.channels import assert_charged_in_turn, receipt_of
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import ASSET, PAY_TO, send_body
+from tests.support.shipped_config import shipped_config
 
 ROOT = Path(__file__).parents[2]
 PRICE = 1000
@@ -74,12 +75,9 @@ class Devnet:
 
 @pytest.fixture
 def devnet(tmp_path: Path) -> Iterator[Devnet]:
-    shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
     config = tmp_path / "gate.toml"
     port, facilitator_port = free_port(), free_port()  # two ports of their own (never port + 1)
-    # the file's facilitator.url and rpc_url name the port `--dev-facilitator` serves on (8402 as shipped)
-    shipped = shipped.replace("127.0.0.1:8402", f"127.0.0.1:{facilitator_port}")
-    config.write_text(shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"'))
+    config.write_text(shipped_config(tmp_path, facilitator_port))
     process = GateProcess(
         config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(facilitator_port)]
     )
@@ -97,13 +95,9 @@ price = { network = "eip155:84532", asset = "0x036CbD53842c5426634e7929541eC2318
 @pytest.fixture
 def permit2_devnet(tmp_path: Path) -> Iterator[Devnet]:
     """The shipped configuration, with a channel-priced agent whose deposits go through Permit2."""
-    shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
     config = tmp_path / "gate.toml"
     port, facilitator_port = free_port(), free_port()
-    shipped = shipped.replace("127.0.0.1:8402", f"127.0.0.1:{facilitator_port}")
-    config.write_text(
-        shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"') + PERMIT2_AGENT
-    )
+    config.write_text(shipped_config(tmp_path, facilitator_port) + PERMIT2_AGENT)
     process = GateProcess(
         config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(facilitator_port)]
     )
@@ -388,13 +382,8 @@ def devnet_with_chain(tmp_path: Path) -> Iterator[Devnet]:
     """The shipped example, with the development chain's JSON-RPC as the network's ground truth, a
     facilitator timeout of 2 s and a claim pass every second."""
     port, facilitator_port = free_port(), free_port()  # two ports of their own (never port + 1)
-    shipped = (ROOT / "config" / "a2a-gate.example.toml").read_text()
-    shipped = shipped.replace("127.0.0.1:8402", f"127.0.0.1:{facilitator_port}")
-    shipped = shipped.replace("timeout_seconds = 10\nmax_in_flight", "timeout_seconds = 2\nmax_in_flight")
-    shipped = shipped.replace('database = "a2a-gate.db"', f'database = "{tmp_path / "gate.db"}"')
-    shipped = shipped.replace("claim_interval_seconds = 15", "claim_interval_seconds = 1", 1)
     config = tmp_path / "gate.toml"
-    config.write_text(shipped)
+    config.write_text(shipped_config(tmp_path, facilitator_port, facilitator_timeout=2, claim_interval=1))
     process = GateProcess(
         config, tmp_path / "serve.log", port=port, extra_args=["--dev-facilitator", str(facilitator_port)]
     )

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import httpx
 
 from devnet.payer import encode_header, new_private_key, sign_payment, sign_payment_v1
 from tests.support.gate_helpers import swallow, wait_for
-from tests.support.gate_process import GateProcess
+from tests.support.gate_process import GateProcess, free_port
 
 PAY_TO = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
 ASSET = "0x036CbD53842c5426634e7929541eC2318f3dCF7e"
@@ -306,6 +307,18 @@ def versioned(body: dict[str, Any], headers: dict[str, str]) -> dict[str, str]:
     if isinstance(method, str) and method[:1].isupper() and not any(k.lower() == "a2a-version" for k in headers):
         return {**headers, "A2A-Version": "1.0"}
     return headers
+
+
+def start_paid_gate(
+    tmp_path: Path, facilitator: str, write_config: Callable[[str], Path], *extra: str, after: str = ""
+) -> tuple[PaidSetup, str]:
+    """A gate on `paid_config` with a long claim lease (300 s: a claim stays "running" unless
+    something releases it), `after` appended to the file and `extra` on its command line, started
+    on a free port: the setup, and the configuration text it runs on."""
+    port = free_port()
+    text = "claim_lease_seconds = 300\n" + paid_config(f"http://127.0.0.1:{port}", facilitator) + after
+    gate = GateProcess(write_config(text), tmp_path / "gate.log", port=port, extra_args=list(extra)).start()
+    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db"), text
 
 
 def make_poor_after_verify(paid: PaidSetup, ledger_path: Path, payer: Payer) -> None:

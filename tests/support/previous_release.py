@@ -1,6 +1,7 @@
 """The previous release's gate, for the rolling-upgrade test: its tree from `git archive` and
 a production install of it (`pip install <tree>`, no extras) in a venv of its own, built once
-under build/previous-release/<commit>/ and reused.
+under build/previous-release/<commit>/ and reused (by the benchmark's builder, bench/reference.py,
+which builds `--against` commits the same way).
 
 `PREVIOUS_RELEASE` is the last commit deployed as a release: a new release moves it forward
 (docs/operations.md, "Upgrading and rolling back").
@@ -8,15 +9,14 @@ under build/previous-release/<commit>/ and reused.
 
 from __future__ import annotations
 
-import io
 import subprocess
-import sys
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.reference import build
+from bench.servers import REPO
+
 PREVIOUS_RELEASE = "c2b40b81fed0d6a0281427ead60d398bcf17beab"
-REPO = Path(__file__).parents[2]
 
 
 @dataclass(frozen=True)
@@ -34,21 +34,6 @@ def built(commit: str = PREVIOUS_RELEASE) -> Release:
     if known.returncode != 0:
         pytest.skip(f"the previous release {commit[:7]} is not in this clone's history (a shallow clone?)")
     home = REPO / "build" / "previous-release" / commit
-    python = home / "venv" / "bin" / "python"
-    ready = home / "ready"
-    if not ready.exists():
-        src = home / "src"
-        if not (src / "pyproject.toml").exists():
-            archive = subprocess.run(
-                ["git", "-C", str(REPO), "archive", "--format=tar", commit],
-                capture_output=True,
-                check=True,
-                timeout=120,
-            ).stdout
-            with tarfile.open(fileobj=io.BytesIO(archive)) as tree:
-                tree.extractall(src, filter="data")
-        subprocess.run([sys.executable, "-m", "venv", str(home / "venv")], check=True, timeout=300)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", str(src)], check=True, timeout=1200)
-        (home / "run").mkdir(exist_ok=True)
-        ready.write_text(commit + "\n")
+    python = build(commit, home)
+    (home / "run").mkdir(exist_ok=True)
     return Release(commit, str(python), home / "run")

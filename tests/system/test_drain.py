@@ -12,17 +12,15 @@ import pytest
 
 from tests.support.gate_helpers import create_key, sse_events, wait_for
 from tests.support.gate_process import GateProcess, free_port
-from tests.support.paid import PaidSetup, Payer, paid_config, send_body
+from tests.support.paid import PaidSetup, Payer, paid_config, send_body, start_paid_gate
 
 DRAIN = "[http]\ndrain_seconds = 1\n"
 
 
 def test_sigterm_stops_undelivered_work_and_releases_its_claim_uncharged(tmp_path, facilitator, write_config):
-    port = free_port()
     # a long lease: without the drain's release the claim would stay "running" for minutes
-    config = write_config("claim_lease_seconds = 300\n" + paid_config(f"http://127.0.0.1:{port}", facilitator) + DRAIN)
-    gate = GateProcess(config, tmp_path / "gate.log", port=port).start()
-    paid = PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+    paid, _ = start_paid_gate(tmp_path, facilitator, write_config, after=DRAIN)
+    gate = paid.gate
     headers = Payer().header_for(gate.url, "paid-slow")
     task = paid.post("paid-slow", send_body("sleep 30", blocking=False), headers).json()["result"]
     wait_for(lambda: paid.claim_states() == ["running"])
@@ -45,13 +43,6 @@ def test_sigterm_stops_undelivered_work_and_releases_its_claim_uncharged(tmp_pat
         assert retry.json()["result"]["status"]["state"] == "completed"
     finally:
         gate.stop()
-
-
-def start_draining_gate(tmp_path, facilitator, write_config) -> PaidSetup:
-    port = free_port()
-    config = write_config("claim_lease_seconds = 300\n" + paid_config(f"http://127.0.0.1:{port}", facilitator) + DRAIN)
-    gate = GateProcess(config, tmp_path / "gate.log", port=port).start()
-    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
 
 
 def answer_during_stop(paid: PaidSetup, body: dict, sig: int) -> tuple[httpx.Response, list[str]]:
@@ -85,7 +76,7 @@ def test_a_blocking_paid_send_running_at_a_stop_gets_its_canceled_task_and_its_c
 ):
     """Past `drain_seconds` the undelivered work is stopped and the waiting client answered with
     the canceled Task (never a 500 or a cut connection); its claim is released before the answer."""
-    paid = start_draining_gate(tmp_path, facilitator, write_config)
+    paid, _ = start_paid_gate(tmp_path, facilitator, write_config, after=DRAIN)
     response, claims = answer_during_stop(paid, send_body("sleep 30"), sig)
     assert response.status_code == 200, response.text
     task = response.json()["result"]
@@ -100,7 +91,7 @@ def test_a_blocking_paid_send_running_at_a_stop_gets_its_canceled_task_and_its_c
 
 
 def test_a_paid_stream_running_at_sigterm_ends_with_the_canceled_task(tmp_path, facilitator, write_config):
-    paid = start_draining_gate(tmp_path, facilitator, write_config)
+    paid, _ = start_paid_gate(tmp_path, facilitator, write_config, after=DRAIN)
     response, claims = answer_during_stop(paid, send_body("sleep 30", method="message/stream"), signal.SIGTERM)
     assert response.status_code == 200
     events = [e["result"] for e in sse_events(response.text)]

@@ -14,8 +14,7 @@ import psutil
 import pytest
 
 from tests.support.gate_helpers import wait_for
-from tests.support.gate_process import GateProcess, free_port
-from tests.support.paid import PaidSetup, Payer, decode_header, paid_config, send_body
+from tests.support.paid import PaidSetup, Payer, decode_header, send_body, start_paid_gate
 
 OLD, NEW = '"1000"', '"2500"'
 
@@ -27,14 +26,6 @@ def offered_amount(url: str, agent: str = "paid") -> str:
     return str(decode_header(response.headers["payment-required"])["accepts"][0]["amount"])
 
 
-def start(tmp_path, facilitator, write_config, *extra: str) -> tuple[PaidSetup, str]:
-    port = free_port()
-    text = "claim_lease_seconds = 300\n" + paid_config(f"http://127.0.0.1:{port}", facilitator)
-    config = write_config(text)
-    gate = GateProcess(config, tmp_path / "gate.log", port=port, extra_args=list(extra)).start()
-    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db"), text
-
-
 def reload_with(paid: PaidSetup, text: str, pid: int | None = None) -> None:
     paid.gate.config.write_text(text)
     assert paid.gate.process is not None
@@ -44,7 +35,7 @@ def reload_with(paid: PaidSetup, text: str, pid: int | None = None) -> None:
 def test_sighup_offers_the_new_price_and_lets_the_paid_work_in_flight_finish_at_its_own(
     tmp_path, facilitator, write_config
 ):
-    paid, text = start(tmp_path, facilitator, write_config)
+    paid, text = start_paid_gate(tmp_path, facilitator, write_config)
     try:
         assert offered_amount(paid.gate.url) == "1000"
         headers = Payer().header_for(paid.gate.url, "paid-slow")  # signed for 1000
@@ -88,7 +79,7 @@ BROKEN = {  # a new price beside something the server's reader refuses, and what
 def test_a_file_the_server_could_not_take_is_refused_whole_and_the_old_terms_stay(
     tmp_path, facilitator, write_config, broken
 ):
-    paid, text = start(tmp_path, facilitator, write_config)
+    paid, text = start_paid_gate(tmp_path, facilitator, write_config)
     try:
         make, why = BROKEN[broken]
         reload_with(paid, make(text))
@@ -103,7 +94,7 @@ def test_a_file_the_server_could_not_take_is_refused_whole_and_the_old_terms_sta
 
 def test_an_agent_left_out_of_the_file_keeps_its_price_until_a_restart(tmp_path, facilitator, write_config):
     """Removing a priced agent from the file cannot make it free while the server still runs it."""
-    paid, text = start(tmp_path, facilitator, write_config)
+    paid, text = start_paid_gate(tmp_path, facilitator, write_config)
     try:
         start_of_vip = text.index("[agents.vip]")
         without_vip = text[:start_of_vip] + text[text.index("[agents.unpaid-hidden]") :]
@@ -117,7 +108,7 @@ def test_an_agent_left_out_of_the_file_keeps_its_price_until_a_restart(tmp_path,
 
 
 def test_sighup_to_the_supervisor_reloads_every_worker_without_restarting_one(tmp_path, facilitator, write_config):
-    paid, text = start(tmp_path, facilitator, write_config, "--workers", "2")
+    paid, text = start_paid_gate(tmp_path, facilitator, write_config, "--workers", "2")
     try:
         assert paid.gate.process is not None
         supervisor = psutil.Process(paid.gate.process.pid)
