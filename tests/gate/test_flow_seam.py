@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERIC = ("gate/pipeline.py", "gate/charge.py", "gate/settlement.py", "gate/reconciler.py")
-FLOW_WORDS = re.compile(r"channel|voucher|usage_price|metered", re.IGNORECASE)
+FLOW_WORDS = re.compile(r"channel|voucher|usage_charge|metered", re.IGNORECASE)
 
 
 def test_the_generic_steps_name_no_flow() -> None:
