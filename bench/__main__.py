@@ -85,6 +85,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also measure the gate of this commit (built once in its own venv, bench/reference.py) on every "
         "gate path, in the same run, and print the ratio per path",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample every a2a-gate server with py-spy over its measured window and print where its CPU per "
+        "request goes (bench/profile.py; the raw stacks stay with --keep)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs, databases)")
     return parser.parse_args(argv)
@@ -104,6 +110,7 @@ def params_from(args: argparse.Namespace, stack: str = servers.STACKS[0], agains
         gate_src=args.gate_src.resolve(),
         postgres_url=args.postgres,
         redis_url=args.redis,
+        profile=args.profile,
     )
 
 
@@ -259,6 +266,18 @@ def postgres_section(bench: Bench, least: float = 0.05) -> list[str]:
     return out
 
 
+def profile_lines(bench: Bench) -> list[str]:
+    """With --profile: each sampled gate's CPU per request, by where it goes (bench/profile.py)."""
+    out: list[str] = []
+    for row in (r for r in bench.rows.values() if r.breakdown):
+        out += ["", f"where {row.server}'s CPU goes ({row.cpu_ms_per_request:.3f} ms per request):"]
+        for name, share, ms in row.breakdown:
+            out.append(f"  {ms:6.3f} ms  {share:4.0%}  {name}")
+            if share >= 0.05:  # where a large bucket's samples come from
+                out += [f"                      {part:4.0%}  {frame}" for frame, part in row.hottest.get(name, [])]
+    return out
+
+
 def against_lines(bench: Bench) -> list[str]:
     """With --against: this tree's gate over the reference commit's, per path."""
     ref = bench.params.against
@@ -345,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stack: {stack} (every server in this table)")
         print(table(bench, bench.params))
         print("\n".join(against_lines(bench)))
+        print("\n".join(profile_lines(bench)))
         documents[stack] = {
             "params": asdict(bench.params),
             "rows": {

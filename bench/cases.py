@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench import load, postgres, servers
+from bench import load, postgres, profile, servers
 from bench.servers import AMOUNT, ASSET, NETWORK, PAY_TO, ServerProcess
 
 MIB = 1024 * 1024
@@ -61,6 +61,7 @@ class Params:
     redis_url: str = postgres.DEFAULT_REDIS_URL  # case e: the replicas' shared limiters
     stack: str = servers.STACKS[0]  # every server's loop and HTTP parser (servers.use_stack)
     against: Any = None  # a bench.reference.Reference: another commit's gate, measured beside this one
+    profile: bool = False  # sample each a2a-gate server with py-spy: where its CPU per request goes (bench/profile.py)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ class Row:
     also_cpu: dict[str, float] = field(default_factory=dict)  # the other measured processes' CPU, in cores
     extra: dict[str, Any] = field(default_factory=dict)  # what a case measures besides (PostgreSQL: round trips)
     short: str = ""  # how a ratio names this row ("SQLite"); default: the server's first word
+    # --profile: (bucket, share, ms per request), and each bucket's hottest frames with their shares
+    breakdown: list[tuple[str, float, float]] = field(default_factory=list)
+    hottest: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
     @property
     def cpu_ms_per_request(self) -> float:
@@ -207,6 +211,8 @@ class Bench:
         """
         self.log(f"  {case}: {label} ...")
         marks: list[list[float]] = []
+        sampler = self.sampler(key, server)
+        probes = [*probes, sampler] if sampler is not None else probes
 
         def sample() -> None:
             marks.append([server.cpu_seconds(), *(p.cpu_seconds() for p in also), busy_seconds()])
@@ -235,6 +241,10 @@ class Bench:
         also_cpu = {proc.label: used for proc, used in zip(also, cpu[1:], strict=True)}
         row = Row(case, key, label, result, server.peak_rss(), cpu[0], reference or [], note, other, also_cpu)
         self.rows[key] = row
+        if sampler is not None:
+            sampled = sampler.breakdown()
+            row.breakdown = sampled.per_request(row.cpu_ms_per_request)
+            row.hottest = {name: sampled.hottest(name) for name, _, _ in row.breakdown}
         if result.ok_fraction < 0.95:
             self.notes.append(f"{label}: only {result.ok_fraction:.0%} of answers as expected; e.g. {result.sample}")
         self.log(
@@ -243,6 +253,13 @@ class Bench:
             f"other CPU {other:.0%}"
         )
         return row
+
+    def sampler(self, key: str, server: Any) -> profile.Sampler | None:
+        """With --profile, a py-spy probe on a gate that runs as one process (its stacks beside its log)."""
+        process = getattr(server, "process", None)
+        if not self.params.profile or not server.label.startswith("a2a-gate") or process is None:
+            return None
+        return profile.Sampler(process.pid, Path(server.log).with_name(f"profile-{key}.txt"))
 
     def spec(self, port: int, requests: list[bytes], **kw: Any) -> load.Spec:
         p = self.params

@@ -54,7 +54,7 @@ ADDRESSES = 1000
 DURATION = {"a": "0.5", "b": "0.5", "c": "3", "d": "0.5", "e": "2", "f": "1"}  # e: replicas behind nginx warm up slowly
 
 
-def run_bench(tmp_path: Path, case: str, stack: str, nginx: str | None = None) -> tuple[str, dict]:
+def run_bench(tmp_path: Path, case: str, stack: str, nginx: str | None = None, *extra: str) -> tuple[str, dict]:
     """`python -m bench` on one case and one stack, tiny; (its table, its JSON document for the stack).
     `nginx`: the binary the tests chose (A2A_GATE_TEST_NGINX), found first on the benchmark's PATH."""
     env = dict(os.environ)
@@ -86,6 +86,7 @@ def run_bench(tmp_path: Path, case: str, stack: str, nginx: str | None = None) -
             postgres_url(),
             "--redis",
             redis_url(),
+            *extra,
         ],
         cwd=REPO,
         env=env,
@@ -139,6 +140,20 @@ def test_bench_runs_every_server_on_the_faster_stack_too(tmp_path: Path) -> None
     pytest.importorskip("httptools")
     _, document = run_bench(tmp_path, "b", "uvloop-httptools")
     assert set(document["rows"]) == set(ROWS["b"]) and document["params"]["stack"] == "uvloop-httptools"
+
+
+def test_bench_profiles_each_gate_it_measures(tmp_path: Path) -> None:
+    """--profile: py-spy samples each a2a-gate over its window; its CPU per request, by where it goes."""
+    table, document = run_bench(tmp_path, "b", "asyncio-h11", None, "--profile")
+    for key in ("gate-402", "gate-429"):
+        row = document["rows"][key]
+        buckets = {name: share for name, share, _ in row["breakdown"]}
+        assert abs(sum(buckets.values()) - 1.0) < 1e-6, row["breakdown"]
+        assert buckets.get("HTTP and ASGI (uvicorn, starlette)", 0) > 0, row["breakdown"]
+        assert f"where {ROWS['b'][key]}" in table
+        ms = sum(ms for _, _, ms in row["breakdown"])
+        assert ms == pytest.approx(row["server_cpu"] / row["result"]["rps"] * 1000), row
+    assert not document["rows"]["bare"]["breakdown"]  # only the gate is sampled
 
 
 @pytest.mark.parametrize(
