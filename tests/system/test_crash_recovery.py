@@ -154,13 +154,16 @@ def test_reconcile_beside_a_live_server_steals_no_live_claim(tmp_path, facilitat
     paid = setup(tmp_path, facilitator, write_config)
     try:
         headers = Payer().header_for(paid.gate.url, "paid-slow")
-        task = paid.post("paid-slow", send_body("sleep 10", blocking=False), headers).json()["result"]
+        # the work outlasts the check by far: a reconcile process starting on a loaded machine takes seconds
+        task = paid.post("paid-slow", send_body("sleep 25", blocking=False), headers).json()["result"]
+        started = time.monotonic()
         wait_for(lambda: paid.claim_states() == ["running"])
         time.sleep(2.0)  # past one lease: only renewal keeps it alive
         cli("reconcile", "--config", str(paid.gate.config))  # exits 0, or the test fails with its output
+        assert time.monotonic() - started < 25, "the check came after the work ended: it proves nothing"
         assert paid.claim_states() == ["running"]
         assert "release" not in [r["action"] for r in paid.payment_rows()]
-        wait_for(lambda: paid.claim_states() == ["settled"], timeout=20)
+        wait_for(lambda: paid.claim_states() == ["settled"], timeout=40)
         body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": task["id"]}}
         after = paid.post("paid-slow", body, headers).json()["result"]
         assert after["metadata"]["x402.payment.status"] == "payment-completed"
