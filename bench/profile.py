@@ -35,11 +35,14 @@ BUCKETS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("event loop (asyncio, uvloop)", re.compile(r"asyncio/|uvloop")),
 )
 OTHER = "other"
+PROCESS = re.compile(r"process \d+:")
 
 
 def bucket_of(frames: list[str]) -> tuple[str, str]:
     """The bucket of one sample (its frames root first), and the frame that put it there."""
     for frame in reversed(frames):
+        if PROCESS.match(frame):  # py-spy's root frame for each process it follows (its command line)
+            continue
         for name, pattern in BUCKETS:
             if pattern.search(frame):
                 return name, short(frame)
