@@ -866,28 +866,16 @@ def case_f(bench: Bench) -> None:
     one voucher after another; the vouchers are verified by the gate itself (no facilitator call)."""
     bench.log("case f: voucher-paid message/send (payment channels), beside the API key")
     trusting = bench.trusting_facilitator()
-    folder = bench.path("gate-channel")
-    config, port = gate_config(folder, facilitator=trusting.url)
-    api_key = create_key(config, bench.params.gate_src)
-    with servers.gate(config, port, folder / "log.txt", src=bench.params.gate_src, label="a2a-gate") as server:
-        requests = send_requests(port, "/a2a/echo", {"Authorization": f"Bearer {api_key}"})
-        bench.measure(
-            "f",
-            "gate-key-f",
-            server,
-            bench.spec(port, requests, expect_marker=b'"completed"'),
-            "a2a-gate (API key), same run",
-        )
-        spec = voucher_spec(bench, port, f"{server.url}/a2a/paid-channel")
-        row = bench.measure(
-            "f",
-            "gate-channel",
-            server,
-            spec,
-            "a2a-gate voucher-paid (batch-settlement)",
-            reference=["gate-key-f"],
-            also=[trusting],
-        )
+    for build in builds(bench.params):
+        try:
+            vouchers_and_keys(bench, build, trusting)
+        except (RuntimeError, TimeoutError) as exc:
+            if not build.suffix:
+                raise
+            # a commit from before a configuration key this case writes (or before channels) refuses it
+            why = str(exc).strip().splitlines()[-1]
+            bench.notes.append(f"case f {build.suffix}: not measured, its gate did not start ({why})")
+    row = bench.rows["gate-channel"]
     bench.targets.append(Target("f", "voucher-paid req/s ≥ 1000 (×1000)", row.result.rps / 1000, 1.0))
     bench.target("f", "voucher-paid req/s ≥ 0.6× the API key's", "gate-channel", "gate-key-f", 0.6)
     why = postgres_missing(bench)
@@ -897,6 +885,34 @@ def case_f(bench: Bench) -> None:
     row = postgres_row(bench, "channel", 2)
     per_voucher = row.extra["round_trips_per_request"]
     bench.targets.append(Target("f", "PostgreSQL round trips per voucher, 2 replicas ≤ 4 (÷4)", 4 / per_voucher, 1.0))
+
+
+def vouchers_and_keys(bench: Bench, build: Build, trusting: ServerProcess) -> None:
+    """One gate of `build`: API-key sends, then voucher-paid sends, on the same server."""
+    folder = bench.path("gate-channel" + build.suffix)
+    config, port = gate_config(folder, facilitator=trusting.url)
+    api_key = create_key(config, build.src, build.python, build.module)
+    gate = servers.gate(
+        config, port, folder / "log.txt", src=build.src, python=build.python, label="a2a-gate", module=build.module
+    )
+    with gate as server:
+        requests = send_requests(port, "/a2a/echo", {"Authorization": f"Bearer {api_key}"})
+        bench.measure(
+            "f",
+            "gate-key-f" + build.suffix,
+            server,
+            bench.spec(port, requests, expect_marker=b'"completed"'),
+            "a2a-gate (API key), same run" + (f" {build.suffix}" if build.suffix else ""),
+        )
+        bench.measure(
+            "f",
+            "gate-channel" + build.suffix,
+            server,
+            voucher_spec(bench, port, f"{server.url}/a2a/paid-channel"),
+            "a2a-gate voucher-paid (batch-settlement)" + (f" {build.suffix}" if build.suffix else ""),
+            reference=["gate-key-f" + build.suffix],
+            also=[trusting],
+        )
 
 
 def voucher_spec(bench: Bench, port: int, url: str) -> load.Spec:
