@@ -895,6 +895,7 @@ def vouchers_and_keys(bench: Bench, build: Build, trusting: ServerProcess) -> No
     gate = servers.gate(
         config, port, folder / "log.txt", src=build.src, python=build.python, label="a2a-gate", module=build.module
     )
+    tag = f" {build.suffix}" if build.suffix else ""  # of each label: which commit's gate
     with gate as server:
         requests = send_requests(port, "/a2a/echo", {"Authorization": f"Bearer {api_key}"})
         bench.measure(
@@ -902,14 +903,14 @@ def vouchers_and_keys(bench: Bench, build: Build, trusting: ServerProcess) -> No
             "gate-key-f" + build.suffix,
             server,
             bench.spec(port, requests, expect_marker=b'"completed"'),
-            "a2a-gate (API key), same run" + (f" {build.suffix}" if build.suffix else ""),
+            "a2a-gate (API key), same run" + tag,
         )
         bench.measure(
             "f",
             "gate-channel" + build.suffix,
             server,
             voucher_spec(bench, port, f"{server.url}/a2a/paid-channel"),
-            "a2a-gate voucher-paid (batch-settlement)" + (f" {build.suffix}" if build.suffix else ""),
+            "a2a-gate voucher-paid (batch-settlement)" + tag,
             reference=["gate-key-f" + build.suffix],
             also=[trusting],
         )

@@ -58,14 +58,21 @@ def short(frame: str) -> str:
 
 @dataclass(frozen=True)
 class Breakdown:
-    """Samples per bucket, and per (bucket, frame that put them there)."""
+    """Samples per (bucket, frame that put them there)."""
 
-    samples: Counter[str]
     frames: Counter[tuple[str, str]]
 
     @property
+    def samples(self) -> Counter[str]:
+        """Samples per bucket."""
+        per_bucket: Counter[str] = Counter()
+        for (name, _), n in self.frames.items():
+            per_bucket[name] += n
+        return per_bucket
+
+    @property
     def total(self) -> int:
-        return sum(self.samples.values())
+        return sum(self.frames.values())
 
     def per_request(self, cpu_ms_per_request: float) -> list[tuple[str, float, float]]:
         """(bucket, share of the samples, ms of CPU per request), largest first."""
@@ -81,15 +88,12 @@ class Breakdown:
     @classmethod
     def of(cls, raw: str) -> Breakdown:
         """From py-spy's raw format: one line per distinct stack, "frame;frame;... count"."""
-        samples: Counter[str] = Counter()
         frames: Counter[tuple[str, str]] = Counter()
         for line in raw.splitlines():
             stack, _, count = line.rpartition(" ")
             if stack and count.isdigit():
-                where = bucket_of(stack.split(";"))
-                samples[where[0]] += int(count)
-                frames[where] += int(count)
-        return cls(samples, frames)
+                frames[bucket_of(stack.split(";"))] += int(count)
+        return cls(frames)
 
 
 def py_spy() -> str:

@@ -39,8 +39,8 @@ class Reloaded:
 
 def changed_fields(running: Any, read: Any, *, leaving: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """The names of the dataclass fields `read` changes from `running`, but those in `leaving`."""
-    unchanged = leaving | {f.name for f in fields(running) if getattr(running, f.name) == getattr(read, f.name)}
-    return [f.name for f in fields(running) if f.name not in unchanged]
+    names = (f.name for f in fields(running) if f.name not in leaving)
+    return [name for name in names if getattr(running, name) != getattr(read, name)]
 
 
 def waiting_for_restart(running: Settings, read: Settings) -> list[str]:
