@@ -35,6 +35,7 @@ from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
 from server import secret_files
 from server.config import ConfigError, Settings, is_database_url, trusted_proxy_problem
 from server.database import DatabaseRefused, DatabaseUnavailable
+from server.reload import hold_sighup
 
 if TYPE_CHECKING:
     from server.app import Services
@@ -53,6 +54,7 @@ class NoDatabase(Exception):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    hold_sighup()  # a SIGHUP from here on waits for the server to reload, in this process and its workers
     import uvicorn
 
     from server import request_log

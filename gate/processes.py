@@ -16,15 +16,15 @@ from typing import Any
 
 
 def unwind_on_sigterm() -> None:
-    """Let SIGTERM (and SIGHUP) unwind the stack like Ctrl-C does, so cleanup (`finally`, `with`) runs.
+    """Let SIGTERM unwind the stack like Ctrl-C does, so cleanup (`finally`, `with`) runs.
 
-    uvicorn handles SIGTERM itself (the server drains SIGHUP the same way: `server.shutdown`),
-    shuts down, then raises the signal again; with the default action the process ended right
-    there, before the development facilitator was stopped. Exit status 143 (128 + SIGTERM),
-    or 129 for SIGHUP, is what a supervisor expects.
+    uvicorn handles SIGTERM itself (the server drains: `server.shutdown`), shuts down, then
+    raises the signal again; with the default action the process ended right there, before the
+    development facilitator was stopped. Exit status 143 (128 + SIGTERM) is what a supervisor
+    expects. SIGHUP never ends the gate: it is held until the server can reload
+    (`server.reload.hold_sighup`).
     """
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 @contextlib.contextmanager
@@ -109,7 +109,15 @@ def run_workers(config: Any, metrics_listen: tuple[str, int] | None = None) -> N
     class Reloading(Multiprocess):
         """uvicorn's supervisor, but SIGHUP reloads each worker's configuration (`server.reload`)
         instead of replacing the workers: nothing drains, and a file a worker refuses leaves it
-        serving as it was."""
+        serving as it was.
+
+        SIGHUP stays held (blocked) in the supervisor, so every worker it spawns is born holding
+        it until it can reload; the supervisor takes a held one at each tick of its loop."""
+
+        def handle_signals(self) -> None:
+            if signal.sigtimedwait([signal.SIGHUP], 0) is not None:
+                self.signal_queue.append(signal.SIGHUP)
+            super().handle_signals()
 
         def handle_hup(self) -> None:
             for worker in self.processes:

@@ -6,6 +6,10 @@ from the next request on; the work in flight finishes as it began. The server's 
 that cannot be read, or that the path refuses, is refused whole: the server serves on with
 what it loaded, and says why in one line. With `--workers N` the supervisor hands the signal
 to each worker (`gate.processes`), so each reloads on its own, as replicas do.
+
+A SIGHUP that comes before a process can reload (while it starts, while a worker is spawned) is
+held, not fatal: `hold_sighup` blocks it first thing, every process started after inherits the
+block, and `reloading_on_sighup` takes a held one as soon as it can, as one reload.
 """
 
 from __future__ import annotations
@@ -58,17 +62,29 @@ def _own(agent: Any) -> Any:
     return replace(agent, sections={})
 
 
+def hold_sighup() -> None:
+    """Block SIGHUP in this thread, so one sent before the process can reload waits for
+    `reloading_on_sighup` instead of ending it (its default action). A signal mask is inherited
+    across fork and exec: every thread and process started after (uvicorn's workers) is born
+    holding it, with no window before its own first instruction."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+
+
 @contextlib.contextmanager
 def reloading_on_sighup(reload: Callable[[], None]) -> Iterator[None]:
     """Call `reload` on the event loop when SIGHUP arrives, while inside; the previous handler is
-    back on exit. Outside the main thread it does nothing."""
+    back on exit. A SIGHUP held until now (`hold_sighup`) is one reload, right away; on the way
+    out SIGHUP is held again, so one during the shutdown ends nothing. Outside the main thread it
+    does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     loop = asyncio.get_running_loop()
-    previous = signal.getsignal(signal.SIGHUP)
-    signal.signal(signal.SIGHUP, lambda sig, frame: loop.call_soon_threadsafe(reload))
+    previous = signal.signal(signal.SIGHUP, lambda sig, frame: loop.call_soon_threadsafe(reload))
+    held = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # a held one is delivered here
     try:
         yield
     finally:
+        if signal.SIGHUP in held:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
         signal.signal(signal.SIGHUP, previous)

@@ -5,16 +5,19 @@ With `--workers N` the supervisor hands SIGHUP to every worker instead of restar
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 from tests.support.gate_helpers import wait_for
-from tests.support.paid import PaidSetup, Payer, decode_header, send_body, start_paid_gate
+from tests.support.gate_process import GateProcess, free_port
+from tests.support.paid import PaidSetup, Payer, decode_header, paid_config, send_body, start_paid_gate
 
 OLD, NEW = '"1000"', '"2500"'
 
@@ -135,3 +138,61 @@ def workers_of(supervisor: psutil.Process) -> list[psutil.Process]:
         except psutil.Error:  # gone, or a zombie whose command line cannot be read
             continue
     return workers
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sighups_while_the_gate_starts_end_no_process_and_each_reloads_once_serving(
+    tmp_path, facilitator, write_config, workers
+):
+    """`systemctl reload` right after a start: a SIGHUP that comes while a process (the gate, its
+    supervisor, a worker the supervisor spawns) has not yet reached its handler is held, then read
+    once it serves. None ends a process (SIGHUP's default action), and each serves the new terms."""
+    port = free_port()
+    text = "claim_lease_seconds = 300\n" + paid_config(f"http://127.0.0.1:{port}", facilitator)
+    config = write_config(text)
+    extra = ["--workers", str(workers)] if workers > 1 else []
+    gate = GateProcess(config, tmp_path / "gate.log", port=port, extra_args=extra)
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            gate.start()
+        except (RuntimeError, TimeoutError) as exc:  # the gate died, or never served: the assertions say how
+            failures.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    try:
+        wait_for(lambda: gate.process is not None and takes_sighup(gate.process.pid), timeout=30, interval=0.005)
+        assert gate.process is not None
+        config.write_text(text.replace(OLD, NEW))
+        started = 0
+        while gate.process.poll() is None and started < workers:  # until every worker has started
+            gate.process.send_signal(signal.SIGHUP)
+            for worker in workers_of(psutil.Process(gate.process.pid)):
+                with contextlib.suppress(psutil.Error):
+                    worker.send_signal(signal.SIGHUP)  # a worker may get one of its own, as from `kill -HUP`
+            time.sleep(0.02)
+            started = gate.log.read_text().count("Application startup complete")
+        starter.join(60)
+        assert not failures, failures
+        assert gate.process.poll() is None, gate.log.read_text()[-3000:]
+        wait_for(lambda: all(offered_amount(gate.url) == "2500" for _ in range(20)), timeout=20)
+        log = gate.log.read_text()
+        assert "died" not in log and "Traceback" not in log, log[-3000:]
+        assert log.count("Application startup complete") == workers  # none replaced
+        assert log.count("configuration reloaded") >= workers
+    finally:
+        starter.join(60)
+        gate.stop()
+
+
+def takes_sighup(pid: int) -> bool:
+    """Whether `pid` catches or holds SIGHUP (its /proc masks): from then on no SIGHUP may end it."""
+    bit = 1 << (signal.SIGHUP - 1)
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    masks = [line.split()[1] for line in status.splitlines() if line.startswith(("SigBlk:", "SigCgt:"))]
+    return any(int(mask, 16) & bit for mask in masks)
