@@ -370,6 +370,10 @@ PAYMENT_COLUMNS = ("time (UTC)", "action", "agent", "payer", "amount", "authoriz
 def cmd_payments(args: argparse.Namespace) -> int:
     from gate.payment_log import PaymentLog
 
+    if args.payments_command == "records":
+        return cmd_payment_records(args)
+    if args.payments_command == "export":
+        return cmd_payments_export(args)
     if args.summary:
         return cmd_payments_summary(args)
     action = "write_off" if args.unsettled else "needs_attention" if args.needs_attention else args.action
@@ -413,60 +417,27 @@ SUMMARY_COLUMNS = (
 def cmd_payments_summary(args: argparse.Namespace) -> int:
     """Per agent and day: callers asked to pay, paid requests, revenue, settle outcomes, owed, written off."""
     from gate.payment_log import PaymentLog
-    from server.request_counts import RequestCounts, day_of
+    from gate.payment_summary import COUNTS, summary
 
     since = time.time() - args.days * 86400
 
-    async def read(db: Database) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[tuple[str, str, str], int]]:
+    async def read(db: Database) -> list[Any]:
         await PaymentLog(db).create_tables()
-        counts = RequestCounts(db)
-        await counts.create_tables()
-        rows = await db.fetch(
-            "SELECT at, agent, action, network, asset, amount, authorized, token_digest FROM payments"
-            " WHERE at >= ? AND action IN"
-            " ('verify', 'settle', 'settle_failed', 'write_off', 'needs_attention', 'no_charge', 'release')",
-            (since,),
-        )
-        ended = await db.fetch(
-            "SELECT DISTINCT token_digest FROM payments"
-            " WHERE action IN ('settle', 'write_off', 'needs_attention', 'no_charge')"
-        )
-        return rows, ended, await counts.read(day_of(since))
+        return await summary(db, since, agent=args.agent or "")
 
-    rows, ended, counts = _with_database(args, read)
-    finished = {r["token_digest"] for r in ended}
+    rows = _with_database(args, read)
     table: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def line(day: str, agent: str) -> dict[str, Any]:
-        return table.setdefault(
-            (day, agent), {"revenue": Counter(), "authorized": Counter(), "owed": {}, **dict.fromkeys(SUMMARY_KEYS, 0)}
+    for row in rows:  # per day and agent, each money named beside its amount
+        entry = table.setdefault(
+            (row.day, row.agent), {"revenue": Counter(), "authorized": Counter(), **dict.fromkeys(COUNTS, 0)}
         )
-
-    for (day, agent, outcome), n in counts.items():
-        if outcome == "payment_required" and (not args.agent or agent == args.agent):
-            line(day, agent)["402s"] += n
-    for row in rows:
-        if args.agent and row["agent"] != args.agent:
-            continue
-        entry, action = line(day_of(row["at"]), row["agent"]), row["action"]
-        money = f"{row['asset']}@{row['network']}"
-        if action == "settle":
-            entry["settled"] += 1
-            entry["revenue"][money] += int(row["amount"] or 0)
-        elif action == "settle_failed":
-            entry["settle failures"] += 1
-            if row["token_digest"] not in finished:
-                entry["owed"][row["token_digest"]] = money
-        else:
-            if action == "verify":
-                entry["authorized"][money] += int(row["authorized"] or row["amount"] or 0)
-            names = {
-                "verify": "verified",
-                "write_off": "written off",
-                "needs_attention": "needs attention",
-                "release": "released",
-            }
-            entry[names.get(action, "charged nothing")] += 1
+        money = f"{row.asset}@{row.network}"
+        if row.counts["settled"]:
+            entry["revenue"][money] += row.revenue
+        if row.counts["verified"]:
+            entry["authorized"][money] += row.authorized
+        for name in COUNTS:
+            entry[name] += row.count(name)
     print("\t".join(SUMMARY_COLUMNS))
     for (day, agent), entry in sorted(table.items()):
         revenue = ", ".join(f"{amount} {money}" for money, amount in sorted(entry["revenue"].items())) or "0"
@@ -474,23 +445,146 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
         print(
             f"{day}\t{agent}\t{entry['402s']}\t{entry['verified']}\t{entry['settled']}\t{revenue}\t"
             f"{authorized}\t{entry['charged nothing']}\t{entry['released']}\t"
-            f"{entry['settle failures']}\t{len(entry['owed'])}\t{entry['written off']}\t{entry['needs attention']}"
+            f"{entry['settle failures']}\t{entry['owed']}\t{entry['written off']}\t{entry['needs attention']}"
         )
     if not table:
         print(f"(nothing in the last {args.days:g} days)", file=sys.stderr)
     return 0
 
 
-SUMMARY_KEYS = (
-    "402s",
-    "verified",
-    "settled",
-    "charged nothing",
-    "released",
-    "settle failures",
-    "written off",
-    "needs attention",
+class BadFilter(Exception):
+    """A filter of `payments records` or `payments export` the command cannot take: one line, exit 2."""
+
+
+def moment(option: str, text: str | None, now: float) -> float | None:
+    """`--since` / `--until`: a UTC date (2026-12-01), a date and time (2026-12-01T08:00:00Z, or with
+    an offset), or a duration back from now (7d, 12h, 30m, 90s)."""
+    from datetime import UTC, datetime
+
+    if text is None:
+        return None
+    try:
+        return now - duration(text)
+    except argparse.ArgumentTypeError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        raise BadFilter(
+            f"{option} {text!r}: not a date (2026-12-01), a UTC time (2026-12-01T08:00:00Z) or a duration (7d, 12h)"
+        ) from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def record_filters(args: argparse.Namespace) -> Any:
+    """The records `payments records` and `payments export` name, checked (`BadFilter`)."""
+    from gate.payment_records import STATES, Filters
+
+    now = time.time()
+    since, until = moment("--since", args.since, now), moment("--until", args.until, now)
+    state = getattr(args, "state", None) or ""
+    if state and state not in STATES:
+        raise BadFilter(f"--state {state!r}: not a record state (one of {', '.join(STATES)})")
+    if since is not None and until is not None and until <= since:
+        raise BadFilter(f"--until {args.until!r} is not after --since {args.since!r}")
+    return Filters(
+        since=0.0 if since is None else since,
+        until=float("inf") if until is None else until,
+        agent=args.agent or "",
+        payer=args.payer or "",
+        state=state,
+    )
+
+
+RECORD_LINE = (
+    "started (UTC)",
+    "state",
+    "agent",
+    "payer",
+    "scheme",
+    "amount",
+    "authorized",
+    "asset@network",
+    "transaction",
+    "settled (UTC)",
+    "error",
+    "task",
+    "payment",
 )
+
+
+def cmd_payment_records(args: argparse.Namespace) -> int:
+    """Payments as records, newest first: what became of each, and why."""
+    from gate.payment_log import PaymentLog
+    from gate.payment_records import PaymentRecords
+
+    try:
+        filters = record_filters(args)
+    except BadFilter as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    async def read(db: Database) -> list[Any]:
+        await PaymentLog(db).create_tables()
+        found = []
+        async for record in PaymentRecords(db).read(filters, newest_first=True):
+            found.append(record)
+            if len(found) >= args.limit:
+                break
+        return found
+
+    records = _with_database(args, read)
+    print("\t".join(RECORD_LINE))
+    for r in records:
+        print(
+            f"{_utc(r.started_at)}\t{r.state}\t{r.agent or '-'}\t{r.payer or '-'}\t{r.scheme or '-'}\t"
+            f"{r.amount or '-'}\t{r.authorized or '-'}\t{r.asset or '-'}@{r.network or '-'}\t{r.transaction or '-'}\t"
+            f"{_utc(r.settled_at) if r.settled_at else '-'}\t{r.error or '-'}\t{r.task_id or '-'}\t{r.payment_id[:16]}"
+        )
+    if not records:
+        print("(no payment records match)", file=sys.stderr)
+    return 0
+
+
+def cmd_payments_export(args: argparse.Namespace) -> int:
+    """Records or the daily summary, as CSV or JSON, on stdout or into a file."""
+    from gate import payment_exports as exports
+    from gate.payment_log import PaymentLog
+    from gate.payment_records import PaymentRecords
+    from gate.payment_summary import summary
+
+    try:
+        if args.format not in exports.FORMATS:
+            raise BadFilter(f"--format {args.format!r}: one of {', '.join(exports.FORMATS)}")
+        filters = record_filters(args)
+        if args.what == "summary" and filters.state:
+            raise BadFilter("--state filters records; the summary counts every state")
+        if args.what == "summary" and filters.payer:
+            raise BadFilter("--payer filters records; the summary counts every payer")
+    except BadFilter as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    async def write(db: Database) -> None:
+        await PaymentLog(db).create_tables()
+        if args.what == "summary":
+            rows = exports.each(exports.summary_rows(await summary(db, filters.since, filters.until, filters.agent)))
+            columns = exports.SUMMARY_COLUMNS
+        else:
+            rows, columns = exports.record_rows(PaymentRecords(db).read(filters)), exports.RECORD_COLUMNS
+        with contextlib.ExitStack() as files:
+            out = sys.stdout
+            if args.output:
+                out = files.enter_context(open(args.output, "w", encoding="utf-8", newline=""))
+            async for chunk in exports.encoded(rows, columns, args.format):
+                out.write(chunk)
+
+    try:
+        _with_database(args, write)
+    except OSError as exc:  # the output file
+        print(f"error: --output {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 CHANNEL_COLUMNS = (
@@ -737,7 +831,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="a report per agent and day: 402s, paid requests, revenue, settle outcomes, owed, written off",
     )
     payments.add_argument("--days", type=float, default=7, help="how far back --summary reaches (default 7)")
-    payments.set_defaults(func=cmd_payments)
+    payments.set_defaults(func=cmd_payments, payments_command=None)
+    payments_sub = payments.add_subparsers(dest="payments_command")
+    records = command(payments_sub, "records", "payments as records: what became of each, newest first")
+    export = command(
+        payments_sub, "export", "payment records or the daily summary as CSV or JSON (columns: docs/operations.md)"
+    )
+    export.add_argument("--what", choices=("records", "summary"), default="records")
+    export.add_argument("--format", default="csv", help="csv (default) or json")
+    export.add_argument("--output", metavar="FILE", help="write here instead of stdout")
+    for child in (records, export):
+        # given before the subcommand or after it (SUPPRESS: the one before stays unless repeated)
+        child.add_argument("--agent", default=argparse.SUPPRESS)
+        child.add_argument("--payer", default=argparse.SUPPRESS)
+        child.add_argument("--state", help="a record state (see docs/operations.md)")
+        child.add_argument("--since", help="begun at or after: 2026-12-01, 2026-12-01T08:00:00Z, or 7d back")
+        child.add_argument("--until", help="begun before: the same forms")
+    records.add_argument("--limit", type=int, default=argparse.SUPPRESS)
 
     reconcile = command(sub, "reconcile", "settle delivered-but-unsettled work now")
     reconcile.add_argument(

@@ -38,6 +38,7 @@ class Payment:
             "authorized": self.authorized or self.amount,
             "network": self.network,
             "asset": self.asset,
+            "scheme": str(self.requirements.get("scheme", "")),
             "task_id": task_id,
         }
 

@@ -7,7 +7,9 @@ look), no_charge (terminal: an upto delivery charged nothing), replay; and for p
 channel_claim, channel_claim_failed, channel_settle and channel_refund (the gate's own
 transactions on the settlement contract). `amount` is what the row's payment is charged (an upto
 delivery's priced usage), `authorized` what its payer signed for (the same, but for an upto
-ceiling). Each row names the token by its digest only; rows are never updated or deleted by the gate.
+ceiling), `scheme` the x402 scheme it was paid in (empty on rows written before the column). Each
+row names the token by its digest only; rows are never updated or deleted by the gate. What a
+payment became, read from its rows, is `gate.payment_records`'.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ MIGRATIONS = (
         postgresql=(_TABLE.format(key="BIGSERIAL", columns=_COLUMNS), *_INDEXES),
     ),
     Migration.add_columns("payments", ("authorized TEXT NOT NULL DEFAULT ''",)),  # what the payer authorized (upto)
+    # the scheme a row's payment is in: a record says it, and tells a channel's charge from a settlement
+    Migration.add_columns("payments", ("scheme TEXT NOT NULL DEFAULT ''",)),
 )
 
 
@@ -76,6 +80,7 @@ class PaymentLog:
         authorized: str = "",
         network: str = "",
         asset: str = "",
+        scheme: str = "",
         task_id: str = "",
         transaction: str = "",
         error: str = "",
@@ -95,11 +100,13 @@ class PaymentLog:
             authorized or amount,
             network,
             asset,
+            scheme,
             transaction,
             error[:200],
         )
         columns = (
-            'at, action, agent, task_id, token_digest, payer, amount, authorized, network, asset, "transaction", error'
+            "at, action, agent, task_id, token_digest, payer, amount, authorized, network, asset, scheme,"
+            ' "transaction", error'
         )
         marks = ", ".join("?" for _ in values)
         if only_if is None:

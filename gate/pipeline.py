@@ -311,7 +311,14 @@ async def claim_digest(
 
 def log_fields(price: Price, agent: str, token: tokens.Token) -> dict[str, str]:
     """What every payment log row of this request names: the agent, the price, the token's digest."""
-    return dict(agent=agent, token_digest=token.digest, amount=price.amount, network=price.network, asset=price.asset)
+    return dict(
+        agent=agent,
+        token_digest=token.digest,
+        amount=price.amount,
+        network=price.network,
+        asset=price.asset,
+        scheme=price.scheme,
+    )
 
 
 def charge_outcome(task: dict[str, Any]) -> tuple[str, str]:

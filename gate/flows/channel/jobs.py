@@ -122,6 +122,7 @@ async def watch_one(flow: ChannelParts, channel: Channel) -> list[dict[str, Any]
         await flow.log.append(
             "channel_claim",
             agent="",
+            scheme=batch_settlement.SCHEME_NAME,
             token_digest=channel.voucher_digest,
             payer=channel.payer,
             amount=str(claimed - channel.total_claimed),
@@ -250,6 +251,7 @@ async def claimed_rows(
             await flow.log.append(
                 "channel_claim",
                 agent="",
+                scheme=batch_settlement.SCHEME_NAME,
                 token_digest=channel.voucher_digest,
                 payer=channel.payer,
                 amount=str(channel.voucher_max - channel.total_claimed),
@@ -294,6 +296,7 @@ async def set_aside(flow: ChannelParts, channel: Channel, fence: str, reason: st
         return {"outcome": "skipped", "channel": channel.channel_id}
     fields = dict(
         agent="",
+        scheme=batch_settlement.SCHEME_NAME,
         token_digest=channel.voucher_digest,
         payer=channel.payer,
         amount=unclaimed,
@@ -342,6 +345,7 @@ async def claim_failed(
         await flow.store.claim_failed(channel.channel_id, fence, unknown, retry_in)
         fields = dict(
             agent="",
+            scheme=batch_settlement.SCHEME_NAME,
             token_digest=channel.voucher_digest,
             payer=channel.payer,
             amount=str(channel.voucher_max - channel.total_claimed),
@@ -374,6 +378,7 @@ async def sweep(flow: ChannelParts, network: str, asset: str, receiver: str) -> 
     await flow.log.append(
         "channel_settle",
         agent="",
+        scheme=batch_settlement.SCHEME_NAME,
         token_digest="",
         payer="",
         amount=amount,
@@ -452,6 +457,7 @@ async def refund(flow: ChannelParts, channel: Channel, fence: str) -> dict[str, 
         await flow.log.append(
             "channel_refund",
             agent="",
+            scheme=batch_settlement.SCHEME_NAME,
             token_digest=channel.voucher_digest,
             payer=channel.payer,
             amount=refunded,
@@ -472,6 +478,7 @@ async def refund_log(flow: ChannelParts, channel: Channel, transaction: str, err
     await flow.log.append(
         "channel_claim_failed",
         agent="",
+        scheme=batch_settlement.SCHEME_NAME,
         token_digest=channel.voucher_digest,
         payer=channel.payer,
         amount=str(channel.balance - channel.charged),
