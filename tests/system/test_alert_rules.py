@@ -11,7 +11,9 @@ import math
 import re
 import shlex
 import shutil
+import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +166,22 @@ def test_a_facilitator_that_does_not_answer_reads_0_from_scrapes_alone(start_gat
         write_config(paid_config(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}")), port=port
     )
     wait_for(lambda: reading(gate.url, "a2a_gate_facilitator_reachable") == 0, timeout=15)
+
+
+def test_a_scrape_never_waits_for_a_facilitator_that_hangs(start_gate, write_config):
+    """The check a scrape starts runs beside it: a facilitator that takes connections and never
+    answers (timeout_seconds 1.5 here) leaves /metrics as quick as ever, then reads 0."""
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)  # connections land in its backlog and are never answered
+    try:
+        port = free_port()
+        text = paid_config(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{hung.getsockname()[1]}")
+        gate = start_gate(write_config(text), port=port)
+        for _ in range(3):
+            started = time.monotonic()
+            reading(gate.url, "a2a_gate_facilitator_reachable")
+            assert time.monotonic() - started < 1.0, "the scrape waited for the facilitator"
+        wait_for(lambda: reading(gate.url, "a2a_gate_facilitator_reachable") == 0, timeout=15)
+    finally:
+        hung.close()
