@@ -42,11 +42,14 @@ class PaymentGate:
     def __init__(self, parts: GateParts) -> None:
         self.parts = parts
         self.background: list[asyncio.Task[None]] = []
+        self.asking: asyncio.Task[str] | None = None  # the readiness check a scrape started
 
     @classmethod
     def from_parts(cls, server: Parts) -> PaymentGate:
         """The factory `create_app(settings, anonymous=...)` is given."""
-        return cls(GateParts.build(server))
+        gate = cls(GateParts.build(server))
+        server.metrics.before_scrape.append(gate.ask_facilitator)
+        return gate
 
     @property
     def claims(self) -> Claims:
@@ -107,6 +110,14 @@ class PaymentGate:
             parts.metrics.facilitator_reachable.set(1 if answer == "ok" else 0)
         return answer
 
+    async def ask_facilitator(self) -> None:
+        """Before a scrape: start the readiness check when its answer is stale (at most every 10 s),
+        so `a2a_gate_facilitator_reachable` is current without a load balancer asking /readyz. The
+        scrape does not wait for it (it shows the last answer): a facilitator that hangs must not
+        make the metrics time out with it."""
+        if self.parts.facilitator.configured and (self.asking is None or self.asking.done()):
+            self.asking = asyncio.create_task(self.facilitator_ready())
+
     async def open_store(self) -> None:
         await self.claims.create_tables()
         for flow in self.parts.flows:
@@ -157,6 +168,8 @@ class PaymentGate:
     async def close(self) -> None:
         for job in self.background:
             job.cancel()
+        if self.asking is not None:
+            self.asking.cancel()
         await self.facilitator.aclose()
         await self.chain.aclose()
         if self.parts.shared_buckets is not None:

@@ -12,6 +12,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gate.claims import Claims, ClaimState
 
+# The outcomes the settlement, the channel jobs and the metered flow count (their modules name them).
+SETTLE_OUTCOMES = ("settled", "owed", "unsettled", "needs_attention", "no_charge")
+CHANNEL_TRANSACTIONS = {
+    "claim": ("ok", "failed", "unknown", "refused"),
+    "settle": ("ok", "failed", "unknown"),
+    "refund": ("ok", "failed", "unknown"),
+}
+USAGE_OUTCOMES = ("priced", "capped", "stopped_at_ceiling", "pricing_failed", "usage_invalid")
+
 
 class Obliged(Protocol):
     """What holds a claim obligation (the channel store: `Channels.obligation`)."""
@@ -152,10 +161,30 @@ class GateMetrics:
             "Payment channels whose latest voucher's claim the contract refused (set aside: a2a-gate channels list)",
             registry=registry,
         )
+        self.channels_claim_failing = Gauge(
+            "a2a_gate_channels_claim_failing",
+            "Payment channels with unclaimed charges whose claims on chain failed since the last that landed"
+            " (a2a-gate channels list counts them; a2a-gate channels claim tries again)",
+            registry=registry,
+        )
         self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling", registry=registry)
         self.reconciler_backlog = Gauge(
             "a2a_gate_reconciler_backlog", "Delivered work awaiting settlement", registry=registry
         )
+
+        self.zero_known_outcomes()
+        self.facilitator_reachable.set(float("nan"))  # not asked yet, or no facilitator configured
+
+    def zero_known_outcomes(self) -> None:
+        """Every label set a counter is known to take, at 0 from the start: Prometheus's increase()
+        sees no rise from a series that did not exist, so an alert rule would miss the first one."""
+        for outcome in SETTLE_OUTCOMES:
+            self.settlements.labels(outcome)
+        for action, outcomes in CHANNEL_TRANSACTIONS.items():
+            for outcome in outcomes:
+                self.channel_transactions.labels(action, outcome)
+        for outcome in USAGE_OUTCOMES:
+            self.usage_charges.labels(outcome)
 
     async def read_state(self, claims: Claims) -> None:
         """Set the gauges of stored state from the claims table (run before each scrape)."""
@@ -170,6 +199,7 @@ class GateMetrics:
         self.channels_withdrawing.set(state.pending_withdrawals)
         self.channel_oldest_unclaimed.set(state.oldest_unclaimed_seconds)
         self.channels_refused.set(state.refused)
+        self.channels_claim_failing.set(state.claim_failing)
         if state.finalizable_in_seconds is None:
             self.channel_withdrawal_finalizable.set(float("nan"))
         else:

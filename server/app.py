@@ -136,11 +136,13 @@ class Services:
             return
         self.configured_at = time.time()  # cards and the index say what is offered now
         self.metrics.reloads.labels("applied").inc()
+        self.metrics.reload_successful.set(1)
         reloaded = Reloaded(taken.applied, [*waiting_for_restart(self.settings, read), *taken.waiting])
         logger.info("%s", reloaded.line(read.source))
 
     def _refused(self, why: str) -> None:
         self.metrics.reloads.labels("refused").inc()
+        self.metrics.reload_successful.set(0)
         logger.error("configuration reload refused (%s); serving on with the configuration loaded before", why)
 
     async def close(self) -> None:

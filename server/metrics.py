@@ -20,7 +20,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -57,6 +57,15 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        for outcome in ("applied", "refused"):  # at 0 from the start: a rule's increase() sees the first one
+            self.reloads.labels(outcome)
+        # the file read last is the one a restart would start from: 0 while it is refused (alert on it)
+        self.reload_successful = Gauge(
+            "a2a_gate_config_last_reload_successful",
+            "1 while the configuration file read last was taken (at start, or by the last SIGHUP), 0 once refused",
+            registry=self.registry,
+        )
+        self.reload_successful.set(1)
         self.request_children: dict[tuple[str, str, str], Any] = {}  # labels() looked up once per label set
         # gauges of stored state are read from the database (asynchronously) before each scrape
         self.before_scrape: list[Callable[[], Awaitable[None]]] = []

@@ -91,8 +91,20 @@ def test_a_file_the_server_could_not_take_is_refused_whole_and_the_old_terms_sta
         assert why in line
         assert offered_amount(paid.gate.url) == "1000"  # nothing of the refused file applied
         assert paid.gate.process is not None and paid.gate.process.poll() is None
+        # deploy/alerts.yml's A2AGateConfigReloadRefused: 0 until a file is taken again
+        assert last_reload_successful(paid.gate.url) == 0
+        reload_with(paid, text)
+        wait_for(lambda: last_reload_successful(paid.gate.url) == 1, timeout=15)
     finally:
         paid.gate.stop()
+
+
+def last_reload_successful(url: str) -> float:
+    """The gauge an alert rule watches: 1 while the file read last was taken."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("a2a_gate_config_last_reload_successful "):
+            return float(line.split()[1])
+    raise AssertionError("a2a_gate_config_last_reload_successful is not exported")
 
 
 def test_an_agent_left_out_of_the_file_keeps_its_price_until_a_restart(tmp_path, facilitator, write_config):

@@ -217,12 +217,14 @@ class Mirror:
 class Obligation:
     """The claim job's backlog: channels whose payer asked to withdraw while charges are unclaimed,
     the oldest unclaimed charge's age, the least time before a pending withdrawal can be finalized
-    (None: none pending), and channels whose latest voucher's claim the contract refused."""
+    (None: none pending), channels whose latest voucher's claim the contract refused, and channels
+    whose claims failed since the last that landed."""
 
     pending_withdrawals: int
     oldest_unclaimed_seconds: float
     finalizable_in_seconds: float | None
     refused: int
+    claim_failing: int
 
 
 @dataclass(frozen=True)
@@ -449,7 +451,7 @@ class Channels:
 
     async def obligation(self, page_size: int = PAGE_SIZE) -> Obligation:
         """What stands between payers' withdrawals and the charges not yet claimed, over every channel."""
-        pending = refused = 0
+        pending = refused = failing = 0
         oldest: float | None = None
         finalizable: float | None = None
         async for page in self.unclaimed(page_size):
@@ -457,13 +459,14 @@ class Channels:
                 if c.refused:
                     refused += 1
                     continue
+                failing += c.claim_failures > 0
                 age = c.now - c.first_charged_at if c.first_charged_at else 0.0
                 oldest = age if oldest is None else max(oldest, age)
                 left = c.finalizable_in()
                 if left is not None:
                     pending += 1
                     finalizable = left if finalizable is None else min(finalizable, left)
-        return Obligation(pending, oldest or 0.0, finalizable, refused)
+        return Obligation(pending, oldest or 0.0, finalizable, refused, failing)
 
     async def take_claim(self, channel: Channel, fence: str, lease_seconds: float) -> bool:
         """This process claims `channel`'s voucher on chain now, unless another took it first."""

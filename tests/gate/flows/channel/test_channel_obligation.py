@@ -185,6 +185,8 @@ def test_the_gauges_say_what_stands_between_withdrawals_and_the_unclaimed_money(
         await add(db, 200, charged=1000, age=500.0, withdraw_at=now - 600)  # final in about 300 s
         await add(db, 201, charged=1000, withdraw_at=now - 100)
         await add(db, 202, charged=1000, claimed=1000, withdraw_at=now - 800)  # nothing unclaimed: not counted
+        failing = await add(db, 203, charged=1000)
+        await db.execute("UPDATE channels SET claim_failures = 2 WHERE channel_id = ?", (failing,))
         metrics = GateMetrics(CollectorRegistry())
         await metrics.read_channels(channels)
         registry = metrics.registry
@@ -193,6 +195,7 @@ def test_the_gauges_say_what_stands_between_withdrawals_and_the_unclaimed_money(
         left = registry.get_sample_value("a2a_gate_channel_withdrawal_finalizable_seconds") or 0
         assert 240 <= left <= 301
         assert registry.get_sample_value("a2a_gate_channels_refused") == 0
+        assert registry.get_sample_value("a2a_gate_channels_claim_failing") == 1  # A2AGateChannelClaimsFailing
 
     on(location, body)
 
