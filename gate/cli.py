@@ -55,7 +55,6 @@ class NoDatabase(Exception):
 
 def cmd_serve(args: argparse.Namespace) -> int:
     hold_sighup()  # a SIGHUP from here on waits for the server to reload, in this process and its workers
-    import uvicorn
 
     from server import request_log
     from server.deadlines import server_config
@@ -114,7 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 settings.http.metrics_listen,
             )
         else:
-            server = uvicorn.Server(
+            server = processes.Serving(
                 server_config(
                     build_app(settings, lambda: configured(args.config, overrides)),
                     settings.http,

@@ -5,6 +5,7 @@ facilitator as a child, and the signal handling that lets both be cleaned up.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -13,6 +14,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+import uvicorn
 
 
 def unwind_on_sigterm() -> None:
@@ -114,10 +117,15 @@ def run_workers(config: Any, metrics_listen: tuple[str, int] | None = None) -> N
         SIGHUP stays held (blocked) in the supervisor, so every worker it spawns is born holding
         it until it can reload; the supervisor takes a held one at each tick of its loop."""
 
+        announced = False
+
         def handle_signals(self) -> None:
             if signal.sigtimedwait([signal.SIGHUP], 0) is not None:
                 self.signal_queue.append(signal.SIGHUP)
             super().handle_signals()
+            if not self.announced and all(worker.is_ready(timeout=1) for worker in self.processes):
+                self.announced = True
+                notify_ready()  # every worker serves: systemd may now send a reload or a stop
 
         def handle_hup(self) -> None:
             for worker in self.processes:
@@ -128,6 +136,31 @@ def run_workers(config: Any, metrics_listen: tuple[str, int] | None = None) -> N
     if metrics_listen:
         sockets.append(listen(metrics_listen))
     Reloading(config, sockets=sockets).run()
+
+
+class Serving(uvicorn.Server):
+    """uvicorn's server, telling its service manager when it serves (`notify_ready`)."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            notify_ready()
+
+
+def notify_ready() -> None:
+    """Tell systemd (`Type=notify`) the gate serves: the listeners are open and every worker's
+    start-up is done. Until then `systemctl start` waits and a `systemctl reload` is queued behind
+    it, so no SIGHUP reaches a process still starting. Without $NOTIFY_SOCKET, nothing to tell."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(b"READY=1", address)
+    except OSError as exc:
+        logging.getLogger("a2a_gate").warning("could not tell the service manager the gate is ready: %s", exc)
 
 
 def tcp(sock: socket.socket) -> socket.socket:
