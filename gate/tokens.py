@@ -322,6 +322,11 @@ def nonce_key(token: Token, asset: str, scheme: Scheme = exact_eip3009.SCHEME) -
     return scheme.nonce_key(_inner(token), token.network, asset)
 
 
+def named_payer(token: Token) -> str:
+    """The payer the token's payload names, whatever its scheme (unverified; "" when it names none)."""
+    return schemes.named_payer(_inner(token))
+
+
 def _inner(token: Token) -> dict[str, Any]:
     inner = token.payload.get("payload")
     return inner if isinstance(inner, dict) else {}
