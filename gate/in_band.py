@@ -125,7 +125,7 @@ def card_extensions(price: Price | None, url: str) -> list[dict[str, Any]]:
 
 def error_code(reason: str) -> str:
     """The a2a-x402 error code for a refusal reason (the exact reason rides in the failure receipt)."""
-    lowered = reason.lower()
+    lowered = reason.lower().replace("batch_settlement", "")  # a scheme's name is no "settle" word
     for words, code in ERROR_CODES:
         if any(word in lowered for word in words):
             return code
