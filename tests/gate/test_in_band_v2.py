@@ -7,14 +7,20 @@ the simulated chain), agents offering `exact` by EIP-3009, `exact` by Permit2, `
 unchanged) and pays on the same task, by send and by stream, in both A2A dialects; it hands the
 package's client the receipt the Task carries, so a channel payer's next voucher follows its last.
 
+The x402 JavaScript packages' client (`@x402/core`'s `x402Client` with `@x402/evm`'s client schemes,
+`tests/support/x402_js_in_band.mjs`) pays the same way, from packages npm installs once into
+`build/x402-js-in-band`.
+
 Beside it: the v1 documents (402 body and in-band) list only what an x402 v1 client signs, and an
 in-band refusal says what happened and names the payer its payload names.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +41,7 @@ from tests.support.in_band import (
     task_of,
 )
 from tests.support.paid import ASSET, PAY_TO, Payer, send_body
+from tests.support.readme_examples import ROOT, npm_env, unavailable
 
 PRICE = 1000
 UNIT_PRICE = 10  # the metered agent's price per character of the echo's answer
@@ -91,6 +98,9 @@ SCHEMES = {  # agent: the scheme (and transfer method) its one offer is in
 METHODS = ["message/send", "message/stream", "SendMessage", "SendStreamingMessage"]
 V1_PYTHON = Path(os.environ.get("X402_V1_PYTHON", "/tmp/x402v1-venv/bin/python"))
 V1_CLIENT = Path(__file__).parents[1] / "support" / "x402_v1_client.py"
+JS_CLIENT = Path(__file__).parents[1] / "support" / "x402_js_in_band.mjs"
+JS_PACKAGES = ("@x402/core@2", "@x402/evm@2", "viem@2")
+JS_FOLDER = ROOT / "build" / "x402-js-in-band"
 
 
 class Devnet:
@@ -233,3 +243,65 @@ def test_an_unsupported_payload_in_band_says_so_and_names_its_payer(devnet: Devn
         httpx.post(f"{devnet.gate.url}/a2a/permit2", json=paying, headers=headers, timeout=30).json()["result"]
     )
     assert done["status"]["state"] in ("completed", "TASK_STATE_COMPLETED")
+
+
+@pytest.fixture(scope="module")
+def js_client() -> Path:
+    """The JavaScript payer beside the x402 packages npm installed (once per package list, under a
+    lock: two test workers may ask at once). No node or npm registry: skipped, or failed where CI is set."""
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            unavailable(f"{tool} is not installed: the JavaScript payer needs Node 20 and npm")
+    wanted = " ".join(JS_PACKAGES) + "\n"
+    JS_FOLDER.mkdir(parents=True, exist_ok=True)
+    with open(JS_FOLDER.parent / "x402-js-in-band.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = JS_FOLDER / "installed"
+        if not (stamp.exists() and stamp.read_text() == wanted and (JS_FOLDER / "node_modules").is_dir()):
+            shutil.rmtree(JS_FOLDER)
+            JS_FOLDER.mkdir()
+            (JS_FOLDER / "package.json").write_text("{}\n")
+            try:
+                done = subprocess.run(
+                    ["npm", "install", "--no-save", *JS_PACKAGES],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                    cwd=JS_FOLDER,
+                    env=npm_env(),
+                )
+            except subprocess.TimeoutExpired:
+                unavailable("npm install did not finish in 600 s (no npm registry?)")
+            if done.returncode != 0:
+                unavailable(f"npm install failed (no npm registry?): {done.stderr[-800:]}")
+            stamp.write_text(wanted)
+    shutil.copy(JS_CLIENT, JS_FOLDER / JS_CLIENT.name)  # resolved beside its node_modules
+    return JS_FOLDER / JS_CLIENT.name
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("agent", list(SCHEMES))
+def test_the_x402_javascript_client_pays_every_scheme_in_band(
+    devnet: Devnet, js_client: Path, agent: str, method: str
+) -> None:
+    run = subprocess.run(
+        ["node", str(js_client), f"{devnet.gate.url}/a2a/{agent}", devnet.facilitator, method, "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=js_client.parent,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    for turn, paid in enumerate(answer["turns"]):
+        assert paid["id"] == paid["asked"]
+        assert paid["state"] in ("completed", "TASK_STATE_COMPLETED"), paid
+        assert paid["text"] == paid["sent"]  # the original message ran
+        metadata = paid["metadata"]
+        assert metadata["x402.payment.status"] == "payment-completed"
+        receipt = metadata["x402.payment.receipts"][-1]
+        assert receipt["success"] is True and receipt["payer"].lower() == answer["payer"].lower()
+        if agent == "metered":
+            assert receipt["amount"] == str(UNIT_PRICE * len(paid["sent"]))
+        if agent == "channel":  # the second turn's voucher was built on the first's receipt
+            assert receipt["extra"]["channelState"]["chargedCumulativeAmount"] == str(PRICE * (turn + 1))
