@@ -2,7 +2,10 @@
 
 A client that activated the extension (`A2A-Extensions` / `X-A2A-Extensions`) and sent
 no token is answered with a Task in `input-required`, `x402.payment.status:
-payment-required` and the requirements; its ORIGINAL message is kept (size-capped,
+payment-required` and the requirements: `x402.payment.required`, the x402 v1 document the
+a2a-x402 extension reads (the offers a v1 client signs), and `x402.payment.required.v2`, the
+x402 v2 document with every offer (what x402's own A2A transport carries), so an x402 v2 client
+pays any scheme in-band; its ORIGINAL message is kept (size-capped,
 a few per caller, expiring with the requirements). The paying message names that
 task and only carries the payment: after verify the agent runs the original message,
 then the task ends `payment-completed` with receipts. A refused payment is answered on
@@ -43,18 +46,27 @@ EXTENSION_URIS = (EXTENSION_V02, EXTENSION_V01, EXTENSION_V01_CLIENT)
 ACTIVATION_HEADERS = ("A2A-Extensions", "X-A2A-Extensions")
 
 PREFIX = "x402."  # every a2a-x402 metadata key
-REQUIRED = "x402.payment.required"
+REQUIRED = "x402.payment.required"  # the x402 v1 document (a2a-x402 v0.1 and v0.2 read this key)
+REQUIRED_V2 = "x402.payment.required.v2"  # the x402 v2 document, every offer of the price
 KEPT_KEYS = frozenset({STATUS})  # what a client's message may keep of the x402 keys
 
-# a2a-x402 error codes (v0.1 section 8, v0.2 section 9), chosen by what the reason names
+# a2a-x402 error codes (v0.1 section 8, v0.2 section 9, "common" ones: the list is open), chosen by
+# what the reason names, first match wins; the refusals those codes do not cover have codes of
+# their own, so that none reads as another (a payload the offer cannot take is no bad signature)
 ERROR_CODES = (
     (("insufficient",), "INSUFFICIENT_FUNDS"),
     (("already_used", "duplicate"), "DUPLICATE_NONCE"),
-    (("expired", "valid_before", "valid_after", "not_yet_valid", "valid_until"), "EXPIRED_PAYMENT"),
+    (("expired", "valid_before", "valid_after", "not_yet_valid", "valid_until", "window"), "EXPIRED_PAYMENT"),
     (("network",), "NETWORK_MISMATCH"),
     (("amount", "value", "recipient", "requirements", "asset", "pay_to"), "INVALID_AMOUNT"),
     (("settle",), "SETTLEMENT_FAILED"),
+    (("unsupported",), "UNSUPPORTED_PAYLOAD"),  # not of the offer's kind (EIP-3009 for a Permit2 offer...)
+    (("invalid_payload", "invalid_nonce", "payload_type"), "INVALID_PAYLOAD"),  # not a well-formed payload
+    (("resource",), "RESOURCE_MISMATCH"),  # minted for another door
+    (("payer_not_allowed",), "PAYER_NOT_ALLOWED"),  # the agent's allowlist
+    (("signature", "signer"), "INVALID_SIGNATURE"),
 )
+FALLBACK_CODE = "PAYMENT_REFUSED"  # a reason none of the above names (the receipt's errorReason says it)
 
 
 @dataclass(frozen=True)
@@ -102,7 +114,8 @@ def _without_metadata(message: dict[str, Any], dropped: Callable[[str], bool]) -
 
 
 def card_extensions(price: Price | None, url: str) -> list[dict[str, Any]]:
-    """What a priced agent's card declares: every extension URI it accepts, none required."""
+    """What a priced agent's card declares: every extension URI it accepts, none required (the
+    offers as x402 v2 requirements)."""
     if price is None:
         return []
     params = {"x402Version": 2, "accepts": [payment_required.requirement(offer, url) for offer in price.offers]}
@@ -112,11 +125,11 @@ def card_extensions(price: Price | None, url: str) -> list[dict[str, Any]]:
 
 def error_code(reason: str) -> str:
     """The a2a-x402 error code for a refusal reason (the exact reason rides in the failure receipt)."""
-    lowered = reason.lower()
+    lowered = reason.lower().replace("batch_settlement", "")  # a scheme's name is no "settle" word
     for words, code in ERROR_CODES:
         if any(word in lowered for word in words):
             return code
-    return "INVALID_SIGNATURE"
+    return FALLBACK_CODE
 
 
 @dataclass(frozen=True)
@@ -229,17 +242,15 @@ class InBand:
         reason: str,
         payer: str = "",
         state: dict[str, dict[str, Any]] | None = None,
+        version: int = 1,
     ) -> Response:
         """A refused payment, answered on the Task: payment-failed, the code, a failure receipt; payable again.
-        `state`: the payer's own state for a scheme (a channel's), in the requirements it is asked again with."""
+        `payer`: the one the payment names (verified or not: "" only when it names none); `state`: the
+        payer's own state for a scheme (a channel's), in the requirements it is asked again with;
+        `version`: the x402 version the payment came in, whose network names the receipt uses."""
         price = offer.price
-        receipt = {
-            "success": False,
-            "errorReason": reason,
-            "network": payment_required.V1_NETWORKS.get(price.network, price.network),
-            "transaction": "",
-            "payer": payer,
-        }
+        network = payment_required.V1_NETWORKS.get(price.network, price.network) if version == 1 else price.network
+        receipt = {"success": False, "errorReason": reason, "network": network, "transaction": "", "payer": payer}
         code = error_code(reason)
         failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
         task = pending.task
@@ -275,10 +286,14 @@ def ask(
     state: dict[str, dict[str, Any]] | None = None,
     error: str = payment_required.PAYMENT_REQUIRED_ERROR,
 ) -> None:
-    """Put the task in input-required with fresh requirements and the given payment metadata
-    (a corrective one names why in `error` and carries the payer's `state`, a channel's)."""
-    required = payment_required.payment_required_v1(offer.price, offer.resource, offer.description, error, state)
-    metadata = {**metadata, REQUIRED: required}
+    """Put the task in input-required with fresh requirements, both documents, and the given payment
+    metadata (a corrective one names why in `error` and carries the payer's `state`, a channel's)."""
+    price, resource, description = offer.price, offer.resource, offer.description
+    metadata = {
+        **metadata,
+        REQUIRED: payment_required.payment_required_v1(price, resource, description, error, state),
+        REQUIRED_V2: payment_required.payment_required(price, resource, description, error, state),
+    }
     set_status(task, "input-required", agent_message(task, text, metadata))
     task["metadata"] = metadata
 

@@ -4,8 +4,13 @@ The HTTP form is x402 v2 (header `PAYMENT-REQUIRED`, standard base64, plus the s
 document in the body as `payment_required`); the body's top level also speaks x402 v1
 (`x402Version: 1`, v1 `accepts`, `error`), which is all an x402 1.x client reads, so
 both generations of clients pay from the same 402. The in-band form, for clients that
-activated the a2a-x402 extension, is an `input-required` Task carrying x402 v1
-requirements, the shape that extension's spec uses.
+activated the a2a-x402 extension, is an `input-required` Task carrying both: the x402
+v1 requirements that extension's spec reads, and the v2 document beside them (x402's own
+A2A transport), which is what `exact` by Permit2, `upto` and `batch-settlement` are paid from.
+
+A v1 document lists only the offers an x402 v1 client signs as offered (`exact` by EIP-3009):
+the x402 packages' v1 clients sign EIP-3009 for any `exact` offer and no other scheme, so a
+Permit2 offer there would only buy them a refusal. With none left its `accepts` is empty.
 """
 
 from __future__ import annotations
@@ -114,7 +119,12 @@ def payment_required_v1(
     error: str = PAYMENT_REQUIRED_ERROR,
     state: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    accepts = [with_state(requirement_v1(offer, resource_url, description), state) for offer in price.offers]
+    """The offers an x402 v1 client can sign, as v1 PaymentRequirements (none: an empty `accepts`)."""
+    accepts = [
+        with_state(requirement_v1(offer, resource_url, description), state)
+        for offer in price.offers
+        if schemes.v1_signable(offer)
+    ]
     return {"x402Version": 1, "accepts": accepts, "error": error}
 
 

@@ -189,11 +189,17 @@ async def paid_send(
 
 
 async def refuse(parts: GateParts, attempt: Attempt, reason: str, payer: str = "") -> Response:
-    """A refused payment: logged, and answered 403 (or on the Task, in-band)."""
+    """A refused payment: logged (`payer`: a verified one only), and answered 403 or, in-band, on the
+    Task, whose failure receipt names the payer the payload names when none was verified."""
     await parts.log.append("reject", **attempt.log, payer=payer, error=reason)
     attempt.info.set("rejected", reason)
     if attempt.pending is not None:
-        return await parts.in_band.refused(attempt.plan, attempt.offer, attempt.pending, attempt.active, reason, payer)
+        token = attempt.token
+        assert token is not None
+        named = payer or tokens.named_payer(token)
+        return await parts.in_band.refused(
+            attempt.plan, attempt.offer, attempt.pending, attempt.active, reason, named, version=token.version
+        )
     return payment_rejected(reason)
 
 
@@ -284,8 +290,17 @@ async def not_verified(parts: GateParts, attempt: Attempt, verdict: Verdict) -> 
         info.set("rejected", verdict.reason)
         offer = attempt.offer
         if attempt.pending is not None:
+            assert attempt.token is not None
+            payer = verdict.payer or tokens.named_payer(attempt.token)
             return await parts.in_band.refused(
-                attempt.plan, offer, attempt.pending, attempt.active, verdict.reason, verdict.payer, verdict.state
+                attempt.plan,
+                offer,
+                attempt.pending,
+                attempt.active,
+                verdict.reason,
+                payer,
+                verdict.state,
+                attempt.token.version,
             )
         return parts.answers_402.corrective(
             offer.price, offer.resource, offer.description, verdict.reason, verdict.state

@@ -260,7 +260,9 @@ def offer_of(token: Token, price: Price) -> Price | None:
         return named or price.offer_for(accepted["scheme"])
     if len(price.offers) == 1:  # an x402 v1 payload names no transfer method: the one offer's
         return price
-    return price.offer_for(str(document["scheme"]))
+    # of several, the one of its scheme a v1 client signs (the one its v1 document listed), else the first
+    of_scheme = [offer for offer in price.offers if offer.scheme == document["scheme"]]
+    return next((offer for offer in of_scheme if schemes.v1_signable(offer)), of_scheme[0] if of_scheme else None)
 
 
 def check_payload(token: Token, price: Price, resource_url: str) -> dict[str, Any]:
@@ -320,6 +322,11 @@ def check_window(
 def nonce_key(token: Token, asset: str, scheme: Scheme = exact_eip3009.SCHEME) -> str:
     """The nonce the token spends, as `scheme` names it: one signature pays once, whatever wraps it."""
     return scheme.nonce_key(_inner(token), token.network, asset)
+
+
+def named_payer(token: Token) -> str:
+    """The payer the token's payload names, whatever its scheme (unverified; "" when it names none)."""
+    return schemes.named_payer(_inner(token))
 
 
 def _inner(token: Token) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from gate.price import Price
 from gate.schemes import batch_settlement, exact_eip3009, exact_permit2, upto_permit2
 from gate.schemes.base import Rejection, Scheme
 
-__all__ = ["SCHEMES", "Rejection", "Scheme", "for_price", "for_requirements", "named"]
+__all__ = ["SCHEMES", "Rejection", "Scheme", "for_price", "for_requirements", "named", "named_payer", "v1_signable"]
 
 SCHEMES: dict[tuple[str, str], Scheme] = {
     (s.scheme, s.transfer_method): s
@@ -43,3 +43,20 @@ def for_requirements(requirements: dict[str, Any]) -> Scheme | None:
     extra = requirements.get("extra")
     method = extra.get("assetTransferMethod") if isinstance(extra, dict) else None
     return named(str(requirements.get("scheme", "")), method if isinstance(method, str) else DEFAULT_TRANSFER_METHOD)
+
+
+def v1_signable(price: Price) -> bool:
+    """Whether an x402 v1 client signs this offer as offered (a v1 document lists only those)."""
+    return for_price(price).v1_signable
+
+
+def named_payer(inner: Any) -> str:
+    """The payer a signed payload of any scheme names (unverified, lowercase), "" when none does:
+    a refusal names who it refused even when the payload is not of the offer's kind."""
+    if not isinstance(inner, dict):
+        return ""
+    for scheme in SCHEMES.values():
+        payer = scheme.named_payer(inner)
+        if payer:
+            return payer
+    return ""

@@ -39,6 +39,13 @@ class Rejection(Exception):
         self.reason = reason
 
 
+def address_at(document: Any, *path: str) -> str:
+    """The 0x address at `path` in a payload of any shape, lowercase; "" where there is none."""
+    for key in path:
+        document = document.get(key) if isinstance(document, dict) else None
+    return document.lower() if isinstance(document, str) and ADDRESS.fullmatch(document) else ""
+
+
 @dataclass(frozen=True)
 class Authorization:
     """An EIP-3009 authorization a payment carries, as the chain knows it (`gate.chain`)."""
@@ -56,6 +63,9 @@ class Scheme(Protocol):
     scheme: str  # x402's scheme name (`accepts[].scheme`)
     transfer_method: str  # how the asset moves (`extra.assetTransferMethod`; "eip3009" when absent)
     versions: tuple[int, ...]  # the x402 versions its payloads may come in
+    # whether x402 v1 clients sign it as offered: only those offers are in a v1 document (the
+    # x402 packages' v1 clients sign `exact` by EIP-3009 whatever the offer says, and sign no other scheme)
+    v1_signable: bool
     # `extra` keys the facilitator advertises for the scheme's kind in /supported, which an offer may
     # leave to it (an address it signs or settles with; `gate.advertised` fills them in)
     advertised: tuple[str, ...]
@@ -73,6 +83,9 @@ class Scheme(Protocol):
 
     def nonce_key(self, inner: dict[str, Any], network: str, asset: str) -> str:
         """The claim's nonce key: the nonce this payload spends on chain, however it is wrapped."""
+
+    def named_payer(self, inner: dict[str, Any]) -> str:
+        """The address the payload says pays (lowercase), unverified; "" when it names none of this kind."""
 
     def authorization(
         self, payload: dict[str, Any], requirements: dict[str, Any], network: str

@@ -28,7 +28,15 @@ from coincurve import PublicKey
 from Crypto.Hash import keccak as _keccak
 
 from gate.price import Price
-from gate.schemes.base import ADDRESS, GENERIC_DEFINITIVE_REASONS, NONCE_USED_REASONS, SIGNATURE, UINT, Rejection
+from gate.schemes.base import (
+    ADDRESS,
+    GENERIC_DEFINITIVE_REASONS,
+    NONCE_USED_REASONS,
+    SIGNATURE,
+    UINT,
+    Rejection,
+    address_at,
+)
 
 SCHEME_NAME = "batch-settlement"
 # The binding's deterministic deployments (CREATE2: the same address on every chain).
@@ -243,6 +251,7 @@ class BatchSettlement:
 
     scheme = SCHEME_NAME
     versions: tuple[int, ...] = (2,)  # payment channels are x402 v2 only
+    v1_signable = False
     advertised: tuple[str, ...] = ("receiverAuthorizer",)  # the facilitator countersigns claims and refunds
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS
@@ -367,6 +376,9 @@ class BatchSettlement:
             return int(authorization["validAfter"]), int(authorization["validBefore"])
         except (KeyError, TypeError, ValueError):
             raise Rejection("invalid_payload") from None
+
+    def named_payer(self, inner: dict[str, Any]) -> str:
+        return address_at(inner, "channelConfig", "payer")
 
     def nonce_key(self, inner: dict[str, Any], network: str, asset: str) -> str:
         """Network, channel and cumulative amount: one voucher increment buys one delivery."""

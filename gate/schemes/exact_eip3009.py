@@ -21,6 +21,7 @@ from gate.schemes.base import (
     WORD,
     Authorization,
     Rejection,
+    address_at,
 )
 
 PAYLOAD_KEYS = frozenset({"signature", "authorization"})
@@ -44,6 +45,7 @@ class ExactEip3009:
     scheme = "exact"
     transfer_method = "eip3009"
     versions: tuple[int, ...] = (1, 2)  # x402 versions its payloads may come in
+    v1_signable = True  # what every x402 v1 client signs for `exact`
     advertised: tuple[str, ...] = ()
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS
@@ -85,6 +87,9 @@ class ExactEip3009:
         """Chain, asset and authorization nonce: one EVM authorization pays once, whatever wraps it."""
         auth = _authorization(inner)
         return "|".join((network, asset.lower(), str(auth.get("from", "")).lower(), str(auth.get("nonce", "")).lower()))
+
+    def named_payer(self, inner: dict[str, Any]) -> str:
+        return address_at(inner, "authorization", "from")
 
     def authorization(
         self, payload: dict[str, Any], requirements: dict[str, Any], network: str

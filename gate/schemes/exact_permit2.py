@@ -25,6 +25,7 @@ from gate.schemes.base import (
     UINT,
     Authorization,
     Rejection,
+    address_at,
 )
 
 # x402ExactPermit2Proxy: the one spender x402 clients sign for; it transfers only to the witness's `to`.
@@ -55,6 +56,7 @@ class ExactPermit2:
     scheme = "exact"
     transfer_method = "permit2"
     versions: tuple[int, ...] = (1, 2)  # x402 versions its payloads may come in
+    v1_signable = False  # x402 v1 clients sign EIP-3009 for every `exact` offer: only v2 ones sign this
     advertised: tuple[str, ...] = ()
     definitive_reasons = DEFINITIVE_REASONS
     nonce_used_reasons = NONCE_USED_REASONS
@@ -70,6 +72,9 @@ class ExactPermit2:
 
     def nonce_key(self, inner: dict[str, Any], network: str, asset: str) -> str:
         return permit2_nonce_key(inner, network)
+
+    def named_payer(self, inner: dict[str, Any]) -> str:
+        return address_at(inner, "permit2Authorization", "from")
 
     def authorization(
         self, payload: dict[str, Any], requirements: dict[str, Any], network: str

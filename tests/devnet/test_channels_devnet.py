@@ -233,8 +233,8 @@ def test_every_header_path_pays_from_the_channel(devnet: Devnet, method: str, he
 async def in_band_pay(
     http: httpx.AsyncClient, url: str, client: x402Client, text: str, method: str, headers: dict[str, str]
 ) -> dict[str, Any]:
-    """The a2a-x402 in-band flow with the package's client: ask, sign the channel offer, pay on the task;
-    receipts (and corrective answers) are handed to the client's own payment-response hooks."""
+    """The a2a-x402 in-band flow with the package's client: ask, sign the Task's x402 v2 document, pay on
+    the task; receipts (and corrective answers) are handed to the client's own payment-response hooks."""
     from x402.http import x402HTTPClient
     from x402.schemas import PaymentRequired
 
@@ -243,18 +243,7 @@ async def in_band_pay(
     payments = x402HTTPClient(client)
     asked = final_task(await http.post(url, json=send_body(text, method=method), headers={**ACTIVATE, **headers}))
     for _ in range(2):  # a corrective answer, then the payment it resynced for
-        required = asked["status"]["message"]["metadata"]["x402.payment.required"]
-        offer = next(a for a in required["accepts"] if a["scheme"] == "batch-settlement")
-        requirement = {
-            "scheme": offer["scheme"],
-            "network": "eip155:84532",
-            "asset": offer["asset"],
-            "amount": offer["maxAmountRequired"],
-            "payTo": offer["payTo"],
-            "maxTimeoutSeconds": offer["maxTimeoutSeconds"],
-            "extra": offer["extra"],
-        }
-        document = {"x402Version": 2, "error": required["error"], "resource": {"url": url}, "accepts": [requirement]}
+        document = asked["status"]["message"]["metadata"]["x402.payment.required.v2"]
         payload = await client.create_payment_payload(PaymentRequired.model_validate(document))
         body = paying_body("paying", asked["id"], payload.model_dump(by_alias=True, exclude_none=True), method=method)
         task = final_task(await http.post(url, json=body, headers={**ACTIVATE, **headers}))
@@ -263,15 +252,8 @@ async def in_band_pay(
             receipt = base64.b64encode(json.dumps(metadata["x402.payment.receipts"][-1]).encode()).decode()
             await payments.process_payment_result(payload, {"PAYMENT-RESPONSE": receipt}.get, 200)
             return task
-        corrective = metadata["x402.payment.required"]
-        offer = next(a for a in corrective["accepts"] if a["scheme"] == "batch-settlement")
-        document = {
-            "x402Version": 2,
-            "error": corrective["error"],
-            "resource": {"url": url},
-            "accepts": [{**requirement, "extra": offer["extra"]}],
-        }
-        encoded = base64.b64encode(json.dumps(document).encode()).decode()
+        corrective = metadata["x402.payment.required.v2"]  # the channel's state in its offer's extra
+        encoded = base64.b64encode(json.dumps(corrective).encode()).decode()
         recovered = await payments.process_payment_result(payload, {"PAYMENT-REQUIRED": encoded}.get, 402)
         assert recovered.recovered, metadata
         asked = task

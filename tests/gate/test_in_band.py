@@ -179,6 +179,16 @@ def test_unpaid_requests_cost_little(tmp_path, facilitator, start_gate, write_co
         ("amount_mismatch", "INVALID_AMOUNT"),
         ("accepted_requirements_mismatch", "INVALID_AMOUNT"),
         ("settle_failed", "SETTLEMENT_FAILED"),
+        ("unsupported_payload", "UNSUPPORTED_PAYLOAD"),  # not of the offer's kind: no signature was judged
+        ("invalid_payload", "INVALID_PAYLOAD"),
+        ("invalid_nonce", "INVALID_PAYLOAD"),
+        ("invalid_batch_settlement_evm_payload_type", "INVALID_PAYLOAD"),
+        ("resource_mismatch", "RESOURCE_MISMATCH"),
+        ("payer_not_allowed", "PAYER_NOT_ALLOWED"),
+        ("payment_window_too_short", "EXPIRED_PAYMENT"),
+        ("unsupported_network", "NETWORK_MISMATCH"),
+        ("invalid_batch_settlement_evm_voucher_signature", "INVALID_SIGNATURE"),
+        ("something_no_code_names", "PAYMENT_REFUSED"),
     ],
 )
 def test_refusal_reasons_become_a2a_x402_codes(reason, code):

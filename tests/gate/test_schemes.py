@@ -36,6 +36,7 @@ class Voucher:
 
     scheme = "exact"
     transfer_method = "voucher"
+    v1_signable = False
     definitive_reasons = frozenset({"voucher_spent_forever"})
     nonce_used_reasons = frozenset({"voucher_used"})
 
@@ -51,6 +52,9 @@ class Voucher:
 
     def nonce_key(self, inner: dict[str, Any], network: str, asset: str) -> str:
         return f"{network}|voucher|{inner.get('voucher')}"
+
+    def named_payer(self, inner: dict[str, Any]) -> str:
+        return ""
 
     def authorization(
         self, payload: dict[str, Any], requirements: dict[str, Any], network: str
@@ -205,3 +209,32 @@ def test_a_permit2_deposit_is_checked_by_its_own_collectors_rules():
     small["deposit"]["amount"] = "100"
     with pytest.raises(Rejection, match="deposit_below_min_deposit"):
         scheme.check(small, price)
+
+
+PAYER = "0x" + "Ab" * 20
+SIGNATURE = "0x" + "11" * 65
+
+
+@pytest.mark.parametrize(
+    ("inner", "named"),
+    [
+        ({"signature": SIGNATURE, "authorization": {"from": PAYER, "nonce": "0x" + "00" * 32}}, PAYER.lower()),
+        ({"signature": SIGNATURE, "permit2Authorization": {"from": PAYER, "witness": {}}}, PAYER.lower()),
+        ({"type": "voucher", "channelConfig": {"payer": PAYER}, "voucher": {}}, PAYER.lower()),
+        ({"authorization": {"from": "not an address"}}, ""),
+        ({"authorization": ["from", PAYER]}, ""),
+        ({"permit2Authorization": {"from": 7}}, ""),
+        ({"channelConfig": None}, ""),
+        ({}, ""),
+        ("a string", ""),
+    ],
+    ids=["eip3009", "permit2", "channel", "bad-address", "odd-shape", "number", "null", "empty", "not-a-map"],
+)
+def test_a_payload_names_its_payer_as_its_scheme_reads_it(inner: Any, named: str) -> None:
+    """A refusal names who the payload says pays, whichever scheme's shape it is in; never raises."""
+    assert schemes.named_payer(inner) == named
+
+
+def test_only_exact_by_eip3009_is_offered_to_x402_v1_clients() -> None:
+    signable = {kind for kind, scheme in schemes.SCHEMES.items() if scheme.v1_signable}
+    assert signable == {("exact", "eip3009")}

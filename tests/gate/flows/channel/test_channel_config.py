@@ -46,10 +46,7 @@ def test_accepts_lists_offers_sharing_the_tables_keys_in_the_402s_order() -> Non
         "minDeposit": "20000",  # ten requests' worth, by default
     }
     v1 = payment_required_v1(price, RESOURCE)["accepts"]
-    assert [(a["scheme"], a["network"]) for a in v1] == [
-        ("exact", "base-sepolia"),
-        ("batch-settlement", "base-sepolia"),
-    ]
+    assert [(a["scheme"], a["network"]) for a in v1] == [("exact", "base-sepolia")]  # no v1 client opens channels
     # every offer's window is fitted to the agent's payment window, as a lone price's is
     assert all(o.max_timeout_seconds == price.max_timeout_seconds for o in price.offers)
 

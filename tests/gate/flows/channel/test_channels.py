@@ -425,7 +425,8 @@ def test_an_in_band_voucher_behind_the_channel_answers_payment_failed_with_the_c
     task = answer.json()["result"]
     metadata = task["status"]["message"]["metadata"]
     assert metadata["x402.payment.status"] == "payment-failed"
-    required = metadata["x402.payment.required"]
+    assert [a["scheme"] for a in metadata["x402.payment.required"]["accepts"]] == ["exact"]  # what v1 clients sign
+    required = metadata["x402.payment.required.v2"]
     assert required["error"] == "invalid_batch_settlement_evm_cumulative_amount_mismatch"
     offer = next(a for a in required["accepts"] if a["scheme"] == "batch-settlement")
     assert offer["extra"]["channelState"]["chargedCumulativeAmount"] == str(2 * PRICE)

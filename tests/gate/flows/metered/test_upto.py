@@ -346,7 +346,7 @@ def test_each_turn_of_an_input_required_task_is_charged_what_it_delivered(upto):
 def test_an_in_band_payment_is_offered_the_ceiling_and_charged_the_usage(upto):
     import httpx
 
-    from tests.support.in_band import ACTIVATE, offer_v1, paying_body, task_of
+    from tests.support.in_band import ACTIVATE, REQUIRED_V2, paying_body, payment_metadata, task_of
     from tests.support.upto import sign_upto
 
     payer = Payer()
@@ -354,20 +354,13 @@ def test_an_in_band_payment_is_offered_the_ceiling_and_charged_the_usage(upto):
     text = "in band, metered"
     asked = httpx.post(upto.url("paid-metered"), json=send_body(text), headers=ACTIVATE).json()["result"]
     assert task_of(asked)["status"]["state"] == "input-required"
-    offer = offer_v1(task_of(asked))
-    assert offer["scheme"] == "upto" and offer["maxAmountRequired"] == str(CEILING)
+    metadata = payment_metadata(task_of(asked))
+    assert metadata["x402.payment.required"]["accepts"] == []  # no x402 v1 client signs upto
+    # the payer signs the x402 v2 document beside it (the upto client speaks v2 only)
+    required = metadata[REQUIRED_V2]
+    [offer] = required["accepts"]
+    assert offer["scheme"] == "upto" and offer["amount"] == str(CEILING)
     assert offer["extra"]["facilitatorAddress"] and offer["extra"]["assetTransferMethod"] == "permit2"
-    # the payer signs the same requirements in x402 v2 (the upto client speaks v2 only)
-    requirements = {
-        "scheme": "upto",
-        "network": "eip155:84532",
-        "asset": offer["asset"],
-        "amount": offer["maxAmountRequired"],
-        "payTo": offer["payTo"],
-        "maxTimeoutSeconds": offer["maxTimeoutSeconds"],
-        "extra": offer["extra"],
-    }
-    required = {"x402Version": 2, "resource": {"url": offer["resource"]}, "accepts": [requirements]}
     payload = sign_upto(required, payer.key)
     paid = httpx.post(
         upto.url("paid-metered"), json=paying_body("pay", asked["id"], payload), headers=ACTIVATE, timeout=30
@@ -495,25 +488,13 @@ def test_a_crash_after_two_streamed_chunks_leaves_them_owed_and_they_are_settled
 def test_an_in_band_stream_of_an_upto_agent_is_charged_chunk_by_chunk(upto):
     import httpx
 
-    from tests.support.in_band import ACTIVATE, offer_v1, paying_body, sse_results, task_of
+    from tests.support.in_band import ACTIVATE, REQUIRED_V2, paying_body, payment_metadata, sse_results, task_of
     from tests.support.upto import sign_upto
 
     payer = Payer()
     before = upto.balance(payer.address)
     asked = httpx.post(upto.url("paid-metered-chunks"), json=send_body("ib"), headers=ACTIVATE).json()["result"]
-    offer = offer_v1(task_of(asked))
-    requirements = {
-        "scheme": "upto",
-        "network": "eip155:84532",
-        "asset": offer["asset"],
-        "amount": offer["maxAmountRequired"],
-        "payTo": offer["payTo"],
-        "maxTimeoutSeconds": offer["maxTimeoutSeconds"],
-        "extra": offer["extra"],
-    }
-    payload = sign_upto(
-        {"x402Version": 2, "resource": {"url": offer["resource"]}, "accepts": [requirements]}, payer.key
-    )
+    payload = sign_upto(payment_metadata(task_of(asked))[REQUIRED_V2], payer.key)
     body = paying_body("pay", asked["id"], payload, method="message/stream")
     answer = httpx.post(upto.url("paid-metered-chunks"), json=body, headers=ACTIVATE, timeout=30)
     events = [r["result"] for r in sse_results(answer)]
