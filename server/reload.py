@@ -73,9 +73,9 @@ def hold_sighup() -> None:
 @contextlib.contextmanager
 def reloading_on_sighup(reload: Callable[[], None]) -> Iterator[None]:
     """Call `reload` on the event loop when SIGHUP arrives, while inside; the previous handler is
-    back on exit. A SIGHUP held until now (`hold_sighup`) is one reload, right away; on the way
-    out SIGHUP is held again, so one during the shutdown ends nothing. Outside the main thread it
-    does nothing."""
+    back on exit (SIGHUP ignored where it was the default action). A SIGHUP held until now
+    (`hold_sighup`) is one reload, right away; on the way out SIGHUP is held again, so one during
+    the shutdown ends nothing. Outside the main thread it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -87,4 +87,5 @@ def reloading_on_sighup(reload: Callable[[], None]) -> Iterator[None]:
     finally:
         if signal.SIGHUP in held:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-        signal.signal(signal.SIGHUP, previous)
+        # a thread started while serving does not hold it: the default action would end the process
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if previous == signal.SIG_DFL else previous)

@@ -1,11 +1,13 @@
 """`server.reload`: a SIGHUP that comes before the server can reload is held, then taken as one
-reload the moment it can; after, SIGHUP is held again. In one process, with the real signal."""
+reload the moment it can; after, SIGHUP is held again. In one process, with the real signal, sent
+to the main thread: the test process has other threads (pytest-xdist's), and a signal sent to the
+process goes to whichever thread does not hold it."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
+import threading
 
 import pytest
 
@@ -26,10 +28,15 @@ def sighup_restored():
     signal.signal(signal.SIGHUP, handler)
 
 
+def sighup() -> None:
+    """SIGHUP to this (the main) thread, as the kernel gives a process's signal to a thread holding none."""
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGHUP)
+
+
 def test_a_sighup_before_the_server_can_reload_is_held_then_taken_as_one_reload(sighup_restored):
     hold_sighup()
-    os.kill(os.getpid(), signal.SIGHUP)
-    os.kill(os.getpid(), signal.SIGHUP)  # two before it can: one reload (a signal is pending once)
+    sighup()
+    sighup()  # two before it can: one reload (a signal is pending once)
     assert signal.SIGHUP in signal.sigpending()
     reloads: list[str] = []
 
@@ -37,10 +44,10 @@ def test_a_sighup_before_the_server_can_reload_is_held_then_taken_as_one_reload(
         with reloading_on_sighup(lambda: reloads.append("reload")):
             await asyncio.sleep(0.05)
             assert reloads == ["reload"], "the held SIGHUP is read as soon as the server can reload"
-            os.kill(os.getpid(), signal.SIGHUP)
+            sighup()
             await asyncio.sleep(0.05)
             assert reloads == ["reload", "reload"], "one sent while serving reloads at once"
-        os.kill(os.getpid(), signal.SIGHUP)  # during the shutdown: held again, no reload, no end
+        sighup()  # during the shutdown: held again, no reload, no end
         await asyncio.sleep(0.05)
 
     asyncio.run(serving())
