@@ -192,3 +192,87 @@ def test_reopen_takes_one_task_id_or_says_what_it_takes(ops: TestClient, body: b
 def test_reopen_is_a_post_only(ops: TestClient) -> None:
     assert ops.get("/console/api/reopen").status_code == 405
     assert ops.post("/console/api/records").status_code == 405
+
+
+def log_rows(db: Path, *rows: dict[str, object]) -> None:
+    with sqlite3.connect(db) as conn:
+        for row in rows:
+            names = ", ".join(f'"{k}"' for k in row)
+            conn.execute(f"INSERT INTO payments ({names}) VALUES ({', '.join('?' for _ in row)})", list(row.values()))
+
+
+def payment(action: str, at: float, **fields: object) -> dict[str, object]:
+    base = {"at": at, "action": action, "agent": "echo", "task_id": "task-9", "token_digest": "digest-9",
+            "payer": "0xab", "amount": "1000", "authorized": "1000", "network": "eip155:84532",
+            "asset": "0xasset", "scheme": "exact", "transaction": "", "error": ""}  # fmt: skip
+    return {**base, **fields}
+
+
+def test_records_and_their_stories_and_the_summary_read_the_log(ops: TestClient, tmp_path: Path) -> None:
+    now = time.time()
+    log_rows(
+        tmp_path / "gate.db",
+        payment("verify", now - 3),
+        payment("settle_failed", now - 2, error="settle_unavailable: timeout"),
+        payment("settle", now - 1, transaction="0xfeed"),
+    )
+    (record,) = ops.get("/console/api/records", params={"agent": "echo", "since": "1h"}).json()["records"]
+    assert (record["state"], record["amount"], record["transaction"], record["task_id"]) == (
+        "settled", "1000", "0xfeed", "task-9"
+    )  # fmt: skip
+    assert [s["action"] for s in record["story"]] == ["verify", "settle_failed", "settle"]
+    assert (
+        record["story"][1]["error"] == "settle_unavailable: timeout" and record["story"][2]["transaction"] == "0xfeed"
+    )
+    assert ops.get("/console/api/records", params={"state": "owed"}).json()["records"] == []
+    assert ops.get("/console/api/records", params={"agent": "other"}).json()["records"] == []
+    (row,) = ops.get("/console/api/summary").json()["rows"]
+    assert (row["agent"], row["revenue"], row["settled"], row["settle_failures"]) == ("echo", "1000", 1, 1)
+    csv_text = ops.get("/console/api/export", params={"format": "csv"}).text
+    assert csv_text.splitlines()[0].startswith("payment_id,state,agent") and "0xfeed" in csv_text
+
+
+def test_channels_holding_unclaimed_charges_say_their_oldest_charge_and_the_withdrawal(
+    ops: TestClient, tmp_path: Path
+) -> None:
+    now = time.time()
+    with sqlite3.connect(tmp_path / "gate.db") as conn:
+        for channel, charged, claimed, withdraw in (
+            ("0x" + "c1" * 32, 5000, 2000, int(now) - 100),
+            ("0x" + "c2" * 32, 10, 10, 0),
+        ):
+            conn.execute(
+                "INSERT INTO channels (channel_id, network, asset, payer, receiver, config, balance, total_claimed,"
+                " withdraw_requested_at, charged, voucher_max, sealed_voucher, first_charged_at, created_at, updated_at)"
+                " VALUES (?, 'eip155:84532', '0xasset', '0xab', '0xcd', ?, '9000', ?, ?, ?, ?, 'sealed', ?, ?, ?)",
+                (channel, '{"withdrawDelay": 900}', str(claimed), withdraw, str(charged), str(charged), now - 60, now, now),
+            )  # fmt: skip
+    body = ops.get("/console/api/channels").json()
+    (shown,) = body["channels"]  # the second has nothing unclaimed
+    assert (shown["channel"], shown["unclaimed"], shown["state"], body["count"]) == (
+        "0x" + "c1" * 32,
+        "3000",
+        "withdrawing",
+        1,
+    )
+    assert 55 <= shown["oldest_unclaimed_age_seconds"] <= 120
+    assert 700 <= shown["withdrawal_finalizable_in_seconds"] <= 800  # requested 100 s ago, 900 s of delay
+
+
+def test_request_rates_are_the_request_counters_growth_over_the_last_minute(ops: TestClient) -> None:
+    from gate.console.rates import RequestRates
+
+    services = ops.app.state.services  # type: ignore[attr-defined]
+    clock = [1000.0]
+    rates = RequestRates(services.metrics.registry, clock=lambda: clock[0])
+    for _ in range(30):
+        services.metrics.count_request("echo", "anonymous", "payment_required")
+    clock[0] += 10
+    first = rates.read()
+    assert first["per_second"]["payment_required"] == 3.0 and first["totals"]["payment_required"] == 30
+    assert first["per_second"]["caller:anonymous"] == 3.0
+    clock[0] += 120  # the window moves on: nothing new since
+    rates.read()
+    clock[0] += 10
+    assert rates.read()["per_second"]["payment_required"] == 0.0
+    assert "payment_required" in ops.get("/console/api/rates").json()["totals"]
