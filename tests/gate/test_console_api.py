@@ -276,3 +276,24 @@ def test_request_rates_are_the_request_counters_growth_over_the_last_minute(ops:
     clock[0] += 10
     assert rates.read()["per_second"]["payment_required"] == 0.0
     assert "payment_required" in ops.get("/console/api/rates").json()["totals"]
+
+
+@pytest.mark.parametrize(
+    ("listen", "token_env"), [(None, "CONSOLE_TEST_TOKEN"), (("127.0.0.1", 9464), None), (None, None)]
+)
+def test_the_door_itself_refuses_a_console_without_its_listener_and_token(
+    monkeypatch: pytest.MonkeyPatch, listen: tuple[str, int] | None, token_env: str | None
+) -> None:
+    """MetricsAccess on its own (the server also mounts no console then): each guard holds alone."""
+    from dataclasses import replace
+
+    from server.config import HttpConfig
+    from server.metrics import MetricsAccess
+
+    monkeypatch.setenv("CONSOLE_TEST_TOKEN", TOKEN)
+    door = MetricsAccess(lambda *a: None, replace(HttpConfig(), metrics_listen=listen, metrics_token_env=token_env))  # type: ignore[arg-type]
+    for path in ("/console/", "/console/api/records"):
+        scope = {"type": "http", "path": path, "server": ("127.0.0.1", 9464),
+                 "headers": [(b"authorization", f"Bearer {TOKEN}".encode())]}  # fmt: skip
+        refusal = door.refusal(scope)
+        assert refusal is not None and refusal.status_code == 404, path
