@@ -13,10 +13,12 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from gate import advertised, in_band, reconciler, sealing
 from gate.chain import Chain
 from gate.claims import Claims
+from gate.console import console_app
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.flows.channel import flow as channel
 from gate.flows.channel import jobs as channel_jobs
@@ -164,6 +166,10 @@ class PaymentGate:
         stale = parts.answers_402.rendered.clear  # the 402s rendered before an offer changed
         learning = advertised.keep_learning(parts.offers, parts.facilitator, interval, stale)
         self.background.append(asyncio.create_task(learning, name="learning"))
+
+    def console(self) -> ASGIApp:
+        """Handed to the server: the operator's console (`gate.console`), on the operations listener."""
+        return console_app(self.parts)
 
     async def close(self) -> None:
         for job in self.background:

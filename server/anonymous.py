@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp
 
 from server.config import AgentConfig, Reader, Settings, read_toml
 from server.database import Database
@@ -80,6 +81,10 @@ class AnonymousPath(Protocol):
     async def reload(self, settings: Settings) -> Reloaded:
         """Take what this path can of a configuration read again while serving (SIGHUP), from the
         next request on; `ConfigError` refuses the whole file, nothing of it taken."""
+
+    def console(self) -> ASGIApp | None:
+        """The operator's console for what this path keeps (an ASGI app), or None: the server mounts
+        it at `/console/` on the operations listener only, behind the metrics token (`server.metrics`)."""
 
     async def close(self) -> None: ...
 
@@ -152,6 +157,9 @@ class KeysOnly:
 
     async def reload(self, settings: Settings) -> Reloaded:
         return Reloaded()
+
+    def console(self) -> ASGIApp | None:
+        return None
 
     async def close(self) -> None:
         return None

@@ -19,12 +19,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from email.utils import formatdate, parsedate_to_datetime
 
 from starlette.applications import Starlette
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import Message, Receive, Scope, Send
 
 from server import request_log
 from server.anonymous import AnonymousFactory, KeysOnly, Parts
@@ -47,7 +47,7 @@ from server.jsonrpc import (
     store_unavailable,
 )
 from server.methods import Methods, plan_send
-from server.metrics import Metrics, MetricsAccess, agent_label
+from server.metrics import CONSOLE_PATH, Metrics, MetricsAccess, agent_label
 from server.principals import Principals, create_tables
 from server.proxy import TrustedProxyMiddleware, public_base_url
 from server.registry import AgentRegistry
@@ -85,6 +85,7 @@ class Services:
             Parts(settings, self.db, self.store, self.agents, self.runner, self.methods, self.metrics)
         )
         request_log.allow(self.anonymous.outcomes)
+        self.console = self.anonymous.console()  # the operator's console, if the path keeps one
         self.methods.scrub = self.anonymous.scrub_message  # what the anonymous path says may not stay in a message
         self.runner.agent_view = self.anonymous.agent_view  # ... and what an agent may not see of one
         self.configured_at = time.time()  # cards come from the configuration read then (a reload moves it)
@@ -371,6 +372,22 @@ async def metrics(request: Request) -> Response:
         return JSONResponse({"detail": "The task store is unavailable"}, status_code=503)
 
 
+async def console(scope: Scope, receive: Receive, send: Send) -> None:
+    """The anonymous path's console under /console/ (`AnonymousPath.console`): `MetricsAccess` lets
+    only the operations listener reach it, with the token; no answer of it is kept by any cache."""
+    services: Services = scope["app"].state.services
+    if services.console is None:
+        await JSONResponse({"detail": "Not Found"}, status_code=404)(scope, receive, send)
+        return
+
+    async def no_store(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            MutableHeaders(scope=message)["Cache-Control"] = "no-store"
+        await send(message)
+
+    await services.console(scope, receive, no_store)
+
+
 # Some libraries raise the interpreter's recursion limit at import (py_ecc, under x402 and
 # eth-account, sets 100000); then deeply nested JSON overflows the C stack instead of
 # raising RecursionError. Untrusted JSON is parsed here, so the limit is kept sane.
@@ -417,7 +434,7 @@ def create_app(
             keeper.cancel()
             await services.close()
 
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/a2a/{agent}", A2AEndpoint(), methods=["POST"]),
         Route("/a2a/{agent}/", A2AEndpoint(), methods=["POST"]),  # answered, not redirected: clients drop a 307's body
         Route("/a2a/{agent}/.well-known/agent-card.json", card_endpoint, methods=["GET"]),
@@ -429,6 +446,8 @@ def create_app(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
+    if settings.http.metrics_listen and settings.http.metrics_token_env:  # its own listener and token, or none
+        routes.append(Mount(CONSOLE_PATH, app=console))
     # the read deadlines live in the protocol (server/deadlines.py): a route may answer before it reads the body
     middleware: list[Middleware] = []
     if settings.http.metrics_listen or settings.http.metrics_token_env:

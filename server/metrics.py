@@ -10,6 +10,11 @@ several workers each serves its own counters.
 listener of its own (a loopback address, say) in the same process, and nowhere else;
 `[http] metrics_token_env` names the variable holding a bearer token it asks for
 (`MetricsAccess`).
+
+The operator's console (`/console/`: a page, and the JSON API under `/console/api/` the anonymous
+path serves, `AnonymousPath.console`) shares that door: only on the metrics listener, and only when
+a token is set; its API asks for the token as /metrics does. The page itself holds no data (it asks
+for the token, then reads the API), so it is the one console path served without it.
 """
 
 from __future__ import annotations
@@ -86,12 +91,20 @@ class Metrics:
 
 METRICS_PATH = "/metrics"
 ADMIN_PATHS = frozenset({METRICS_PATH, "/healthz", "/readyz"})  # what the metrics listener serves
+CONSOLE_PATH = "/console"  # the console's page and API, beside them (`AnonymousPath.console`)
+CONSOLE_PAGES = frozenset({CONSOLE_PATH, CONSOLE_PATH + "/"})  # no data in it: served without the token
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def is_console(path: str) -> bool:
+    return path == CONSOLE_PATH or path.startswith(CONSOLE_PATH + "/")
 
 
 class MetricsAccess:
     """ASGI middleware: /metrics only on the metrics listener when there is one (which serves
-    nothing but it and the health checks), and only with the bearer token when one is set.
-    Every refusal is the 404 (or 401) an unknown path gets: the public port shows nothing."""
+    nothing but it, the health checks and the console), and only with the bearer token when one
+    is set; the console only there and only with a token set. Every refusal is the 404 (or 401)
+    an unknown path gets: the public port shows nothing."""
 
     def __init__(self, app: ASGIApp, http: HttpConfig, environ: Mapping[str, str] = os.environ) -> None:
         self.app = app
@@ -109,13 +122,20 @@ class MetricsAccess:
 
     def refusal(self, scope: Scope) -> Response | None:
         path = scope["path"]
+        console = is_console(path)
+        not_found = JSONResponse({"detail": "Not Found"}, status_code=404)
         if self.listen is not None:
             admin = self.on_metrics_listener(scope)
-            if (admin and path not in ADMIN_PATHS) or (not admin and path == METRICS_PATH):
-                return JSONResponse({"detail": "Not Found"}, status_code=404)
-        if path == METRICS_PATH and self.token is not None and not self.authorized(scope):
+            if (admin and path not in ADMIN_PATHS and not console) or (not admin and (path == METRICS_PATH or console)):
+                return not_found
+        if console and (self.listen is None or self.token is None):
+            return not_found  # a console is for the operations listener and its token, never the A2A port
+        asks_token = path == METRICS_PATH or (console and path not in CONSOLE_PAGES)
+        if asks_token and self.token is not None and not self.authorized(scope):
             return JSONResponse(
-                {"detail": "Not authenticated"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+                {"detail": "Not authenticated"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer", **(NO_STORE if console else {})},
             )
         return None
 

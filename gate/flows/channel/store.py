@@ -163,6 +163,14 @@ class Channel:
             return None
         return self.withdraw_requested_at + self.withdraw_delay - self.now
 
+    def claim_state(self) -> str:
+        """Its claim state, in a word or two: claimed, unclaimed, withdrawing, or refused (and why)."""
+        if self.unclaimed == 0:
+            return "claimed"
+        if self.refused:
+            return f"refused: {self.refused_reason}"
+        return "withdrawing" if self.withdraw_requested_at else "unclaimed"
+
     def due(self, min_amount: int, max_age_seconds: float) -> bool:
         """Its unclaimed charges reach `min_amount`, or the first of them is `max_age_seconds` old, or
         its payer asked to withdraw (the unclaimed balance could go back once the delay runs out)."""
