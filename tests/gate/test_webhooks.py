@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -28,18 +27,7 @@ from gate.webhooks.outbox import LeaseLost, Outbox, advance
 from server.config import ConfigError
 from server.database import Database
 from server.engines import open_database
-
-DOCS = Path(__file__).parents[2] / "docs" / "operations.md"
-
-
-def documented_check() -> Callable[..., bool]:
-    """The receiving side's check, exactly as docs/operations.md prints it."""
-    block = re.search(r"<!-- file: webhook_check.py -->\n```python\n(.*?)```", DOCS.read_text(), re.DOTALL)
-    assert block, "docs/operations.md has no webhook_check.py block"
-    scope: dict[str, Any] = {}
-    exec(block.group(1), scope)
-    return scope["verified"]
-
+from tests.support.webhook_receiver import documented_check
 
 # -- backoff ---------------------------------------------------------------------------------------
 
