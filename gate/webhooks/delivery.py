@@ -70,6 +70,7 @@ class Webhooks:
             trust_env=False,
         )
         self.slow_duties_at: dict[str, float] = {}
+        self.registered: set[str] = set()  # endpoints this process has seen in the store
         for endpoint in config.endpoints:
             for outcome in WEBHOOK_OUTCOMES:
                 metrics.webhook_deliveries.labels(endpoint.name, outcome)
@@ -106,7 +107,9 @@ class Webhooks:
         """Queue what is new, then send what is due, while this process holds the endpoint's lease;
         whether there may be more to do at once."""
         config, outbox = self.config, self.outbox
-        await outbox.register(endpoint.name)
+        if endpoint.name not in self.registered:
+            await outbox.register(endpoint.name)
+            self.registered.add(endpoint.name)
         if not await outbox.take(endpoint.name, config.lease_seconds):
             return False
         await self.slow_duties(endpoint)
@@ -155,7 +158,7 @@ class Webhooks:
         if await self.outbox.retry(name, delivery.id, error, delay):
             self.metrics.webhook_deliveries.labels(name, "failed").inc()
             logger.info(
-                "webhook %s: event %s not delivered (%s), tried again in %.0f s", name, delivery.event_id, error, delay
+                "webhook %s: event %s not delivered (%s), tried again in %.1f s", name, delivery.event_id, error, delay
             )
 
     def given_up(self, endpoint: Endpoint, event_id: str, attempts: int, why: str) -> None:

@@ -127,6 +127,15 @@ class Outbox:
     async def fill(self, name: str, actions: dict[str, str], now: float) -> int:
         """Turn the log rows past `name`'s cursor that it subscribes to (`actions`: log action ->
         event type) into deliveries, and move its cursor; the number of rows read."""
+        seen = await self.db.fetchrow(
+            "SELECT last_log_id, (SELECT MAX(id) FROM payments) AS latest FROM webhook_endpoints"
+            " WHERE name = ? AND owner = ?",
+            (name, self.owner),
+        )
+        if seen is None:
+            raise LeaseLost(name)
+        if seen["latest"] is None or int(seen["latest"]) <= int(seen["last_log_id"]):
+            return 0  # nothing new: no write transaction (on SQLite it would hold the requests' writes off)
         async with self.db.transaction():
             cursor = await self.db.fetchval(
                 "SELECT last_log_id FROM webhook_endpoints WHERE name = ? AND owner = ?", (name, self.owner)

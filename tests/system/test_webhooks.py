@@ -3,7 +3,8 @@ receiving server on loopback (tests/support/webhook_receiver.py) that fails, han
 and recovers: every settlement arrives at least once, signed (checked with the lines docs/operations.md
 prints), under one id per event, and carrying nothing secret the payer sent; a dead endpoint leaves
 paid requests as fast as without one; a gate killed with events owed delivers them after its restart;
-two replicas on PostgreSQL never have one event in flight twice at once."""
+two replicas on PostgreSQL never have one event in flight twice at once, and a frozen one's
+endpoint is taken over when its lease lapses."""
 
 # ruff: noqa: F811  (the `replicas` fixture, imported, is a test's argument)
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 from tests.support.gate_helpers import wait_for
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.paid import Payer, paid_config, send_body
-from tests.support.replicas import Replicas, replicas  # noqa: F401  (the fixture)
+from tests.support.replicas import Replicas, frozen, replicas  # noqa: F401  (the fixture)
 from tests.support.webhook_receiver import Receiver, documented_check
 
 pytestmark = pytest.mark.system
@@ -197,7 +198,7 @@ def test_a_gate_killed_with_events_owed_delivers_them_after_its_restart(tmp_path
             again.stop()
 
 
-def test_two_replicas_on_postgresql_never_send_one_event_twice_at_once(
+def test_two_replicas_on_postgresql_never_send_one_event_twice_at_once_and_take_over_from_a_frozen_one(
     replicas: Replicas, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setenv("BOOKS_WEBHOOK_SECRET", SECRET)
@@ -211,6 +212,14 @@ def test_two_replicas_on_postgresql_never_send_one_event_twice_at_once(
         expected = {f"log-{r[0]}" for r in replicas.rows("SELECT id FROM payments WHERE action = 'settle'")}
         assert len(expected) == 6
         until(lambda: set(receiver.delivered()) == expected)
+        # a frozen replica (a long pause) loses the endpoint when its lease lapses; the other takes over,
+        # whichever of the two held it
+        for still, other in ((gates[0], gates[1]), (gates[1], gates[0])):
+            with frozen(still):
+                pay(other, payer, "while the other replica is frozen")
+                expected = {f"log-{r[0]}" for r in replicas.rows("SELECT id FROM payments WHERE action = 'settle'")}
+                until(lambda expected=expected: set(receiver.delivered()) == expected)
+        assert len(expected) == 8
         time.sleep(1.0)  # a second sender, if there were one, would have sent again by now
         assert receiver.overlaps == []
         assert all(sum(a.event_id == i for a in receiver.answered("200")) == 1 for i in expected)
