@@ -184,6 +184,7 @@ class Webhooks:
         return f"HTTP {answer.status_code}"
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.outbox.release([e.name for e in self.config.endpoints])
+        if self.registered:  # (a command that only opened the store has nothing to hand over)
+            with contextlib.suppress(Exception):
+                await self.outbox.release(sorted(self.registered))
         await self.client.aclose()
