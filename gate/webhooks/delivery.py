@@ -65,10 +65,9 @@ class Webhooks:
         self.read_secret = read_secret
         self.client = httpx.AsyncClient(
             timeout=config.timeout_seconds,
-            follow_redirects=False,
+            follow_redirects=False,  # a redirect is a failed delivery: the operator fixes the URL
             limits=httpx.Limits(max_connections=config.max_in_flight * max(1, len(config.endpoints))),
-            trust_env=False,
-        )
+        )  # (a proxy from the environment, HTTPS_PROXY, is used as the facilitator client uses it)
         self.slow_duties_at: dict[str, float] = {}
         self.registered: set[str] = set()  # endpoints this process has seen in the store
         for endpoint in config.endpoints:

@@ -126,7 +126,7 @@ class Outbox:
 
     async def fill(self, name: str, actions: dict[str, str], now: float) -> int:
         """Turn the log rows past `name`'s cursor that it subscribes to (`actions`: log action ->
-        event type) into deliveries, and move its cursor; the number of rows read."""
+        event type) into deliveries, and move its cursor; the number of rows it moved over (0: it stayed)."""
         seen = await self.db.fetchrow(
             "SELECT last_log_id, (SELECT MAX(id) FROM payments) AS latest FROM webhook_endpoints"
             " WHERE name = ? AND owner = ?",
@@ -152,7 +152,7 @@ class Outbox:
                     "UPDATE webhook_endpoints SET last_log_id = ? WHERE name = ? AND owner = ?",
                     (moved, name, self.owner),
                 )
-        return len(rows)
+        return len(rows) if moved != cursor else 0  # (a cursor held at a gap is no reason to read again at once)
 
     async def add(self, name: str, event: Event) -> bool:
         """Owe `event` to `name`, once: an event already owed (or delivered) is not added again."""
