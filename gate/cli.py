@@ -205,6 +205,8 @@ def preflight(settings: Settings, database: str, *, opening: bool = True) -> lis
     named = [("http.metrics_token_env", settings.http.metrics_token_env)]
     named.append(("facilitator.auth_header_env", gate_config.of(settings).facilitator.auth_header_env))
     named += [(f"agents.{n}.upstream_auth_env", a.upstream_auth_env) for n, a in settings.agents.items()]
+    endpoints = gate_config.of(settings).webhooks.endpoints
+    named += [(f"webhooks.endpoints[{i}].secret_env", e.secret_env) for i, e in enumerate(endpoints)]
     for key, variable in named:
         try:
             if variable and not secret_files.secret(variable):

@@ -1,7 +1,7 @@
 """The gate's configuration: every payment table and per-agent payment key of the file.
 
 The server reads its own keys and hands the gate the rest raw (`server.anonymous.PathConfig`):
-the `[facilitator]`, `[networks]`, `[limits]` and `[in_band]` tables, the claim and reconcile
+the `[facilitator]`, `[networks]`, `[limits]`, `[in_band]` and `[webhooks]` tables, the claim and reconcile
 intervals, and each agent's `price`, `allowed_payers`, `per_agent_per_minute` and
 `on_settle_failure`. Problems go to the server's reader with their key paths
 (``agents.echo.price.amount``), so `a2a-gate check-config` lists both halves' in one list.
@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from gate import schemes
 from gate.price import Price, UsagePrice
 from gate.schemes import batch_settlement
+from gate.webhooks.config import WebhooksConfig
 from server import anonymous
 from server.config import AgentConfig, ConfigError, Reader, Settings, callable_name, key, keys_of, optional_http_url
 from server.config import default_settings as server_defaults
@@ -251,6 +252,7 @@ class GateConfig:
     limits: LimitsConfig = LimitsConfig()
     channels: ChannelsConfig = ChannelsConfig()
     in_band: InBandConfig = InBandConfig()
+    webhooks: WebhooksConfig = WebhooksConfig()  # endpoints told of payments (gate/webhooks/)
     reconcile_interval_seconds: float = 30.0
     claim_lease_seconds: float = 30.0  # an owner renews its claims' leases; a lapsed one is an orphan
 

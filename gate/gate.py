@@ -2,7 +2,7 @@
 
 `PaymentGate.handle` is the anonymous branch of the endpoint (`gate.pipeline`). Its parts
 are built once (`gate.parts.GateParts`); on start it resolves the claims a crashed process
-left behind, then runs the reconciler (`gate.reconciler`).
+left behind, then runs the reconciler (`gate.reconciler`) and the webhook deliveries (`gate.webhooks`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from gate.parts import GateParts
 from gate.pipeline import handle_anonymous
 from gate.reload import reloaded_terms
 from gate.sealing import Sealer
+from gate.webhooks import outbox
 from server.anonymous import Parts
 from server.cards import agent_url
 from server.config import AgentConfig, Settings
@@ -126,6 +127,7 @@ class PaymentGate:
             await flow.create_tables()
         await self.parts.log.create_tables()
         await self.claims.db.migrate("sealing", sealing.MIGRATIONS)
+        await self.claims.db.migrate("webhooks", outbox.MIGRATIONS)  # (with or without endpoints: one schema)
 
     async def check_sealing_key(self) -> None:
         await reconciler.check_sealing_key(self.parts)
@@ -141,6 +143,8 @@ class PaymentGate:
         if parts.facilitator.configured and parts.offers.waiting():  # addresses left to the facilitator
             await advertised.learn_from(parts.offers, parts.facilitator)  # before any 402 is rendered
             self.keep_learning()
+        if parts.webhooks is not None:  # never on a request's path: a loop per endpoint, under its lease
+            self.background.append(asyncio.create_task(parts.webhooks.run(), name="webhooks"))
         if parts.facilitator.configured:
             self.background.append(asyncio.create_task(reconciler.reconcile_loop(parts)))
             for flow in parts.flows:
@@ -176,6 +180,8 @@ class PaymentGate:
             job.cancel()
         if self.asking is not None:
             self.asking.cancel()
+        if self.parts.webhooks is not None:
+            await self.parts.webhooks.close()
         await self.facilitator.aclose()
         await self.chain.aclose()
         if self.parts.shared_buckets is not None:

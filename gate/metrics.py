@@ -20,6 +20,7 @@ CHANNEL_TRANSACTIONS = {
     "refund": ("ok", "failed", "unknown"),
 }
 USAGE_OUTCOMES = ("priced", "capped", "stopped_at_ceiling", "pricing_failed", "usage_invalid")
+WEBHOOK_OUTCOMES = ("delivered", "failed", "given_up")
 
 
 class Obliged(Protocol):
@@ -170,6 +171,17 @@ class GateMetrics:
         self.claims_in_flight = Gauge("a2a_gate_claims_in_flight", "Claims running or settling", registry=registry)
         self.reconciler_backlog = Gauge(
             "a2a_gate_reconciler_backlog", "Delivered work awaiting settlement", registry=registry
+        )
+        # by the endpoint's configured name (the operator's word, never a caller's)
+        self.webhook_deliveries = Counter(
+            "a2a_gate_webhook_deliveries",
+            "Webhook delivery attempts by endpoint and outcome (delivered; failed: tried again later; given_up:"
+            " out of attempts, or pushed out of a full backlog)",
+            ["endpoint", "outcome"],
+            registry=registry,
+        )
+        self.webhook_backlog = Gauge(
+            "a2a_gate_webhook_backlog", "Webhook events not yet delivered, by endpoint", ["endpoint"], registry=registry
         )
 
         self.zero_known_outcomes()

@@ -25,6 +25,7 @@ from gate.payment_log import PaymentLog
 from gate.payment_required import PaymentRequiredAnswers
 from gate.sealing import KeyOnDemand, Sealer
 from gate.settlement import Settler
+from gate.webhooks.delivery import Webhooks
 from server.anonymous import Parts
 from server.config import Settings
 from server.methods import Methods
@@ -59,6 +60,7 @@ class GateParts:
     in_band: InBand
     offers: Offers  # what each agent can be offered now (addresses the facilitator advertises filled in)
     shared_buckets: SharedBuckets | None = None
+    webhooks: Webhooks | None = None  # with [[webhooks.endpoints]]: their deliveries
     ready: tuple[float, str] = field(default=(0.0, ""))  # the facilitator's last readiness answer, cached
 
     @classmethod
@@ -102,6 +104,9 @@ class GateParts:
             metrics.offers_withheld.set(len(offers.waiting()))
 
         server.metrics.before_scrape.append(count_withheld)
+        webhooks = Webhooks(config.webhooks, server.db, metrics) if config.webhooks.endpoints else None
+        if webhooks is not None:
+            server.metrics.before_scrape.append(webhooks.read_state)
         parts = cls(
             settings=settings,
             config=config,
@@ -123,6 +128,7 @@ class GateParts:
             in_band=InBand(server.store, server.methods, config.in_band, answers_402),
             offers=offers,
             shared_buckets=shared_buckets,
+            webhooks=webhooks,
         )
         return parts
 

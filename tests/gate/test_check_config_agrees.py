@@ -38,6 +38,7 @@ CHANNEL = (
     + '", withdraw_delay_seconds = 900 }] }'
 )
 KEY = base64.urlsafe_b64encode(os.urandom(32)).decode()
+HOOK = '\n[[webhooks.endpoints]]\nname = "books"\nurl = "http://127.0.0.1:9/hook"\nevents = ["payment.settled"]\n'
 
 # (name, configuration text, environment, what the error line names)
 BROKEN = [
@@ -77,6 +78,33 @@ BROKEN = [
         GOOD.replace('"gate.db"', f'"{postgres_url().rsplit("/", 1)[0]}/no_such_database"'),
         {"A2A_GATE_SEALING_KEY": KEY},
         "database cannot be opened",
+    ),
+    (
+        "webhook secret unset",
+        GOOD + HOOK + 'secret_env = "NO_SUCH_HOOK_SECRET"\n',
+        {},
+        "webhooks.endpoints[0].secret_env",
+    ),
+    (
+        "webhook secret file missing",
+        GOOD + HOOK + 'secret_env = "HOOK_SECRET"\n',
+        {"HOOK_SECRET_FILE": "/nonexistent/secret"},
+        "HOOK_SECRET_FILE",
+    ),
+    ("webhook secret in the file", GOOD + HOOK + 'secret = "s3cr3t"\n', {}, "webhooks.endpoints[0].secret"),
+    ("webhook without a secret variable", GOOD + HOOK, {}, "webhooks.endpoints[0].secret_env"),
+    (
+        "webhook event unknown",
+        GOOD + HOOK.replace("payment.settled", "payment.maybe") + 'secret_env = "HOME"\n',
+        {},
+        "webhooks.endpoints[0].events[0]",
+    ),
+    ("webhook url", GOOD + HOOK.replace("http://127.0.0.1:9/hook", "hook") + 'secret_env = "HOME"\n', {}, "url"),
+    (
+        "webhook lease shorter than its sends",
+        GOOD + "\n[webhooks]\ntimeout_seconds = 30\nlease_seconds = 60\n" + HOOK + 'secret_env = "HOME"\n',
+        {},
+        "webhooks.lease_seconds",
     ),
     ("database directory missing", GOOD.replace('"gate.db"', '"/nonexistent/dir/gate.db"'), {}, "/nonexistent/dir"),
     ("channel offer unwatched", GOOD.replace(PRICE, CHANNEL), {}, "rpc_url"),
@@ -143,6 +171,15 @@ def test_check_config_and_serve_refuse_alike(tmp_path: Path, name: str, text: st
 def test_the_good_configuration_passes_both(tmp_path: Path):
     assert run(tmp_path, GOOD, {}, "check-config").returncode == 0
     assert serve(tmp_path, GOOD, {}) is None
+
+
+def test_a_webhook_with_its_secret_set_passes_both(tmp_path: Path):
+    secret = tmp_path / "hook-secret"
+    secret.write_text("s3cr3t\n")
+    text, env = GOOD + HOOK + 'secret_env = "HOOK_SECRET"\n', {"HOOK_SECRET_FILE": str(secret)}
+    checked = run(tmp_path, text, env, "check-config")
+    assert checked.returncode == 0, checked.stderr
+    assert serve(tmp_path, text, env) is None
 
 
 def test_a_malformed_key_file_beside_an_existing_database_is_refused_alike(tmp_path: Path):

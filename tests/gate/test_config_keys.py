@@ -23,6 +23,7 @@ from gate.config import (
     NetworkConfig,
     parse_config,
 )
+from gate.webhooks.config import Endpoint, WebhooksConfig
 from server.config import (
     NUMBERS,
     AgentConfig,
@@ -41,6 +42,7 @@ FACILITATOR = '[facilitator]\nurl = "http://127.0.0.1:9"\n'
 AGENTS = "[agents.echo]\n"
 BASE = f"{FACILITATOR}\n{AGENTS}"
 DIGEST = "ab" * 32
+ENDPOINT = 'name = "books"\nurl = "http://127.0.0.1:9/"\nevents = ["payment.settled"]\nsecret_env = "X"\n'
 # (the dataclass, the table it is read from as a TOML header, the key path of its keys, lines it needs)
 TABLES: list[tuple[type, str, str, str]] = [
     (Settings, "", "", ""),
@@ -57,6 +59,8 @@ TABLES: list[tuple[type, str, str, str]] = [
     (LimitsConfig, "[limits]", "limits", ""),
     (InBandConfig, "[in_band]", "in_band", ""),
     (ChannelsConfig, "[channels]", "channels", ""),
+    (WebhooksConfig, "[webhooks]", "webhooks", ""),
+    (Endpoint, "[[webhooks.endpoints]]", "webhooks.endpoints[0]", ENDPOINT),
 ]
 # What each table accepted before its keys were read off the fields: a key dropped from a table,
 # or one added that the file may not hold, shows here.
@@ -72,7 +76,7 @@ ACCEPTED = {
     AgentPayment: "price allowed_payers per_agent_per_minute on_settle_failure",
     Skill: "id name description tags examples",
     ApiKey: "name sha256 agents revoked",
-    GateConfig: "limits facilitator networks in_band channels reconcile_interval_seconds claim_lease_seconds",
+    GateConfig: "limits facilitator networks in_band channels webhooks reconcile_interval_seconds claim_lease_seconds",
     FacilitatorConfig: "url timeout_seconds max_in_flight max_wait_seconds connections auth_header_env"
     " settle_attempts settle_backoff_seconds settle_margin_seconds auth breaker_failures breaker_cooldown_seconds"
     " settle_passes settle_max_delay_seconds",
@@ -82,6 +86,9 @@ ACCEPTED = {
     InBandConfig: "max_message_bytes pending_per_ip",
     ChannelsConfig: "claim_interval_seconds claim_at_amount claim_after_seconds refund_after_seconds"
     " accept_unwatched_withdrawals",
+    WebhooksConfig: "endpoints timeout_seconds lease_seconds max_in_flight max_backlog max_attempts backoff_seconds"
+    " max_backoff_seconds poll_interval_seconds",
+    Endpoint: "name url events secret_env",
 }
 
 
@@ -122,6 +129,8 @@ def table_of(settings: Settings, cls: type) -> Any:
         LimitsConfig: gate.limits,
         InBandConfig: gate.in_band,
         ChannelsConfig: gate.channels,
+        WebhooksConfig: gate.webhooks,
+        Endpoint: gate.webhooks.endpoints[0] if gate.webhooks.endpoints else None,
     }.get(cls)
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from gate import claims, payment_log, sealing
 from gate.flows.channel import store as channels
+from gate.webhooks import outbox as webhooks
 from server import principals, request_counts, tasks
 from server.database import Database, Migration
 from server.engines import open_database
@@ -40,6 +41,7 @@ COMPONENTS: tuple[tuple[str, Sequence[Migration]], ...] = (
     ("payments", payment_log.MIGRATIONS),
     ("channels", channels.MIGRATIONS),
     ("sealing", sealing.MIGRATIONS),
+    ("webhooks", webhooks.MIGRATIONS),
 )
 
 

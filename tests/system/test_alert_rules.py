@@ -135,10 +135,25 @@ def scrape_values(url: str) -> list[tuple[str, float]]:
     return [(s.name, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
 
 
-def test_a_serving_gate_exports_every_metric_and_label_value_the_rules_name(own_paid: PaidSetup):
+WEBHOOK = """
+[[webhooks.endpoints]]
+name = "books"
+url = "http://127.0.0.1:9/hook"
+events = ["payment.settled"]
+secret_env = "BOOKS_WEBHOOK_SECRET"
+"""
+
+
+def test_a_serving_gate_exports_every_metric_and_label_value_the_rules_name(
+    tmp_path: Path, facilitator: str, start_gate, write_config, monkeypatch: pytest.MonkeyPatch
+):
     """After a paid request through the development facilitator, /metrics has every series the
-    rules select: a metric renamed in the code, or in the rules, leaves a rule that never fires."""
-    paid = own_paid
+    rules select: a metric renamed in the code, or in the rules, leaves a rule that never fires.
+    (With a webhook endpoint: its series are labelled by the endpoint's name.)"""
+    monkeypatch.setenv("BOOKS_WEBHOOK_SECRET", "s3cr3t")
+    port = free_port()
+    gate = start_gate(write_config(paid_config(f"http://127.0.0.1:{port}", facilitator) + WEBHOOK), port=port)
+    paid = PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
     answer = paid.post("paid", send_body("alert me"), Payer().header_for(paid.gate.url))
     assert answer.json()["result"]["status"]["state"] == "completed", answer.text
     samples = scrape(paid.gate.url)

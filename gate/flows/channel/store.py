@@ -420,6 +420,13 @@ class Channels:
                 return
             after = rows[-1]["channel_id"]
 
+    async def withdrawals_at_risk(self) -> list[Channel]:
+        """Every channel whose payer asked to withdraw while charges are unclaimed (the webhook's event)."""
+        rows = await self.db.fetch(
+            f"SELECT *, {self.now} AS now FROM channels WHERE withdraw_requested_at > 0 AND charged != total_claimed"
+        )
+        return [c for c in (Channel.from_row(r) for r in rows) if c.unclaimed > 0]
+
     async def claimable(
         self, min_amount: int, max_age_seconds: float, *, max_failures: int | None = None, page_size: int = PAGE_SIZE
     ) -> list[Channel]:
