@@ -11,8 +11,10 @@ import threading
 import time
 
 import httpx
+import pytest
 
-from tests.support.paid import Payer, send_body
+from tests.support.gate_process import free_port
+from tests.support.paid import PaidSetup, Payer, paid_config, send_body
 
 
 async def _storm(url: str, bodies: list[dict], headers: dict[str, str]) -> list[httpx.Response]:
@@ -102,13 +104,27 @@ async def _retry_while(
 ROUNDS = 12  # the settle's end is a few milliseconds to hit: about two rounds in five did, before the fix
 
 
-def test_retries_during_a_slow_settle_are_in_flight_until_the_settled_answer_exists(paid):
+@pytest.fixture
+def patient_paid(tmp_path, facilitator, start_gate, write_config) -> PaidSetup:
+    """`paid`, waiting 5 s for the facilitator instead of 1.5: it is served in this process, beside
+    the storm's own clients, and on a loaded machine a held settle's answer can take past 1.5 s. The
+    gate then does what it must (the settle's outcome unknown: owed, the chain asked later), which
+    is not what this test looks at."""
+    port = free_port()
+    text = paid_config(f"http://127.0.0.1:{port}", facilitator).replace("timeout_seconds = 1.5", "timeout_seconds = 5")
+    assert "timeout_seconds = 5" in text
+    gate = start_gate(write_config(text), port=port)
+    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+
+
+def test_retries_during_a_slow_settle_are_in_flight_until_the_settled_answer_exists(patient_paid):
     """docs/money.md: the same token with the same request is in_flight while the first still runs,
     then the stored answer. Each round's settle is held 0.3 s; thirty clients retry from the
     moment the claim is settling until the first answer is back, then a storm of 30 more: every
     answer is in_flight or the settled one (receipt, payment-completed), never the delivered task
     still `working` (a retry that read the claim settled before its task was brought up to date).
     One settle a token."""
+    paid = patient_paid
     url, seen = f"{paid.gate.url}/a2a/paid", []
     for round_ in range(ROUNDS):
         headers = Payer().header_for(paid.gate.url)

@@ -251,10 +251,11 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
         "api_keys": "4",
         "channels": "2",
         "claims": "4",
-        "payments": "2",
+        "payments": "3",
         "request_counts": "1",
         "sealing": "1",
         "tasks": "2",
+        "webhooks": "1",
     }
     assert again.stdout == first.stdout
     import psycopg
@@ -273,6 +274,8 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
         "schema_versions",
         "sealing",
         "tasks",
+        "webhook_deliveries",
+        "webhook_endpoints",
     ]
 
 
