@@ -392,23 +392,6 @@ def cmd_payments(args: argparse.Namespace) -> int:
     return 0
 
 
-SUMMARY_COLUMNS = (
-    "day (UTC)",
-    "agent",
-    "402s",
-    "verified",
-    "settled",
-    "revenue (atomic units, asset@network)",
-    "authorized (atomic units, asset@network)",
-    "charged nothing",
-    "released",
-    "settle failures",
-    "owed",
-    "written off",
-    "needs attention",
-)
-
-
 def cmd_payments_summary(args: argparse.Namespace) -> int:
     """Per agent and day: callers asked to pay, paid requests, revenue, settle outcomes, owed, written off."""
     from gate.payment_log import PaymentLog
@@ -433,15 +416,13 @@ def cmd_payments_summary(args: argparse.Namespace) -> int:
             entry["authorized"][money] += row.authorized
         for name in COUNTS:
             entry[name] += row.count(name)
-    print("\t".join(SUMMARY_COLUMNS))
+    amounts = ("revenue (atomic units, asset@network)", "authorized (atomic units, asset@network)")
+    print("\t".join(["day (UTC)", "agent", *COUNTS[:3], *amounts, *COUNTS[3:]]))  # the money after the first three
     for (day, agent), entry in sorted(table.items()):
         revenue = ", ".join(f"{amount} {money}" for money, amount in sorted(entry["revenue"].items())) or "0"
         authorized = ", ".join(f"{amount} {money}" for money, amount in sorted(entry["authorized"].items())) or "0"
-        print(
-            f"{day}\t{agent}\t{entry['402s']}\t{entry['verified']}\t{entry['settled']}\t{revenue}\t"
-            f"{authorized}\t{entry['charged nothing']}\t{entry['released']}\t"
-            f"{entry['settle failures']}\t{entry['owed']}\t{entry['written off']}\t{entry['needs attention']}"
-        )
+        counts = [str(entry[name]) for name in COUNTS]
+        print("\t".join([day, agent, *counts[:3], revenue, authorized, *counts[3:]]))
     if not table:
         print(f"(nothing in the last {args.days:g} days)", file=sys.stderr)
     return 0

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from tests.support.in_band import (
 )
 from tests.support.paid import ASSET, PAY_TO, Payer, send_body
 from tests.support.readme_examples import ROOT, npm_env, unavailable
+from tests.support.x402_v1 import V1_PYTHON, pay_with_x402_v1
 
 PRICE = 1000
 UNIT_PRICE = 10  # the metered agent's price per character of the echo's answer
@@ -96,8 +96,6 @@ SCHEMES = {  # agent: the scheme (and transfer method) its one offer is in
     "channel": ("batch-settlement", None),
 }
 METHODS = ["message/send", "message/stream", "SendMessage", "SendStreamingMessage"]
-V1_PYTHON = Path(os.environ.get("X402_V1_PYTHON", "/tmp/x402v1-venv/bin/python"))
-V1_CLIENT = Path(__file__).parents[1] / "support" / "x402_v1_client.py"
 JS_CLIENT = Path(__file__).parents[1] / "support" / "x402_js_in_band.mjs"
 JS_PACKAGES = ("@x402/core@2", "@x402/evm@2", "viem@2")
 JS_FOLDER = ROOT / "build" / "x402-js-in-band"
@@ -198,15 +196,7 @@ def test_a_v1_payer_pays_in_band_from_an_offer_it_can_sign(devnet: Devnet) -> No
 @pytest.mark.skipif(not V1_PYTHON.exists(), reason=f"no x402 1.0 virtualenv at {V1_PYTHON}")
 def test_the_x402_v1_client_pays_the_402_of_a_price_offering_permit2_first(devnet: Devnet) -> None:
     payer = Payer()
-    run = subprocess.run(
-        [str(V1_PYTHON), str(V1_CLIENT), f"{devnet.gate.url}/a2a/permit2-first", payer.key],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    answer = pay_with_x402_v1(f"{devnet.gate.url}/a2a/permit2-first", payer.key)
     assert answer["status"] == 200, answer
     assert answer["body"]["result"]["status"]["state"] == "completed"
 

@@ -7,14 +7,10 @@ or name another interpreter in X402_V1_PYTHON).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 
 from tests.support.paid import PaidView, Payer, decode_header, send_body
+from tests.support.x402_v1 import V1_PYTHON, pay_with_x402_v1
 
 
 @pytest.fixture
@@ -23,22 +19,10 @@ def paid(shared_paid: PaidView) -> PaidView:
     return shared_paid
 
 
-V1_PYTHON = Path(os.environ.get("X402_V1_PYTHON", "/tmp/x402v1-venv/bin/python"))
-CLIENT = Path(__file__).parents[1] / "support" / "x402_v1_client.py"
-
-
 @pytest.mark.skipif(not V1_PYTHON.exists(), reason=f"no x402 1.0 virtualenv at {V1_PYTHON}")
 def test_the_x402_v1_client_pays_the_402_with_x_payment(paid):
     payer = Payer()
-    run = subprocess.run(
-        [str(V1_PYTHON), str(CLIENT), f"{paid.gate.url}/a2a/paid", payer.key],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    answer = pay_with_x402_v1(f"{paid.gate.url}/a2a/paid", payer.key)
     assert answer["status"] == 200, answer
     task = answer["body"]["result"]
     assert task["status"]["state"] == "completed"
