@@ -8,16 +8,17 @@ configuration carries (a test's, in memory).
 
 What a span carries is named by its caller, attribute by attribute, and is never a secret: no
 token, signature, API key, payer's secret, payment header or message text. Exceptions are not
-recorded on spans (their messages are not ours to vouch for); a span that ends by one is marked
-an error. A `traceparent` on the incoming request continues its trace (`span(..., headers=...)`),
-and `inject` writes the current one on an outgoing call.
+recorded on spans, in an event or the status (their messages are not ours to vouch for); a span
+that ends by one is marked an error, and says no more. A `traceparent` on the incoming request
+continues its trace (`span(..., headers=...)`), and `inject` writes the current one on an outgoing call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -130,9 +131,26 @@ def span(
     if _tracer is None:
         return OFF
     parent = None if headers is None else _propagate.extract(headers)
-    return _tracer.start_as_current_span(
-        name, context=parent, kind=_kinds[kind], attributes=attributes, record_exception=False
-    )
+    return _recording(name, parent, kind, attributes)
+
+
+@contextlib.contextmanager
+def _recording(name: str, parent: Any, kind: str, attributes: Mapping[str, Attribute] | None) -> Iterator[Span]:
+    """OpenTelemetry's current span, an error when an exception ends it, but with no word of the
+    exception: its own handling would put the message in the status and the stack in an event."""
+    with _tracer.start_as_current_span(
+        name,
+        context=parent,
+        kind=_kinds[kind],
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield span
+        except Exception:
+            span.set_status(_api.StatusCode.ERROR)
+            raise
 
 
 def annotate(attributes: Mapping[str, Attribute]) -> None:

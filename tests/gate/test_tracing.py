@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from starlette.testclient import TestClient
 
 from devnet.facilitator import create_facilitator_app
@@ -43,13 +44,17 @@ url = "{facilitator}"
 
 [agents.echo]
 
+[agents.broken]
+backend = "python"
+callable = "tests.support.agents:broken"
+
 [agents.paid]
 price = {{ network = "eip155:84532", asset = "{asset}", amount = "1000", pay_to = "{pay_to}" }}
 
 [[keys]]
 name = "tracer"
 sha256 = "{digest}"
-agents = ["echo"]
+agents = ["echo", "broken"]
 """
 
 
@@ -209,3 +214,15 @@ def test_an_api_key_request_traces_the_free_path_and_never_the_key(
     assert run.parent is not None and run.parent.span_id == request.context.span_id
     assert not by_name(spans, "facilitator.verify") and not by_name(spans, "facilitator.settle")
     assert_no_secret(spans, [API_KEY, hashlib.sha256(API_KEY.encode()).hexdigest(), "hello, free"])
+
+
+def test_a_span_ended_by_an_exception_is_an_error_and_keeps_nothing_of_it(
+    traced: tuple[TestClient, InMemorySpanExporter],
+) -> None:
+    client, exporter = traced
+    answer = client.post("/a2a/broken", json=message("hello"), headers={"Authorization": f"Bearer {API_KEY}"})
+    assert answer.json()["result"]["status"]["state"] == "failed", answer.text
+    run = one(list(exporter.get_finished_spans()), "agent.run")
+    assert run.status.status_code is StatusCode.ERROR
+    assert not run.events  # the exception, its message and its stack are not recorded
+    assert_no_secret([run], ["agent bug", "RuntimeError"])
