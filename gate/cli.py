@@ -33,7 +33,7 @@ from gate.config import load_config
 from gate.payment_filters import BadFilter
 from gate.payment_log import ACTIONS
 from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
-from server import secret_files
+from server import secret_files, tracing
 from server.config import ConfigError, Settings, is_database_url, trusted_proxy_problem
 from server.database import DatabaseRefused, DatabaseUnavailable
 from server.reload import hold_sighup
@@ -202,6 +202,7 @@ def preflight(settings: Settings, database: str, *, opening: bool = True) -> lis
     `check-config` makes the same ones (`opening=False`: it creates no database file, and reads the
     sealing fingerprints only of a database that exists)."""
     problems = [f"{settings.source}: {p}" for p in gate_config.claim_obligation_problems(gate_config.of(settings))]
+    problems += [f"{settings.source}: {p}" for p in tracing.problems(settings.tracing)]  # the `otel` extra
     named = [("http.metrics_token_env", settings.http.metrics_token_env)]
     named.append(("facilitator.auth_header_env", gate_config.of(settings).facilitator.auth_header_env))
     named += [(f"agents.{n}.upstream_auth_env", a.upstream_auth_env) for n, a in settings.agents.items()]

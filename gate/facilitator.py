@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import logging
 import pkgutil
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,11 +30,13 @@ from prometheus_client import Counter, Gauge
 from gate.breaker import OPEN, STATE_VALUES, CircuitBreaker
 from gate.config import FacilitatorConfig
 from gate.metrics import GateMetrics
+from server import tracing
 from server.secret_files import secret
 
 logger = logging.getLogger("a2a_gate.gate")
 
 PAYER_STATUSES = (400, 413, 422)  # the facilitator refuses the payload itself: the payer's problem
+REASON_CODE = re.compile(r"[a-z0-9_]{1,64}")  # a facilitator's reason a span may name: a code, nothing it echoed
 
 
 class Unavailable(Exception):
@@ -187,6 +190,37 @@ class FacilitatorClient:
     async def _post(
         self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]
     ) -> dict[str, Any]:
+        """One call, in a span of its own when traced: the scheme, the network and the outcome,
+        never the payload (its signature) nor the facilitator's credentials."""
+        if not tracing.active():
+            return await self._call(path, version, payload, requirements)
+        call = path.strip("/")
+        named = {
+            "x402.scheme": _text(requirements.get("scheme"), 64),
+            "x402.network": _text(requirements.get("network"), 64),
+        }
+        with tracing.span(f"facilitator.{call}", named, kind="client") as span:
+            try:
+                doc = await self._call(path, version, payload, requirements)
+            except PayloadRefused:
+                span.set_attribute("x402.outcome", "invalid_payload")
+                raise
+            except Unavailable as exc:
+                span.set_attribute("x402.outcome", "unavailable")
+                span.set_attribute("x402.reason", exc.reason)
+                raise
+            key, good, bad, why = ("isValid", "valid", "invalid", "invalidReason")
+            if call == "settle":
+                key, good, bad, why = ("success", "settled", "not_settled", "errorReason")
+            span.set_attribute("x402.outcome", good if doc.get(key) is True else bad)
+            reason = doc.get(why)
+            if isinstance(reason, str) and REASON_CODE.fullmatch(reason):
+                span.set_attribute("x402.reason", reason)
+            return doc
+
+    async def _call(
+        self, path: str, version: int, payload: dict[str, Any], requirements: dict[str, Any]
+    ) -> dict[str, Any]:
         """One call through the breaker: verify is refused at once while it is open; every
         answer or failure of the facilitator itself (never our own busy gate) moves it."""
         call = path.strip("/")
@@ -250,6 +284,9 @@ class FacilitatorClient:
             raise Unavailable("closed")
         body = {"x402Version": version, "paymentPayload": payload, "paymentRequirements": requirements}
         headers = await self._auth_headers(path.strip("/"))
+        if tracing.active():  # the request's trace goes on at a facilitator that traces (a copy: the callable's dict)
+            headers = {**headers}
+            tracing.inject(headers)
         async with self._slot():
             started = time.perf_counter()
             try:

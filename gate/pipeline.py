@@ -26,6 +26,7 @@ from gate.limiter import caller_key
 from gate.parts import GateParts
 from gate.payment_required import Offer
 from gate.settlement import STATUS, Payment, metadata_for
+from server import tracing
 from server.anonymous import not_authenticated
 from server.cards import agent_url
 from server.config import AgentConfig
@@ -131,6 +132,8 @@ async def paid_send(
     if paid_offer is None:
         return await refuse(parts, attempt, "accepted_requirements_mismatch")
     price = attempt.price = paid_offer
+    if tracing.active():  # on the request's span; off, not even the mapping is made
+        tracing.annotate({"x402.scheme": price.scheme, "x402.network": price.network})
     scheme = schemes.for_price(price)  # the one kind of payload this offer takes
     flow = parts.flows.for_price(price)  # and how it is collected
     try:

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Message, Receive, Scope, Send
 
-from server import request_log
+from server import request_log, tracing
 from server.anonymous import AnonymousFactory, KeysOnly, Parts
 from server.cards import INDEX_PATHS, agent_card, index_entry
 from server.config import ConfigError, Settings
@@ -56,6 +56,7 @@ from server.request_counts import FLUSH_SECONDS, RequestCounts
 from server.request_log import RequestInfo
 from server.shutdown import draining_on_signals
 from server.tasks import TaskStore, agent_message, set_status
+from server.traced_store import traced
 
 logger = logging.getLogger("a2a_gate")
 
@@ -73,7 +74,10 @@ class Services:
     ) -> None:
         self.settings = settings
         self.reread = reread  # the configuration as the file says now (None: nothing to read again)
+        self.tracing = tracing.start(settings.tracing)  # once, for the process: off costs nothing per request
         self.db = open_database(settings.database)
+        if tracing.active():
+            self.db = traced(self.db)
         self.store = TaskStore(self.db, deadline_seconds=settings.task_deadline_seconds)
         self.principals = Principals(self.db, settings.keys)
         self.agents = AgentRegistry(settings.agents)
@@ -157,6 +161,8 @@ class Services:
         await self.anonymous.close()
         await self.agents.aclose()
         await self.db.close()
+        if self.tracing:
+            tracing.stop()
 
     async def database_writable(self) -> str:
         try:
@@ -205,9 +211,17 @@ async def a2a_endpoint(request: Request) -> Response:
     info = RequestInfo(
         agent=agent_label(name, services.agents.get(name)), client=request.client.host if request.client else "-"
     )
-    response = await answered(info, branch(services, request, name, info))
-    if not info.outcome:
-        info.set(outcome_of(response))
+    # the request's span: a proxy's traceparent continues; the agent as metrics name it, never unknown names
+    with tracing.span("a2a.request", kind="server", headers=request.headers) as span:
+        response = await answered(info, branch(services, request, name, info))
+        if not info.outcome:
+            info.set(outcome_of(response))
+        if span is not tracing.OFF:  # named only when traced: off, no attribute is even made
+            span.set_attribute("a2a.agent", info.agent)
+            span.set_attribute("a2a.method", info.method or "-")
+            span.set_attribute("a2a.caller", info.caller.partition(":")[0])  # "key" or "anonymous", never who
+            span.set_attribute("a2a.outcome", info.outcome)
+            span.set_attribute("http.response.status_code", response.status_code)
     services.metrics.count_request(info.agent, info.caller.partition(":")[0], info.outcome)
     services.counts.count(info.agent, info.outcome)
     request_log.write(info, response.status_code)

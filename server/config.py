@@ -315,6 +315,18 @@ class ProxyConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """`[tracing]`: OpenTelemetry spans over OTLP/HTTP (server/tracing.py; the `otel` extra). The
+    OTEL_* variables configure what the file leaves out (OTEL_EXPORTER_OTLP_ENDPOINT, headers...)."""
+
+    enabled: bool = False
+    service_name: str = ""  # empty: OTEL_SERVICE_NAME, else "a2a-gate"
+    # the collector's OTLP/HTTP URL (/v1/traces appended); empty: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
+    endpoint: str = key("", check=optional_http_url)
+    exporter: Any = key(None, in_file=False)  # a span exporter given in code instead (a test's, in memory)
+
+
+@dataclass(frozen=True)
 class ApiKey:
     """A key declared in the file by its SHA-256 digest (see `a2a-gate keys create`)."""
 
@@ -342,6 +354,7 @@ class Settings:
     housekeeping_interval_seconds: float = 60.0  # how often stuck tasks are failed and old ones deleted
     http: HttpConfig = HttpConfig()
     streams: StreamConfig = StreamConfig()
+    tracing: TracingConfig = TracingConfig()
     source: str = key("<embedded defaults>", in_file=False)
     warnings: tuple[str, ...] = key((), in_file=False)  # problems that do not stop the server (shown by check-config)
     sections: dict[str, Any] = key(factory=dict, in_file=False)  # the anonymous path's tables and keys, raw

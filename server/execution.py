@@ -16,10 +16,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server import request_log, usage
+from server import request_log, tracing, usage
 from server.agents import AgentReply, AgentRequest, Answer
 from server.database import Statement, commit_until_stored
 from server.dialects import INTERRUPTED_STATES
+from server.metrics import agent_label
 from server.registry import AgentRegistry
 from server.request_log import TASK_ID
 from server.tasks import TaskStore, agent_message, new_id, set_status
@@ -475,9 +476,13 @@ class Runner:
         deadline = self.agents.deadline_seconds(execution.agent)
         try:
             # the payment window a token must leave is counted from this deadline (DESIGN 4.7)
-            async with asyncio.timeout(deadline):
-                progress = LiveProgress(execution, self._deliver_part)
-                reply = await self.agents.backend(execution.agent).run(request, progress)
+            with tracing.span("agent.run") as span:
+                async with asyncio.timeout(deadline):
+                    progress = LiveProgress(execution, self._deliver_part)
+                    reply = await self.agents.backend(execution.agent).run(request, progress)
+                if span is not tracing.OFF:  # named only when traced: off, no attribute is even made
+                    span.set_attribute("a2a.agent", agent_label(execution.agent, self.agents.get(execution.agent)))
+                    span.set_attribute("a2a.outcome", reply.state)
         except RunStopped:
             raise
         except TimeoutError:

@@ -38,6 +38,9 @@ CHANNEL = (
     + '", withdraw_delay_seconds = 900 }] }'
 )
 KEY = base64.urlsafe_b64encode(os.urandom(32)).decode()
+# an install without the `otel` extra: a plain module on PYTHONPATH hides the installed OpenTelemetry
+WITHOUT_OTEL = {"PYTHONPATH": str(REPO / "tests" / "support" / "without_otel")}
+TRACING = "\n[tracing]\nenabled = true\n"
 HOOK = '\n[[webhooks.endpoints]]\nname = "books"\nurl = "http://127.0.0.1:9/hook"\nevents = ["payment.settled"]\n'
 
 # (name, configuration text, environment, what the error line names)
@@ -106,6 +109,8 @@ BROKEN = [
         {},
         "webhooks.lease_seconds",
     ),
+    ("tracing without the otel extra", GOOD + TRACING, WITHOUT_OTEL, "tracing.enabled"),
+    ("tracing endpoint", GOOD + TRACING + 'endpoint = "collector:4318"\n', {}, "tracing.endpoint"),
     ("database directory missing", GOOD.replace('"gate.db"', '"/nonexistent/dir/gate.db"'), {}, "/nonexistent/dir"),
     ("channel offer unwatched", GOOD.replace(PRICE, CHANNEL), {}, "rpc_url"),
     (
@@ -180,6 +185,13 @@ def test_a_webhook_with_its_secret_set_passes_both(tmp_path: Path):
     checked = run(tmp_path, text, env, "check-config")
     assert checked.returncode == 0, checked.stderr
     assert serve(tmp_path, text, env) is None
+
+
+def test_tracing_with_the_extra_installed_passes_both(tmp_path: Path):
+    text = GOOD + TRACING + 'endpoint = "http://127.0.0.1:9"\n'  # no collector there: spans are dropped, not fatal
+    checked = run(tmp_path, text, {}, "check-config")
+    assert checked.returncode == 0, checked.stderr
+    assert serve(tmp_path, text, {}) is None
 
 
 def test_a_malformed_key_file_beside_an_existing_database_is_refused_alike(tmp_path: Path):

@@ -34,6 +34,7 @@ from server.config import (
     Settings,
     Skill,
     StreamConfig,
+    TracingConfig,
     keys_of,
     specs,
 )
@@ -49,6 +50,7 @@ TABLES: list[tuple[type, str, str, str]] = [
     (HttpConfig, "[http]", "http", ""),
     (StreamConfig, "[streams]", "streams", ""),
     (ProxyConfig, "[proxy]", "proxy", ""),
+    (TracingConfig, "[tracing]", "tracing", ""),
     (AgentConfig, "[agents.x]", "agents.x", ""),
     (AgentPayment, "[agents.x]", "agents.x", ""),
     (Skill, "[[agents.x.skills]]", "agents.x.skills[0]", 'id = "s"\n'),
@@ -66,11 +68,12 @@ TABLES: list[tuple[type, str, str, str]] = [
 # or one added that the file may not hold, shows here.
 ACCEPTED = {
     Settings: "public_url database default_agent max_body_bytes task_retention_days task_deadline_seconds"
-    " housekeeping_interval_seconds proxy agents keys http streams",
+    " housekeeping_interval_seconds proxy agents keys http streams tracing",
     HttpConfig: "head_timeout_seconds body_timeout_seconds keep_alive_seconds max_head_bytes drain_seconds"
     " metrics_listen metrics_token_env implementation loop",
     StreamConfig: "max_per_task max_per_owner max_per_client",
     ProxyConfig: "trusted",
+    TracingConfig: "enabled service_name endpoint",
     AgentConfig: "description backend exposed skills url upstream_auth_env timeout_seconds poll_interval_seconds"
     " deadline_seconds callable executor streaming",
     AgentPayment: "price allowed_payers per_agent_per_minute on_settle_failure",
@@ -120,6 +123,7 @@ def table_of(settings: Settings, cls: type) -> Any:
         Settings: settings,
         HttpConfig: settings.http,
         StreamConfig: settings.streams,
+        TracingConfig: settings.tracing,
         AgentConfig: settings.agents.get("x"),
         AgentPayment: gate.agents.get("x"),
         ApiKey: settings.keys[0] if settings.keys else None,
