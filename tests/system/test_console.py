@@ -9,9 +9,8 @@ in flight writes over it). In the browser: a wrong token sees nothing; the right
 request in the payments table (with its story) and in the revenue chart, the owed payment and its
 next retry, then the one needing attention, whose Re-open button puts it back to owed, and the
 reconciler settles it. The page, every API answer and every export hold no token, signature, nonce,
-API key or private key the test sent; the A2A port answers 404 for all of it.
-
-`A2A_GATE_CONSOLE_SCREENSHOT=docs/console.png` saves the page (1280x800) where the docs show it.
+API key or private key the test sent; the A2A port answers 404 for all of it. (The screenshot the docs
+show is tests/system/test_console_end_to_end.py's.)
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ pytestmark = pytest.mark.system  # a real gate, its development facilitator and 
 
 TOKEN_ENV = "A2A_GATE_METRICS_TOKEN"
 TOKEN = "ops-token-" + os.urandom(12).hex()
-SCREENSHOT = "A2A_GATE_CONSOLE_SCREENSHOT"
 API_READS = ["records", "summary", "attention", "channels", "rates"]
 EXPORTS = [f"export?what={what}&format={fmt}" for what in ("records", "summary") for fmt in ("csv", "json")]
 
@@ -177,9 +175,6 @@ def test_the_console_shows_a_paid_request_and_reopens_a_payment_needing_attentio
         to_needs_attention(console, owed_task)
         button = page.locator(f"#attention-table button.reopen[data-task-id='{owed_task}']")
         button.wait_for()
-        if path := os.environ.get(SCREENSHOT):
-            page.locator("header").scroll_into_view_if_needed()
-            page.screenshot(path=path)
         console.faults()  # the facilitator is back
         button.click()
         page.wait_for_selector("#reopen-result:has-text('Re-opened 1')")

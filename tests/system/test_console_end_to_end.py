@@ -6,15 +6,17 @@ webhook_receiver.py) and tracing exported over OTLP/HTTP to a collector in this 
 call (an API key), a paid `exact` call (the x402 package's own client), a usage-priced `upto` call and
 three vouchers on a payment channel (batch-settlement), then `a2a-gate channels claim`.
 
-What the development chain moved is read from the chain itself: each exact and upto transaction's
-ERC-20 `Transfer` to payTo (its receipt, `eth_getTransactionReceipt`), the channel's claimed total on
-the settlement contract (`channels(bytes32)`), and payTo's balance. The same payments, with the same
-amounts and transactions, must be what `a2a-gate payments records`, the console's JSON API, the page in
-a real Chromium (the payments table and the revenue chart), the webhook receiver (each body's signature
-checked with the lines docs/operations.md prints) and the CSV export (the command's and the API's)
-say. Then nothing the test sent that is secret (the API key, each payment header as sent and decoded,
-every signature and nonce in it, the payers' private keys, the console token, the webhook secret) is
-in any page, API answer, webhook body or header, export or span.
+What the development chain moved is read from the chain itself: every ERC-20 `Transfer` to payTo
+(`eth_getLogs`: the exact payment's, the upto charge's, and the sweep of the channel's claimed funds), the
+channel's claimed total on the settlement contract (`channels(bytes32)`) and payTo's balance. For the
+channel that is three vouchers charged 1000 each, one claim adding 3000 to the claimed total (a transaction
+moving nothing to payTo) and one sweep of 3000 to payTo. The same payments, states, amounts and
+transactions must be what `a2a-gate payments records`, the console's JSON API, the page in a real Chromium
+(its payments table, the revenue chart and the counts), the webhook receiver (each body's signature checked
+with the lines docs/operations.md prints) and the CSV export (the command's, and the API's, the same bytes)
+say. Then nothing the test sent that is secret (the API key and its digest, each payment header as sent and
+decoded, every signature and nonce in them, the payers' private keys, the console token, the webhook
+secret) is in any page, API answer, export, webhook body or header, or span the collector received.
 
 The test saves the screenshot docs/operations.md shows: `A2A_GATE_CONSOLE_SCREENSHOT=docs/console.png`.
 """
@@ -51,7 +53,7 @@ from tests.support.chain_moves import rpc
 from tests.support.gate_helpers import KEY_LINE
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.otlp_collector import Collector, attributes, collecting
-from tests.support.paid import PAY_TO, send_body
+from tests.support.paid import ASSET, PAY_TO, send_body
 from tests.support.shipped_config import shipped_config
 from tests.support.webhook_receiver import Receiver, documented_check
 
@@ -122,13 +124,15 @@ def wait_until(what: str, check: Any, timeout: float = 30.0) -> Any:
     return found
 
 
-def moved_to_pay_to(devnet: Devnet, transaction: str) -> int:
-    """What one transaction moved to payTo, from its receipt's ERC-20 Transfer logs."""
-    found = rpc(devnet.facilitator, "eth_getTransactionReceipt", transaction)
-    assert found is not None, f"no transaction {transaction} on the chain"
+def transfers_to_pay_to(devnet: Devnet) -> dict[str, int]:
+    """Every ERC-20 Transfer of the asset to payTo on the development chain (`eth_getLogs`), summed per
+    transaction: what the chain moved to the payee, and in which transactions."""
     to = "0x" + "0" * 24 + PAY_TO.lower().removeprefix("0x")
-    logs = [log for log in found["logs"] if log["topics"][0] == TRANSFER_TOPIC and log["topics"][2].lower() == to]
-    return sum(int(log["data"], 16) for log in logs)
+    logs = rpc(devnet.facilitator, "eth_getLogs", {"address": ASSET, "topics": [TRANSFER_TOPIC, None, to]})
+    moved: dict[str, int] = {}
+    for log in logs:
+        moved[log["transactionHash"]] = moved.get(log["transactionHash"], 0) + int(log["data"], 16)
+    return moved
 
 
 def money(row: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
@@ -161,15 +165,19 @@ def test_every_payment_reads_the_same_everywhere_and_as_the_chain_moved_it(world
     claimed = devnet.cli("channels", "claim")
     assert claimed.returncode == 0, claimed.stdout + claimed.stderr
 
-    # what the development chain moved: each transfer to payTo, the channel's claimed total, payTo's balance
+    # what the development chain moved: the transfers to payTo (the exact payment's, the upto charge's and
+    # the sweep of the channel's claimed funds), the channel's claimed total on the contract, payTo's balance
     exact_tx, upto_tx = receipt(paid)["transaction"], receipt(metered)["transaction"]
     charge = int(receipt(metered)["amount"])
-    assert moved_to_pay_to(devnet, exact_tx) == PRICE and 0 < moved_to_pay_to(devnet, upto_tx) == charge < 50000
+    assert 0 < charge < 50000
     channel_id = receipt(vouchers[-1])["extra"]["channelState"]["channelId"]
     balance, claimed_total = devnet.channel(channel_id)
     assert claimed_total == VOUCHERS * PRICE <= balance  # charged per voucher, all of it claimed on chain
+    transfers = transfers_to_pay_to(devnet)
+    (sweep_tx,) = transfers.keys() - {exact_tx, upto_tx}
+    assert transfers == {exact_tx: PRICE, upto_tx: charge, sweep_tx: claimed_total}
     moved = devnet.token_balance(PAY_TO) - pay_to_before
-    assert moved == PRICE + charge + claimed_total  # the claim swept to payTo: nothing charged is left behind
+    assert moved == sum(transfers.values()) == PRICE + charge + claimed_total
 
     # the records, as the command prints them and as the API answers
     expected = {
@@ -189,7 +197,7 @@ def test_every_payment_reads_the_same_everywhere_and_as_the_chain_moved_it(world
             claim_tx,
         )
     assert {task: money(r) for task, r in records.items()} == expected
-    assert moved_to_pay_to(devnet, claim_tx) in (0, claimed_total)  # a claim only adds to the contract's total
+    assert claim_tx not in transfers  # the claim adds to the contract's claimed total; the sweep pays payTo
     assert sum(int(r["collected"]) for r in records.values()) == moved
     payers = {r["agent"]: r["payer"] for r in records.values()}
     assert payers == {
@@ -231,7 +239,8 @@ def test_every_payment_reads_the_same_everywhere_and_as_the_chain_moved_it(world
     # the money reaches payTo with the claim, whose event says what it added to the claimed total
     charges = [e for e in settled if e["scheme"] == "batch-settlement"]
     deposits = [e["transaction"] for e in charges if e["transaction"]]
-    assert len(deposits) == 1 and moved_to_pay_to(devnet, deposits[0]) == 0, charges
+    assert len(deposits) == 1 and deposits[0] not in transfers and deposits[0] != claim_tx, charges
+    assert rpc(devnet.facilitator, "eth_getTransactionReceipt", deposits[0]) is not None
     (claim,) = claim_events(world.receiver)
     assert (claim["amount"], claim["transaction"]) == (str(claimed_total), claim_tx)
     assert sum(int(e["amount"]) for e in charges) == claimed_total
@@ -260,6 +269,14 @@ def test_every_payment_reads_the_same_everywhere_and_as_the_chain_moved_it(world
         }
         assert revenue == {"paid-echo": PRICE, "paid-metered": charge, "paid-channel": claimed_total}, revenue
         assert sum(revenue.values()) == moved
+        for count in ("paid requests", "settled"):
+            assert page.locator(f"#tiles [data-count='{count}'] b").inner_text() == str(len(expected)), count
+        # the 402s, once the process writes its request counts (every 10 s): as many as it answered
+        from playwright.sync_api import expect  # (there once the browser is: tests/support/browser.py)
+
+        asked = world.api("rates").json()["totals"]["payment_required"]
+        assert asked >= 2  # the exact and upto clients' first tries, and the channel's
+        expect(page.locator("#tiles [data-count='402s'] b")).to_have_text(str(asked), timeout=30_000)
         page.locator(f"#records tbody tr[data-payment-id='{records[exact_task(expected)]['payment_id']}']").click()
         page.wait_for_selector("#story:not(.hidden)")
         pages.append(page.content())
@@ -280,6 +297,8 @@ def test_every_payment_reads_the_same_everywhere_and_as_the_chain_moved_it(world
     hooks = [a.body.decode() + json.dumps(a.headers) for a in world.receiver.attempts]
     shown = "\n".join([*pages, *answers, listed.stdout, export.stdout, api_csv, summary, as_json, *hooks])
     secrets = secrets_sent(sent, api_key, [exact_key, upto_key, channel_key])
+    kinds = [json.loads(base64.b64decode(h))["payload"].get("type", "transfer") for h in sent]
+    assert kinds == ["transfer", "transfer", "deposit", *["voucher"] * (VOUCHERS - 1)]  # every payment, searched
     leaked = [s[:16] for s in secrets if s.lower() in shown.lower()]
     assert leaked == [], f"shown by the console, the exports or the webhooks: {leaked}"
     spans = b"".join(world.collector.bodies)
