@@ -66,7 +66,8 @@ PAID_AGENTS = ("paid-echo", "paid-metered", "paid-channel")
 API_READS = ["records", "summary", "attention", "channels", "rates"]
 EXPORTS = [f"export?what={what}&format={fmt}" for what in ("records", "summary") for fmt in ("csv", "json")]
 
-TRACED_AND_HOOKED = """  # added to the shipped example: tracing to the collector, webhooks to the receiver
+# added to the shipped example: tracing to the collector, webhooks to the receiver
+TRACED_AND_HOOKED = """
 [tracing]
 enabled = true
 service_name = "gate-end-to-end"
