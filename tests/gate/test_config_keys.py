@@ -76,7 +76,7 @@ ACCEPTED = {
     TracingConfig: "enabled service_name endpoint",
     AgentConfig: "description backend exposed skills url upstream_auth_env timeout_seconds poll_interval_seconds"
     " deadline_seconds callable executor streaming",
-    AgentPayment: "price allowed_payers per_agent_per_minute on_settle_failure",
+    AgentPayment: "price allowed_payers per_agent_per_minute on_settle_failure payment_identifier",
     Skill: "id name description tags examples",
     ApiKey: "name sha256 agents revoked",
     GateConfig: "limits facilitator networks in_band channels webhooks reconcile_interval_seconds claim_lease_seconds",
