@@ -242,3 +242,26 @@ def test_an_agent_that_requires_an_id_declares_it_and_refuses_a_payment_without_
         assert len(charged(setup, payer)) == 1
     finally:
         setup.gate.stop()
+
+
+def test_a_reload_that_requires_an_id_is_declared_and_enforced_from_the_next_request(
+    tmp_path, facilitator: str, write_config
+) -> None:
+    import signal
+
+    from tests.support.gate_helpers import wait_for
+    from tests.support.paid import start_paid_gate
+
+    setup, text = start_paid_gate(tmp_path, facilitator, write_config)
+    try:
+        assert asked(setup.gate.url)["extensions"][PAYMENT_IDENTIFIER]["info"] == {"required": False}
+        setup.gate.config.write_text(
+            text.replace("[agents.paid]\n", '[agents.paid]\npayment_identifier = "required"\n')
+        )
+        assert setup.gate.process is not None
+        setup.gate.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: asked(setup.gate.url)["extensions"][PAYMENT_IDENTIFIER]["info"] == {"required": True})
+        refused = setup.post("paid", send_body("x"), header(signed_with_id(asked(setup.gate.url), Payer(), None)))
+        assert refused.status_code == 400 and refused.json()["error"] == "payment_identifier_required"
+    finally:
+        setup.gate.stop()
