@@ -265,3 +265,20 @@ def test_a_reload_that_requires_an_id_is_declared_and_enforced_from_the_next_req
         assert refused.status_code == 400 and refused.json()["error"] == "payment_identifier_required"
     finally:
         setup.gate.stop()
+
+
+def test_a_retry_under_the_id_is_verified_first_and_an_outage_is_retryable(paid: PaidSetup) -> None:
+    document = asked(paid.gate.url)
+    payer, payment_id = Payer(), generate_payment_id()
+    first = paid.post("paid", send_body("proof"), header(signed_with_id(document, payer, payment_id)))
+    assert first.json()["result"]["status"]["state"] == "completed"
+    paid.faults(verify="http500")
+    down = paid.post("paid", send_body("proof"), header(signed_with_id(document, payer, payment_id)))
+    assert down.status_code == 200 and down.json()["error"]["data"]["code"] == "verify_unavailable"
+    paid.faults(verify="invalid")
+    refused = paid.post("paid", send_body("proof"), header(signed_with_id(document, payer, payment_id)))
+    assert refused.status_code == 403 and refused.json()["detail"] == "Payment verification failed"
+    paid.faults()
+    again = paid.post("paid", send_body("proof"), header(signed_with_id(document, payer, payment_id)))
+    assert again.headers.get("X-Idempotent-Replay") == "true"
+    assert len(charged(paid, payer)) == 1
