@@ -90,7 +90,6 @@ class Attempt:
     active: in_band.Activation | None  # the x402 extension the client activated, if any
     pending: in_band.Pending | None  # the in-band request this message pays for, if any
     token: tokens.Token | None = None
-    payment_id: str | None = None  # the payer's x402 payment identifier, if it sent one
     price: Price | None = None  # the offer the token pays (its scheme's), once known
     requirements: dict[str, Any] = field(default_factory=dict)
     payment: Payment | None = None
@@ -148,7 +147,7 @@ async def paid_send(
         if exc.reason not in tokens.WINDOW_REASONS or await parts.claims.find(token.digest) is None:
             return await refuse(parts, attempt, exc.reason)
     try:
-        payment_id = attempt.payment_id = payment_ids.of(token.payload)
+        payment_id = payment_ids.of(token.payload)  # the payer's idempotency key, if it sent one
     except payment_ids.Invalid:
         return await refuse_identified(parts, attempt, payment_ids.INVALID)
     if payment_id is None and id_required:
