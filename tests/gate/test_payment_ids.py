@@ -282,3 +282,20 @@ def test_a_retry_under_the_id_is_verified_first_and_an_outage_is_retryable(paid:
     again = paid.post("paid", send_body("proof"), header(signed_with_id(document, payer, payment_id)))
     assert again.headers.get("X-Idempotent-Replay") == "true"
     assert len(charged(paid, payer)) == 1
+
+
+@pytest.mark.parametrize("method", ["message/send", "SendMessage"])
+def test_a_payment_in_message_metadata_under_the_id_is_answered_from_the_first(paid: PaidSetup, method: str) -> None:
+    document = asked(paid.gate.url)
+    payer, payment_id = Payer(), generate_payment_id()
+
+    def body() -> dict[str, Any]:
+        payload = signed_with_id(document, payer, payment_id)
+        return send_body("in metadata", method=method, metadata={"x402.payment.payload": payload})
+
+    first = paid.post("paid", body())
+    assert first.status_code == 200, first.text
+    again = paid.post("paid", body())
+    assert again.headers.get("X-Idempotent-Replay") == "true", again.text
+    assert again.json()["result"] == first.json()["result"]
+    assert len(charged(paid, payer)) == 1 and paid.count_tasks("paid") == 1
