@@ -93,6 +93,10 @@ MIGRATED_COLUMNS = {
     "withheld": "TEXT NOT NULL DEFAULT ''",  # a withholding agent's answer (JSON) until paid
     "fence": "TEXT NOT NULL DEFAULT ''",  # minted at the insert and at every takeover
     "last_write": "TEXT NOT NULL DEFAULT ''",  # minted by each update sent with others (`Claims._write`)
+    # the payer's x402 `payment-identifier` (gate/payment_ids.py), unique, and the payer the payment
+    # named when it was claimed (its verified payer is `payer`, once bound)
+    "payment_id": "TEXT NOT NULL DEFAULT ''",
+    "payment_id_payer": "TEXT NOT NULL DEFAULT ''",
 }
 
 
@@ -141,6 +145,13 @@ class Claim:
     created_at: float = 0.0
     updated_at: float = 0.0
     fence: str = ""
+    payment_id: str = ""
+    payment_id_payer: str = ""
+
+    @property
+    def id_payer(self) -> str:
+        """The payer a payment identifier is bound to: the verified one, or the one named until verified."""
+        return self.payer or self.payment_id_payer
 
     @property
     def hold(self) -> Hold:
@@ -169,12 +180,14 @@ class Claim:
             created_at=row["created_at"] or 0.0,
             updated_at=row["updated_at"] or 0.0,
             fence=row["fence"] or "",
+            payment_id=row.get("payment_id") or "",
+            payment_id_payer=row.get("payment_id_payer") or "",
         )
 
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # new | replay | in_flight | conflict
+    kind: str  # new | replay | in_flight | conflict | identified (`claim`: the first payment under its id)
     claim: Claim | None = None
     reason: str = ""
     hold: Hold | None = None  # for "new": the fence every later write of this request names
@@ -197,6 +210,8 @@ _INDEXES = (
     "CREATE INDEX IF NOT EXISTS idx_claims_task_id ON claims (task_id)",
     "CREATE INDEX IF NOT EXISTS claims_lease ON claims (state, lease_until)",
 )
+# one claim per payment identifier; a payment without one adds nothing to this index
+_PAYMENT_ID_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS claims_payment_id ON claims (payment_id) WHERE payment_id != ''"
 
 
 async def _sqlite_tables(db: Database) -> None:
@@ -206,7 +221,7 @@ async def _sqlite_tables(db: Database) -> None:
     for column, declaration in MIGRATED_COLUMNS.items():
         if column not in present:
             await db.execute(f"ALTER TABLE claims ADD COLUMN {column} {declaration}")
-    for statement in _INDEXES:
+    for statement in (*_INDEXES, _PAYMENT_ID_INDEX):
         await db.execute(statement)
 
 
@@ -232,6 +247,15 @@ MIGRATIONS = (
     ),
     # (state) alone: claims_lease (state, lease_until) answers every query by state, one index less per write
     Migration(("DROP INDEX IF EXISTS idx_claims_state",)),
+    # payment identifiers (x402 `payment-identifier`): the id, unique, and the payer it is bound to
+    Migration(
+        sqlite=_sqlite_tables,
+        postgresql=(
+            "ALTER TABLE claims ADD COLUMN IF NOT EXISTS payment_id TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE claims ADD COLUMN IF NOT EXISTS payment_id_payer TEXT NOT NULL DEFAULT ''",
+            _PAYMENT_ID_INDEX,
+        ),
+    ),
 )
 
 
@@ -275,27 +299,36 @@ class Claims:
         sealed: str,
         *,
         along: Sequence[Along] = (),
+        payment_id: str = "",
+        named_payer: str = "",
     ) -> Outcome:
-        """Take the request's claim, unless its token (or its nonce) is claimed already. `along`:
-        writes sent with it that apply only if this claim was just taken (a channel's reservation);
-        their rowcounts come back in the outcome."""
+        """Take the request's claim, unless its token (or its nonce, or its `payment_id`) is claimed
+        already. `along`: writes sent with it that apply only if this claim was just taken (a channel's
+        reservation); their rowcounts come back in the outcome. `named_payer`: the payer the payment
+        names, its id's until the verified one is bound."""
         fence = mint_fence()
+        values: tuple[Any, ...] = (
+            token_digest,
+            nonce_key,
+            request_digest,
+            agent,
+            ClaimState.RUNNING,
+            self.instance,
+            fence,
+            self.lease_seconds,
+            sealed,
+        )
+        if payment_id:  # (a payment without one sends the statement it always did)
+            identified = (", payment_id, payment_id_payer", ", ?, ?")
+            values = (*values, payment_id, named_payer.lower())
+        else:
+            identified = ("", "")
         insert = (
             "INSERT INTO claims (token_digest, nonce_key, request_digest, agent, state, task_id, payer,"
-            " owner_pid, owner_instance, fence, lease_until, created_at, updated_at, sealed_payment)"
-            f" VALUES (?, ?, ?, ?, ?, '', '', 0, ?, ?, {self.now} + ?, {self.now}, {self.now}, ?)"
+            f" owner_pid, owner_instance, fence, lease_until, created_at, updated_at, sealed_payment{identified[0]})"
+            f" VALUES (?, ?, ?, ?, ?, '', '', 0, ?, ?, {self.now} + ?, {self.now}, {self.now}, ?{identified[1]})"
             " ON CONFLICT DO NOTHING",
-            (
-                token_digest,
-                nonce_key,
-                request_digest,
-                agent,
-                ClaimState.RUNNING,
-                self.instance,
-                fence,
-                self.lease_seconds,
-                sealed,
-            ),
+            values,
         )
         if along:
             ours = self._ours(Hold(token_digest, fence), (ClaimState.RUNNING,))
@@ -306,6 +339,10 @@ class Claims:
             self.held[token_digest] = fence
             return Outcome("new", hold=Hold(token_digest, fence), along=tuple(counts))
         claim = await self.find(token_digest)
+        if claim is None and payment_id:
+            first = await self.find_by_payment_id(payment_id)
+            if first is not None:  # (else its nonce is another claim's, or the first was just released)
+                return Outcome("identified", first)
         if claim is None:
             return Outcome("conflict", reason="authorization_nonce_already_used")
         if claim.request_digest != request_digest or claim.agent != agent:
@@ -316,6 +353,11 @@ class Claims:
 
     async def find(self, token_digest: str) -> Claim | None:
         row = await self.db.fetchrow("SELECT * FROM claims WHERE token_digest = ?", (token_digest,))
+        return None if row is None else Claim.from_row(row)
+
+    async def find_by_payment_id(self, payment_id: str) -> Claim | None:
+        """The claim of the payment that first came with this payment identifier, while it lives."""
+        row = await self.db.fetchrow("SELECT * FROM claims WHERE payment_id = ? AND payment_id != ''", (payment_id,))
         return None if row is None else Claim.from_row(row)
 
     async def bind(self, hold: Hold, payer: str, task_id: str) -> None:

@@ -2,8 +2,8 @@
 
 The server reads its own keys and hands the gate the rest raw (`server.anonymous.PathConfig`):
 the `[facilitator]`, `[networks]`, `[limits]`, `[in_band]` and `[webhooks]` tables, the claim and reconcile
-intervals, and each agent's `price`, `allowed_payers`, `per_agent_per_minute` and
-`on_settle_failure`. Problems go to the server's reader with their key paths
+intervals, and each agent's `price`, `allowed_payers`, `per_agent_per_minute`,
+`on_settle_failure` and `payment_identifier`. Problems go to the server's reader with their key paths
 (``agents.echo.price.amount``), so `a2a-gate check-config` lists both halves' in one list.
 """
 
@@ -31,6 +31,7 @@ EVM_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
 DECIMAL = re.compile(r"^(0|[1-9][0-9]*)(\.[0-9]+)?$")
 CAIP2_NETWORK = re.compile(r"^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}$")
 SETTLE_FAILURE_POLICIES = ("deliver", "withhold")
+PAYMENT_IDENTIFIER_POLICIES = ("optional", "required")  # an agent's `payment_identifier`
 PRICE_KEYS = frozenset(
     {
         "scheme",
@@ -164,6 +165,8 @@ class AgentPayment:
     price: Price | None = key(None, read=_price)
     # "withhold": settle before the answer leaves
     on_settle_failure: str = key("deliver", choices=SETTLE_FAILURE_POLICIES)
+    # "required": a payment must carry an x402 payment identifier (gate/payment_ids.py)
+    payment_identifier: str = key("optional", choices=PAYMENT_IDENTIFIER_POLICIES)
     per_agent_per_minute: int | None = None
 
 

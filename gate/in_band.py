@@ -227,7 +227,7 @@ class InBand:
                 deadline_seconds=max_timeout(price, resource),
                 cap=self.pending_per_caller,
             ):
-                return self.answers_402.response(offer.agent, price, resource, offer.description)
+                return self.answers_402.response(offer.agent, price, resource, offer.description, offer.id_required)
             return task_answer(plan, task, active.echo())
         ask(task, offer, {STATUS: "payment-required"})
         await self.store_pending(pending)
@@ -292,7 +292,7 @@ def ask(
     metadata = {
         **metadata,
         REQUIRED: payment_required.payment_required_v1(price, resource, description, error, state),
-        REQUIRED_V2: payment_required.payment_required(price, resource, description, error, state),
+        REQUIRED_V2: payment_required.payment_required(price, resource, description, error, state, offer.id_required),
     }
     set_status(task, "input-required", agent_message(task, text, metadata))
     task["metadata"] = metadata

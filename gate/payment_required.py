@@ -22,7 +22,7 @@ from typing import Any
 from cachetools import LRUCache
 from starlette.responses import JSONResponse, Response
 
-from gate import schemes
+from gate import payment_ids, schemes
 from gate.price import Price
 from server import json_text
 
@@ -50,6 +50,12 @@ class Offer:
     price: Price
     resource: str  # <public base>/a2a/{agent}: tokens that sign their resource name it
     description: str = ""
+    id_required: bool = False  # the agent requires a payment identifier
+
+
+def extensions(id_required: bool) -> dict[str, Any]:
+    """The x402 extensions a v2 document declares (`PaymentRequired.extensions`), one entry each."""
+    return {payment_ids.KEY: payment_ids.declaration(id_required)}
 
 
 def requirement(price: Price, resource: str) -> dict[str, Any]:
@@ -87,13 +93,20 @@ def payment_required(
     description: str = "",
     error: str = PAYMENT_REQUIRED_ERROR,
     state: dict[str, dict[str, Any]] | None = None,
+    id_required: bool = False,
 ) -> dict[str, Any]:
     """The x402 v2 PaymentRequired document, every offer of the price; `resource.url` names this door."""
     resource: dict[str, Any] = {"url": resource_url, "mimeType": "application/json"}
     if description:
         resource["description"] = description
     accepts = [with_state(requirement(offer, resource_url), state) for offer in price.offers]
-    return {"x402Version": 2, "error": error, "resource": resource, "accepts": accepts}
+    return {
+        "x402Version": 2,
+        "error": error,
+        "resource": resource,
+        "accepts": accepts,
+        "extensions": extensions(id_required),
+    }
 
 
 def requirement_v1(price: Price, resource_url: str, description: str = "") -> dict[str, Any]:
@@ -150,25 +163,33 @@ class PaymentRequiredAnswers:
     def __init__(self, maxsize: int = 1024) -> None:
         # the price it was rendered from, the body, and its headers as they go on the wire
         # (PAYMENT-REQUIRED: a kilobyte, encoded once)
-        self.rendered: LRUCache[tuple[str, str], tuple[Price, bytes, list[tuple[bytes, bytes]]]] = LRUCache(
+        self.rendered: LRUCache[tuple[str, str, bool], tuple[Price, bytes, list[tuple[bytes, bytes]]]] = LRUCache(
             maxsize=maxsize
         )
 
-    def response(self, agent: str, price: Price, resource_url: str, description: str = "") -> Response:
-        rendered = self.rendered.get((agent, resource_url))
+    def response(
+        self, agent: str, price: Price, resource_url: str, description: str = "", id_required: bool = False
+    ) -> Response:
+        rendered = self.rendered.get((agent, resource_url, id_required))
         if rendered is None or rendered[0] is not price:
-            document = payment_required(price, resource_url, description)
+            document = payment_required(price, resource_url, description, id_required=id_required)
             v1 = payment_required_v1(price, resource_url, description)
             first = JSONResponse({**v1, "detail": "Payment required", "payment_required": document}, status_code=402)
             first.raw_headers.append((b"payment-required", b64_json(document).encode("ascii")))
-            rendered = self.rendered[(agent, resource_url)] = (price, bytes(first.body), first.raw_headers)
+            rendered = self.rendered[(agent, resource_url, id_required)] = (price, bytes(first.body), first.raw_headers)
         return Rendered(402, *rendered[1:])
 
     def corrective(
-        self, price: Price, resource_url: str, description: str, error: str, state: dict[str, dict[str, Any]]
+        self,
+        price: Price,
+        resource_url: str,
+        description: str,
+        error: str,
+        state: dict[str, dict[str, Any]],
+        id_required: bool = False,
     ) -> Response:
         """A 402 for one payer: the offers with its own state (a channel's) and the reason it must resync."""
-        document = payment_required(price, resource_url, description, error, state)
+        document = payment_required(price, resource_url, description, error, state, id_required)
         v1 = payment_required_v1(price, resource_url, description, error, state)
         return JSONResponse(
             {**v1, "detail": "Payment required", "payment_required": document},

@@ -17,8 +17,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gate import in_band, payment_required, reconciler, schemes, tokens
-from gate.claims import Claim, ClaimLost, ClaimState, Hold
+from gate import in_band, payment_ids, payment_required, reconciler, schemes, tokens
+from gate.claims import LIVE_STATES, Claim, ClaimLost, ClaimState, Hold
 from gate.config import AgentPayment, Price, payment_window_seconds
 from gate.facilitator import Unavailable
 from gate.flows.base import Reserved, Verdict
@@ -109,7 +109,8 @@ async def paid_send(
     price = terms.price
     assert price is not None
     resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
-    offer = Offer(agent.name, price, resource, agent.description)
+    id_required = terms.payment_identifier == "required"
+    offer = Offer(agent.name, price, resource, agent.description, id_required)
     active = in_band.activation(request.headers)
     # a message continuing an in-band request awaiting payment pays (or declines) for its original
     pending = await parts.in_band.find_pending(plan, agent)
@@ -124,7 +125,7 @@ async def paid_send(
             caller = caller_key(info.client, parts.config.limits.ipv6_prefix)  # one household, one cap
             return await parts.in_band.payment_required(plan, offer, caller, active, pending)
         info.set("payment_required")
-        return parts.answers_402.response(agent.name, price, resource, agent.description)
+        return parts.answers_402.response(agent.name, price, resource, agent.description, id_required)
     attempt = Attempt(plan, agent, terms, offer, info, active, pending, token)
     # 7. local checks, against the offer of the token's own scheme; a retry of a claimed token is
     # answered by its claim whatever the clock says
@@ -145,6 +146,12 @@ async def paid_send(
         # the claim is read only now: a fresh token never waits for it
         if exc.reason not in tokens.WINDOW_REASONS or await parts.claims.find(token.digest) is None:
             return await refuse(parts, attempt, exc.reason)
+    try:
+        payment_id = payment_ids.of(token.payload)  # the payer's idempotency key, if it sent one
+    except payment_ids.Invalid:
+        return await refuse_identified(parts, attempt, payment_ids.INVALID)
+    if payment_id is None and id_required:
+        return await refuse_identified(parts, attempt, payment_ids.REQUIRED)
     # 8. claim, before anything is executed
     payment = attempt.payment = Payment(
         token.digest,
@@ -159,11 +166,26 @@ async def paid_send(
     )
     sealed = parts.sealer.seal(payment.sealable(), token.digest)
     digest = await claim_digest(parts, agent, plan, token, pending)
+    if payment_id is not None:  # another payment came with this id first: its answer, not a second charge
+        first = await parts.claims.find_by_payment_id(payment_id)
+        if first is not None and first.token_digest != token.digest:
+            return await answer_by_id(parts, attempt, first, digest)
     nonce_key = tokens.nonce_key(token, price.asset, scheme)
     # what the flow checks now it reserves with the claim (only if the claim is taken)
     reservable = await flow.reserve_with_claim(token, price)
     along = [reservable.reserve] if reservable is not None else []
-    outcome = await parts.claims.claim(token.digest, nonce_key, digest, agent.name, sealed, along=along)
+    outcome = await parts.claims.claim(
+        token.digest,
+        nonce_key,
+        digest,
+        agent.name,
+        sealed,
+        along=along,
+        **({} if payment_id is None else {"payment_id": payment_id, "named_payer": tokens.named_payer(token)}),
+    )
+    if outcome.kind == "identified":  # the id was claimed a moment ago, by another payment
+        assert outcome.claim is not None
+        return await answer_by_id(parts, attempt, outcome.claim, digest)
     if outcome.kind == "conflict":
         behind = await flow.behind(token, price)  # paid for already: is the payer's state behind?
         if behind is not None:
@@ -204,6 +226,56 @@ async def refuse(parts: GateParts, attempt: Attempt, reason: str, payer: str = "
             attempt.plan, attempt.offer, attempt.pending, attempt.active, reason, named, version=token.version
         )
     return payment_rejected(reason)
+
+
+async def answer_by_id(parts: GateParts, attempt: Attempt, first: Claim, digest: str) -> Response:
+    """A payment under an id that another payment came with first. This one is verified (proving who
+    asks), never claimed nor settled: for the first's payer and request it answers as the first does
+    (its stored answer, or `in_flight` while it runs); for anyone or anything else, the one conflict
+    answer, which says nothing of the first."""
+    token, plan, info = attempt.token, attempt.plan, attempt.info
+    assert token is not None and attempt.payment is not None
+    try:
+        checked = await parts.facilitator.verify(token.version, token.payload, attempt.requirements)
+    except Unavailable as exc:
+        logger.warning("facilitator verify unavailable: %s", exc.reason)
+        info.set("verify_unavailable", exc.reason)
+        return error_response(plan.call.id, verify_unavailable(exc.retry_after))
+    if not checked.valid:
+        return await refuse(parts, attempt, checked.reason)
+    info.payer = checked.payer
+    task_id = plan.message.get("taskId")
+    same_request = first.request_digest == digest or (
+        isinstance(task_id, str)  # an in-band request, paid again on its task after the first adopted it
+        and first.task_id == task_id
+        and first.request_digest == in_band.request_digest(attempt.agent.name, plan.call.method, task_id)
+    )
+    if not same_request or first.agent != attempt.agent.name or first.id_payer != checked.payer:
+        return await refuse_identified(parts, attempt, payment_ids.CONFLICT, checked.payer)
+    if first.state in LIVE_STATES:
+        info.set("in_flight", "payment identifier")
+        return in_flight(plan.call.id)
+    info.set("replay", "payment identifier")
+    return await replay(parts, plan, first, attempt.payment, in_band.echo(attempt.active), info)
+
+
+# The payment identifier's refusals (gate/payment_ids.py): the status and detail each answers with.
+ID_REFUSALS = {
+    payment_ids.REQUIRED: (400, "Payment identifier required"),
+    payment_ids.INVALID: (400, "Invalid payment identifier"),
+    payment_ids.CONFLICT: (409, "Payment identifier already used"),
+}
+
+
+async def refuse_identified(parts: GateParts, attempt: Attempt, reason: str, payer: str = "") -> Response:
+    """A payment refused for its payment identifier: logged like every refusal, and answered with the
+    extension's own status (in-band, on the Task, as every refusal is)."""
+    if attempt.pending is not None:
+        return await refuse(parts, attempt, reason, payer)
+    await parts.log.append("reject", **attempt.log, payer=payer, error=reason)
+    attempt.info.set("rejected", reason)
+    status, detail = ID_REFUSALS[reason]
+    return JSONResponse({"detail": detail, "error": reason}, status_code=status)
 
 
 async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
@@ -306,7 +378,7 @@ async def not_verified(parts: GateParts, attempt: Attempt, verdict: Verdict) -> 
                 attempt.token.version,
             )
         return parts.answers_402.corrective(
-            offer.price, offer.resource, offer.description, verdict.reason, verdict.state
+            offer.price, offer.resource, offer.description, verdict.reason, verdict.state, offer.id_required
         )
     return await refuse(parts, attempt, verdict.reason, verdict.payer)
 

@@ -76,7 +76,7 @@ ACCEPTED = {
     TracingConfig: "enabled service_name endpoint",
     AgentConfig: "description backend exposed skills url upstream_auth_env timeout_seconds poll_interval_seconds"
     " deadline_seconds callable executor streaming",
-    AgentPayment: "price allowed_payers per_agent_per_minute on_settle_failure",
+    AgentPayment: "price allowed_payers per_agent_per_minute on_settle_failure payment_identifier",
     Skill: "id name description tags examples",
     ApiKey: "name sha256 agents revoked",
     GateConfig: "limits facilitator networks in_band channels webhooks reconcile_interval_seconds claim_lease_seconds",
@@ -219,6 +219,11 @@ CHECKED = [
     ("[agents.x]\nskills = [1]", "agents.x.skills[0]: must be a table"),
     ("[agents.x]\n[[agents.x.skills]]\nname = 'n'", "agents.x.skills[0].id: required"),
     ('[agents.x]\non_settle_failure = "z"', "agents.x.on_settle_failure: must be one of deliver, withhold, got 'z'"),
+    ("[agents.x]\npayment_identifier = true", "agents.x.payment_identifier: must be str, not a boolean"),
+    (
+        '[agents.x]\npayment_identifier = "always"',
+        "agents.x.payment_identifier: must be one of optional, required, got 'always'",
+    ),
     ("[agents.x]\nallowed_payers = 1", "agents.x.allowed_payers: must be a list of addresses"),
     ('[agents.x]\nallowed_payers = ["0x1"]', "agents.x.allowed_payers[0]: must be a 0x address (40 hex digits)"),
     ('[agents.x]\nper_agent_per_minute = "7"', "agents.x.per_agent_per_minute: must be int, got str"),
@@ -260,7 +265,7 @@ def test_the_checked_keys_keep_what_they_read() -> None:
         + BASE
         + '\n[proxy]\ntrusted = ["10.0.0.0/8"]\n[http]\nmetrics_listen = "[::1]:9464"\nloop = "asyncio"\n'
         '[agents.x]\nbackend = "upstream"\nurl = "http://up/"\nallowed_payers = ["0x' + "AB" * 20 + '"]\n'
-        'on_settle_failure = "withhold"\nper_agent_per_minute = 5\n'
+        'on_settle_failure = "withhold"\nper_agent_per_minute = 5\npayment_identifier = "required"\n'
         '[limits]\nipv6_prefix = 48\nredis_url = "rediss://r"\n'
         '[channels]\nrefund_after_seconds = 0\nclaim_at_amount = "340282366920938463463374607431768211455"\n'
     )
@@ -272,7 +277,7 @@ def test_the_checked_keys_keep_what_they_read() -> None:
     assert settings.agents["x"].url == "http://up"
     payment = gate.agents["x"]
     assert payment.allowed_payers == ("0x" + "ab" * 20,) and payment.on_settle_failure == "withhold"
-    assert payment.per_agent_per_minute == 5
+    assert payment.per_agent_per_minute == 5 and payment.payment_identifier == "required"
     assert (gate.limits.ipv6_prefix, gate.limits.redis_url) == (48, "rediss://r")
     assert gate.channels.refund_after_seconds == 0.0 and gate.channels.claim_at_amount == 2**128 - 1
 

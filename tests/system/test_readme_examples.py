@@ -100,6 +100,19 @@ def test_paying_from_python(gate: DevGate) -> None:
     assert out.strip() == "payment-completed", out
 
 
+def test_paying_once_under_a_payment_identifier(gate: DevGate) -> None:
+    """The README's payment identifier block: the x402 client signs twice under one id; the second
+    answer is the first's, replayed, and the payer is charged once on the development chain."""
+    ledger = f"http://127.0.0.1:{gate.facilitator_port}/dev/ledger"
+    settled_before = len(httpx.get(ledger, timeout=10).json()["settlements"])
+
+    out = ran(gate.python("pay_once.py", example(README, "pay_once.py")))
+
+    (first, task), (second, again) = (line.split() for line in out.strip().splitlines())
+    assert (first, second) == ("paid", "true") and task == again, out
+    assert len(httpx.get(ledger, timeout=10).json()["settlements"]) == settled_before + 1
+
+
 def test_paying_from_a_channel(gate: DevGate) -> None:
     """docs/paying.md's channel block: the x402 package's own batch-settlement client, registered under
     "eip155:*" like the other schemes, pays three requests from one channel."""
