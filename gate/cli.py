@@ -215,6 +215,7 @@ def preflight(settings: Settings, database: str, *, opening: bool = True) -> lis
         except secret_files.SecretFileError as exc:
             problems.append(f"{key}: {exc}")
     problems += _sealing_key_problems(database)
+    problems += _signing_key_problems(settings)
     local = not is_database_url(database) and database != ":memory:"
     if local and not os.path.exists(database):
         if not os.access(os.path.dirname(os.path.abspath(database)), os.W_OK | os.X_OK):
@@ -226,6 +227,21 @@ def preflight(settings: Settings, database: str, *, opening: bool = True) -> lis
         if failure:
             problems.append(failure)
     return problems
+
+
+def _signing_key_problems(settings: Settings) -> list[str]:
+    """The operator's signing key as `serve` would load it ([signing]), and whether it can sign the
+    offers and receipts in the configured form; a problem names its source, never the key."""
+    from server.signing_key import SigningKeyError, load
+
+    try:
+        key = load(settings.signing)
+    except SigningKeyError as exc:
+        return [str(exc)]
+    form = gate_config.of(settings).offer_receipt.format
+    if key is not None and form == "eip712" and key.secp256k1_secret is None:
+        return [f"offer_receipt.format = \"eip712\" needs a secp256k1 key; [signing]'s key signs {key.algorithm}"]
+    return []
 
 
 def _sealing_key_problems(database: str) -> list[str]:
