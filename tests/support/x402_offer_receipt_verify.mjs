@@ -46,7 +46,11 @@ for (const document of input.paymentRequired ?? []) {
   const checked = [];
   for (const offer of signed) {
     const result = await verify(offer, verifyOfferSignatureJWS, verifyOfferSignatureEIP712);
-    result.matches = findAcceptsObjectFromSignedOffer(offer, document.accepts) !== undefined;
+    try {
+      result.matches = findAcceptsObjectFromSignedOffer(offer, document.accepts) !== undefined;
+    } catch {
+      result.matches = false; // a payload that no longer decodes
+    }
     checked.push(result);
   }
   offers.push(checked);
