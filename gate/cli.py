@@ -240,7 +240,7 @@ def _signing_key_problems(settings: Settings) -> list[str]:
         return [str(exc)]
     form = gate_config.of(settings).offer_receipt.format
     if key is not None and form == "eip712" and key.secp256k1_secret is None:
-        return [f"offer_receipt.format = \"eip712\" needs a secp256k1 key; [signing]'s key signs {key.algorithm}"]
+        return [f'offer_receipt.format = "eip712" needs a secp256k1 key; [signing]\'s key signs {key.algorithm}']
     return []
 
 
