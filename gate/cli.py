@@ -656,6 +656,28 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 1 if states.keys() & {"settle_failed", "needs_attention"} else 0
 
 
+def cmd_signing_key(args: argparse.Namespace) -> int:
+    """The public half of the operator's signing key ([signing]), for payers and clients to pin: its
+    JWK, its `kid` (what every signature names) and, for a secp256k1 key, its Ethereum address (what
+    an EIP-712 signature recovers). Never the private key."""
+    from server.signing_key import SigningKeyError, load
+
+    settings = load_settings(args.config)
+    try:
+        key = load(settings.signing)
+    except SigningKeyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if key is None:
+        print("error: no signing key configured ([signing] key_file or key_env): nothing is signed", file=sys.stderr)
+        return 2
+    shown = {"alg": key.algorithm, "kid": key.kid, "jwk": key.public_jwk}
+    if key.address:
+        shown["address"] = key.address
+    print(json.dumps(shown, indent=2))
+    return 0
+
+
 def cmd_sealing_key(args: argparse.Namespace) -> int:
     """`show`: the ring's fingerprints beside the ones the database records; `reseal`: every stored
     sealed value under the ring's first key, which the database then records alone."""
@@ -813,6 +835,11 @@ def build_parser() -> argparse.ArgumentParser:
         "seal every stored value again with the ring's first key, then record it alone (an old key may then go)",
     )
     sealing.set_defaults(func=cmd_sealing_key)
+
+    signing = command(sub, "signing-key", "the operator's signing key ([signing]): show its public half")
+    signing_sub = signing.add_subparsers(dest="signing_command", required=True)
+    command(signing_sub, "show", "its public JWK, its kid and (secp256k1) its address, as JSON; never the key")
+    signing.set_defaults(func=cmd_signing_key)
 
     channels = command(sub, "channels", "payment channels (batch-settlement): list them, or claim them now")
     channels_sub = channels.add_subparsers(dest="channels_command", required=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jwt
 import pytest
 
 from server.signing_key import from_text
@@ -222,3 +223,26 @@ def test_every_schemes_receipt_is_signed_and_verifies_with_the_x402_package(
 
 def receipt_of_task(receipt: dict[str, Any]) -> dict[str, Any]:
     return receipt["extensions"]["offer-receipt"]["info"]["receipt"]
+
+
+def test_every_card_is_signed_and_declares_the_402s_offers(signed: Signed, verifier: Path) -> None:
+    namespace: dict[str, Any] = {}
+    exec(examples("docs/configuration.md")["verify_card.py"], namespace)  # the page's own example
+    cards = []
+    for agent in AGENTS:
+        card_url = f"{signed.url(agent)}/.well-known/agent-card.json"
+        answer = httpx.get(card_url, timeout=30)
+        again = httpx.get(card_url, headers={"If-None-Match": answer.headers["ETag"]}, timeout=30)
+        assert again.status_code == 304  # the same card, the same signature: caches hold
+        card = answer.json()
+        namespace["verify_card"](card, OPERATOR.public_jwk)
+        asked = httpx.post(signed.url(agent), json=send_body("price?"), timeout=30)
+        document = decode_header(asked.headers["PAYMENT-REQUIRED"])
+        for extension in card["capabilities"]["extensions"]:  # the card's price is the 402's
+            assert extension["params"]["accepts"] == document["accepts"]
+        cards.append(card)
+    changed = {**cards[0], "description": cards[0]["description"] + "!"}
+    with pytest.raises(jwt.InvalidSignatureError):
+        namespace["verify_card"](changed, OPERATOR.public_jwk)
+    checked = verify(verifier, cards=[*cards, changed])
+    assert [c["ok"] for c in checked["cards"]] == [True] * len(cards) + [False], checked

@@ -4,8 +4,12 @@
 // carries them. Reads {key, address, paymentRequired: [...], paymentResponses: [...], receipts: [...]}
 // as JSON on stdin; writes, for each, {ok, payload} or {ok: false, error} as one JSON line.
 // A JWS is verified with the operator's public key (`key`, a JWK) and again from its `kid` alone;
-// an EIP-712 signature is good when it recovers the operator's `address`.
+// an EIP-712 signature is good when it recovers the operator's `address`. Agent cards (`cards`) are
+// checked as the A2A specification signs them: a JWS over the card without `signatures`, in RFC 8785
+// form (the package's `canonicalize`), its payload detached; verified by jose, the package's JOSE library.
+import { base64url, compactVerify, importJWK } from "jose";
 import {
+  canonicalize,
   extractOffersFromPaymentRequired,
   extractReceiptFromResponse,
   findAcceptsObjectFromSignedOffer,
@@ -64,4 +68,17 @@ const receipts = [];
 for (const receipt of input.receipts ?? []) {
   receipts.push(await verify(receipt, verifyReceiptSignatureJWS, verifyReceiptSignatureEIP712));
 }
-console.log(JSON.stringify({ offers, responses, receipts }));
+const cards = [];
+for (const card of input.cards ?? []) {
+  try {
+    const { signatures, ...unsigned } = card;
+    const payload = base64url.encode(new TextEncoder().encode(canonicalize(unsigned)));
+    for (const { protected: header, signature } of signatures) {
+      await compactVerify(`${header}.${payload}.${signature}`, await importJWK(input.key, "ES256K"));
+    }
+    cards.push({ ok: signatures.length > 0 });
+  } catch (error) {
+    cards.push({ ok: false, error: String(error?.message ?? error) });
+  }
+}
+console.log(JSON.stringify({ offers, responses, receipts, cards }));
