@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import jwt
 import pytest
@@ -117,3 +118,12 @@ def test_the_card_signer_signs_each_card_once_and_nothing_without_a_key() -> Non
     assert sign(dict(CARD)) == first  # the same card keeps its signature (its ETag holds)
     assert sign({**CARD, "n": 2})["signatures"] != first["signatures"]
     assert CardSigner(None)(dict(CARD)) == CARD
+
+
+def test_a_relative_key_file_is_beside_the_configuration() -> None:
+    from server.config import parse_config
+
+    settings = parse_config({"signing": {"key_file": "signing.key"}}, base_dir=Path("/etc/a2a-gate"))
+    assert settings.signing.key_file == "/etc/a2a-gate/signing.key"
+    absolute = parse_config({"signing": {"key_file": "/run/secrets/k"}}, base_dir=Path("/etc/a2a-gate"))
+    assert absolute.signing.key_file == "/run/secrets/k"
