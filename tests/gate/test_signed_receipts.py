@@ -70,6 +70,11 @@ price = {{{{ {PRICED}, scheme = "upto", ceiling = "50000", usage = {{{{ unit = "
 
 [agents.channel]
 price = {{{{ {PRICED}, amount = "{PRICE}", scheme = "batch-settlement", min_deposit = "20000" }}}}
+
+[agents.fronted]  # another A2A server's agent: the card served is the gate's rewrite, signed by the operator
+backend = "upstream"
+url = "http://127.0.0.1:9/"
+price = {{{{ {PRICED}, amount = "{PRICE}" }}}}
 """
 AGENTS = ("exact", "permit2", "metered", "channel")
 VERIFIER = Path(__file__).parents[1] / "support" / "x402_offer_receipt_verify.mjs"
@@ -229,7 +234,7 @@ def test_every_card_is_signed_and_declares_the_402s_offers(signed: Signed, verif
     namespace: dict[str, Any] = {}
     exec(examples("docs/configuration.md")["verify_card.py"], namespace)  # the page's own example
     cards = []
-    for agent in AGENTS:
+    for agent in (*AGENTS, "fronted"):
         card_url = f"{signed.url(agent)}/.well-known/agent-card.json"
         answer = httpx.get(card_url, timeout=30)
         again = httpx.get(card_url, headers={"If-None-Match": answer.headers["ETag"]}, timeout=30)
