@@ -33,10 +33,11 @@ from gate.config import load_config
 from gate.payment_filters import BadFilter
 from gate.payment_log import ACTIONS
 from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
-from server import secret_files, tracing
+from server import secret_files, signing_key, tracing
 from server.config import ConfigError, Settings, is_database_url, trusted_proxy_problem
 from server.database import DatabaseRefused, DatabaseUnavailable
 from server.reload import hold_sighup
+from server.signing_key import SigningKeyError
 
 if TYPE_CHECKING:
     from server.app import Services
@@ -232,10 +233,8 @@ def preflight(settings: Settings, database: str, *, opening: bool = True) -> lis
 def _signing_key_problems(settings: Settings) -> list[str]:
     """The operator's signing key as `serve` would load it ([signing]), and whether it can sign the
     offers and receipts in the configured form; a problem names its source, never the key."""
-    from server.signing_key import SigningKeyError, load
-
     try:
-        key = load(settings.signing)
+        key = signing_key.load(settings.signing)
     except SigningKeyError as exc:
         return [str(exc)]
     form = gate_config.of(settings).offer_receipt.format
@@ -660,11 +659,9 @@ def cmd_signing_key(args: argparse.Namespace) -> int:
     """The public half of the operator's signing key ([signing]), for payers and clients to pin: its
     JWK, its `kid` (what every signature names) and, for a secp256k1 key, its Ethereum address (what
     an EIP-712 signature recovers). Never the private key."""
-    from server.signing_key import SigningKeyError, load
-
     settings = load_settings(args.config)
     try:
-        key = load(settings.signing)
+        key = signing_key.load(settings.signing)
     except SigningKeyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -889,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except (SealingKeyMissing, SealingKeyMismatch, NoDatabase, secret_files.SecretFileError) as exc:
+    except (SealingKeyMissing, SealingKeyMismatch, NoDatabase, secret_files.SecretFileError, SigningKeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (DatabaseRefused, DatabaseUnavailable) as exc:  # a management command's database

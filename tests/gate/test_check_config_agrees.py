@@ -228,6 +228,14 @@ def test_a_signing_key_passes_both_and_is_never_shown(tmp_path: Path, form: str)
     assert refused.returncode == 2 and "5e5e5e" not in refused.stderr  # a refusal names the source, not the text
 
 
+@pytest.mark.parametrize("command", [("migrate",), ("reconcile",), ("signing-key", "show")])
+def test_a_management_command_without_the_signing_key_says_so(tmp_path: Path, command: tuple[str, ...]):
+    run(tmp_path, GOOD, {}, "migrate")  # the database exists: the key is what is missing
+    refused = run(tmp_path, GOOD + SIGNING, {}, *command)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert errors(refused.stderr) == ["error: signing.key_env names A2A_GATE_SIGNING_KEY, which is not set (or empty)"]
+
+
 def test_tracing_with_the_extra_installed_passes_both(tmp_path: Path):
     text = GOOD + TRACING + 'endpoint = "http://127.0.0.1:9"\n'  # no collector there: spans are dropped, not fatal
     checked = run(tmp_path, text, {}, "check-config")
