@@ -33,10 +33,11 @@ from gate.config import load_config
 from gate.payment_filters import BadFilter
 from gate.payment_log import ACTIONS
 from gate.sealing import SealingKeyMismatch, SealingKeyMissing, load_key
-from server import secret_files, tracing
+from server import secret_files, signing_key, tracing
 from server.config import ConfigError, Settings, is_database_url, trusted_proxy_problem
 from server.database import DatabaseRefused, DatabaseUnavailable
 from server.reload import hold_sighup
+from server.signing_key import SigningKeyError
 
 if TYPE_CHECKING:
     from server.app import Services
@@ -215,6 +216,7 @@ def preflight(settings: Settings, database: str, *, opening: bool = True) -> lis
         except secret_files.SecretFileError as exc:
             problems.append(f"{key}: {exc}")
     problems += _sealing_key_problems(database)
+    problems += _signing_key_problems(settings)
     local = not is_database_url(database) and database != ":memory:"
     if local and not os.path.exists(database):
         if not os.access(os.path.dirname(os.path.abspath(database)), os.W_OK | os.X_OK):
@@ -226,6 +228,19 @@ def preflight(settings: Settings, database: str, *, opening: bool = True) -> lis
         if failure:
             problems.append(failure)
     return problems
+
+
+def _signing_key_problems(settings: Settings) -> list[str]:
+    """The operator's signing key as `serve` would load it ([signing]), and whether it can sign the
+    offers and receipts in the configured form; a problem names its source, never the key."""
+    try:
+        key = signing_key.load(settings.signing)
+    except SigningKeyError as exc:
+        return [str(exc)]
+    form = gate_config.of(settings).offer_receipt.format
+    if key is not None and form == "eip712" and key.secp256k1_secret is None:
+        return [f'offer_receipt.format = "eip712" needs a secp256k1 key; [signing]\'s key signs {key.algorithm}']
+    return []
 
 
 def _sealing_key_problems(database: str) -> list[str]:
@@ -640,6 +655,26 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 1 if states.keys() & {"settle_failed", "needs_attention"} else 0
 
 
+def cmd_signing_key(args: argparse.Namespace) -> int:
+    """The public half of the operator's signing key ([signing]), for payers and clients to pin: its
+    JWK, its `kid` (what every signature names) and, for a secp256k1 key, its Ethereum address (what
+    an EIP-712 signature recovers). Never the private key."""
+    settings = load_settings(args.config)
+    try:
+        key = signing_key.load(settings.signing)
+    except SigningKeyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if key is None:
+        print("error: no signing key configured ([signing] key_file or key_env): nothing is signed", file=sys.stderr)
+        return 2
+    shown = {"alg": key.algorithm, "kid": key.kid, "jwk": key.public_jwk}
+    if key.address:
+        shown["address"] = key.address
+    print(json.dumps(shown, indent=2))
+    return 0
+
+
 def cmd_sealing_key(args: argparse.Namespace) -> int:
     """`show`: the ring's fingerprints beside the ones the database records; `reseal`: every stored
     sealed value under the ring's first key, which the database then records alone."""
@@ -798,6 +833,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sealing.set_defaults(func=cmd_sealing_key)
 
+    signing = command(sub, "signing-key", "the operator's signing key ([signing]): show its public half")
+    signing_sub = signing.add_subparsers(dest="signing_command", required=True)
+    command(signing_sub, "show", "its public JWK, its kid and (secp256k1) its address, as JSON; never the key")
+    signing.set_defaults(func=cmd_signing_key)
+
     channels = command(sub, "channels", "payment channels (batch-settlement): list them, or claim them now")
     channels_sub = channels.add_subparsers(dest="channels_command", required=True)
     listing = command(channels_sub, "list", "every channel: charged, claimed on chain, balance, payer")
@@ -846,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except (SealingKeyMissing, SealingKeyMismatch, NoDatabase, secret_files.SecretFileError) as exc:
+    except (SealingKeyMissing, SealingKeyMismatch, NoDatabase, secret_files.SecretFileError, SigningKeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (DatabaseRefused, DatabaseUnavailable) as exc:  # a management command's database

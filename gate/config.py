@@ -228,6 +228,14 @@ class InBandConfig:
 
 
 @dataclass(frozen=True)
+class OfferReceiptConfig:
+    """`[offer_receipt]`: the form of the signed offers and receipts (gate/offer_receipt.py), made
+    with the operator's key (`[signing]`); without a key nothing is signed and this is unused."""
+
+    format: str = key("jws", choices=("jws", "eip712"))  # eip712 needs a secp256k1 key
+
+
+@dataclass(frozen=True)
 class ChannelsConfig:
     """When the gate collects payment channels (`[channels]`, gate/channel_jobs.py).
 
@@ -255,6 +263,7 @@ class GateConfig:
     limits: LimitsConfig = LimitsConfig()
     channels: ChannelsConfig = ChannelsConfig()
     in_band: InBandConfig = InBandConfig()
+    offer_receipt: OfferReceiptConfig = OfferReceiptConfig()
     webhooks: WebhooksConfig = WebhooksConfig()  # endpoints told of payments (gate/webhooks/)
     reconcile_interval_seconds: float = 30.0
     claim_lease_seconds: float = 30.0  # an owner renews its claims' leases; a lapsed one is an orphan

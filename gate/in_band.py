@@ -219,7 +219,7 @@ class InBand:
             owner = pending_owner(caller)
             too_big = len(json.dumps(message, separators=(",", ":"))) > self.max_message_bytes
             task = new_task(message.get("contextId"), message)
-            ask(task, offer, {STATUS: "payment-required"})
+            ask(task, offer, {STATUS: "payment-required"}, answers=self.answers_402)
             if too_big or not await store.create_pending(
                 task,
                 agent=offer.agent,
@@ -229,7 +229,7 @@ class InBand:
             ):
                 return self.answers_402.response(offer.agent, price, resource, offer.description, offer.id_required)
             return task_answer(plan, task, active.echo())
-        ask(task, offer, {STATUS: "payment-required"})
+        ask(task, offer, {STATUS: "payment-required"}, answers=self.answers_402)
         await self.store_pending(pending)
         return task_answer(plan, task, active.echo())
 
@@ -254,7 +254,15 @@ class InBand:
         code = error_code(reason)
         failure = {STATUS: "payment-failed", ERROR: code, RECEIPTS: [receipt]}
         task = pending.task
-        ask(task, offer, failure, f"Payment failed ({code}); pay again to use this agent.", state, reason)
+        ask(
+            task,
+            offer,
+            failure,
+            f"Payment failed ({code}); pay again to use this agent.",
+            state,
+            reason,
+            answers=self.answers_402,
+        )
         await self.store_pending(pending)
         return task_answer(plan, task, echo(active))
 
@@ -285,14 +293,17 @@ def ask(
     text: str = "Payment is required to use this agent.",
     state: dict[str, dict[str, Any]] | None = None,
     error: str = payment_required.PAYMENT_REQUIRED_ERROR,
+    answers: payment_required.PaymentRequiredAnswers | None = None,
 ) -> None:
     """Put the task in input-required with fresh requirements, both documents, and the given payment
-    metadata (a corrective one names why in `error` and carries the payer's `state`, a channel's)."""
+    metadata (a corrective one names why in `error` and carries the payer's `state`, a channel's);
+    the v2 document's offers signed as `answers` signs the 402's."""
     price, resource, description = offer.price, offer.resource, offer.description
+    document = payment_required.payment_required(price, resource, description, error, state, offer.id_required)
     metadata = {
         **metadata,
         REQUIRED: payment_required.payment_required_v1(price, resource, description, error, state),
-        REQUIRED_V2: payment_required.payment_required(price, resource, description, error, state, offer.id_required),
+        REQUIRED_V2: answers.signed(document)[0] if answers is not None else document,
     }
     set_status(task, "input-required", agent_message(task, text, metadata))
     task["metadata"] = metadata

@@ -21,6 +21,7 @@ from gate.flows import FlowParts, Flows
 from gate.in_band import InBand
 from gate.limiter import AgentLimiters, CallerLimiter, RateLimit
 from gate.metrics import GateMetrics
+from gate.offer_receipt import OfferReceipts
 from gate.payment_log import PaymentLog
 from gate.payment_required import PaymentRequiredAnswers
 from gate.sealing import KeyOnDemand, Sealer
@@ -86,6 +87,7 @@ class GateParts:
         chain = Chain(config.networks)
         keys = KeyOnDemand(settings.database)
         flows = payment_flows.build(FlowParts(config, server.db, facilitator, chain, log, metrics, keys, claims))
+        signs = OfferReceipts(server.signing_key, config.offer_receipt.format) if server.signing_key else None
         settler = Settler(
             facilitator,
             claims,
@@ -94,8 +96,10 @@ class GateParts:
             flows,
             metrics,
             pass_interval=config.reconcile_interval_seconds,
+            receipts=signs,
+            public_url=settings.public_url,
         )
-        answers_402 = PaymentRequiredAnswers()
+        answers_402 = PaymentRequiredAnswers(offers=signs)
         server.metrics.before_scrape.append(lambda: metrics.read_state(claims))
         server.metrics.before_scrape.extend(flow.read_state for flow in flows)
         offers = Offers(config.agents)

@@ -16,8 +16,9 @@ Permit2 offer there would only buy them a refusal. With none left its `accepts` 
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
 from starlette.responses import JSONResponse, Response
@@ -25,6 +26,9 @@ from starlette.responses import JSONResponse, Response
 from gate import payment_ids, schemes
 from gate.price import Price
 from server import json_text
+
+if TYPE_CHECKING:
+    from gate.offer_receipt import OfferReceipts
 
 # CAIP-2 ids and the x402 v1 network names for the same chains.
 V1_NETWORKS = {
@@ -157,27 +161,34 @@ class PaymentRequiredAnswers:
 
     Each answer is rendered once per agent and resource URL (bounded: the URL may come from a
     trusted proxy), for the price it was rendered from: a new price (a reload, the facilitator's
-    `/supported` filling an offer in) is a new object, and renders anew.
+    `/supported` filling an offer in) is a new object, and renders anew; so does one whose signed
+    offers (`offers`, with a signing key) are due for signing again.
     """
 
-    def __init__(self, maxsize: int = 1024) -> None:
-        # the price it was rendered from, the body, and its headers as they go on the wire
-        # (PAYMENT-REQUIRED: a kilobyte, encoded once)
-        self.rendered: LRUCache[tuple[str, str, bool], tuple[Price, bytes, list[tuple[bytes, bytes]]]] = LRUCache(
-            maxsize=maxsize
+    def __init__(self, maxsize: int = 1024, offers: OfferReceipts | None = None) -> None:
+        self.offers = offers
+        # the price it was rendered from, until when it holds, the body, and its headers as they go
+        # on the wire (PAYMENT-REQUIRED: a kilobyte, encoded once)
+        self.rendered: LRUCache[tuple[str, str, bool], tuple[Price, float, bytes, list[tuple[bytes, bytes]]]] = (
+            LRUCache(maxsize=maxsize)
         )
+
+    def signed(self, document: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """The v2 document with its offers signed (when a key signs them), and until when it holds."""
+        return self.offers.with_offers(document) if self.offers is not None else (document, float("inf"))
 
     def response(
         self, agent: str, price: Price, resource_url: str, description: str = "", id_required: bool = False
     ) -> Response:
-        rendered = self.rendered.get((agent, resource_url, id_required))
-        if rendered is None or rendered[0] is not price:
-            document = payment_required(price, resource_url, description, id_required=id_required)
+        key = (agent, resource_url, id_required)
+        rendered = self.rendered.get(key)
+        if rendered is None or rendered[0] is not price or rendered[1] <= time.time():
+            document, until = self.signed(payment_required(price, resource_url, description, id_required=id_required))
             v1 = payment_required_v1(price, resource_url, description)
             first = JSONResponse({**v1, "detail": "Payment required", "payment_required": document}, status_code=402)
             first.raw_headers.append((b"payment-required", b64_json(document).encode("ascii")))
-            rendered = self.rendered[(agent, resource_url, id_required)] = (price, bytes(first.body), first.raw_headers)
-        return Rendered(402, *rendered[1:])
+            rendered = self.rendered[key] = (price, until, bytes(first.body), first.raw_headers)
+        return Rendered(402, *rendered[2:])
 
     def corrective(
         self,
@@ -189,7 +200,7 @@ class PaymentRequiredAnswers:
         id_required: bool = False,
     ) -> Response:
         """A 402 for one payer: the offers with its own state (a channel's) and the reason it must resync."""
-        document = payment_required(price, resource_url, description, error, state, id_required)
+        document, _ = self.signed(payment_required(price, resource_url, description, error, state, id_required))
         v1 = payment_required_v1(price, resource_url, description, error, state)
         return JSONResponse(
             {**v1, "detail": "Payment required", "payment_required": document},

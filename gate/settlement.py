@@ -36,6 +36,7 @@ from gate.config import FacilitatorConfig
 from gate.facilitator import FacilitatorClient, Unavailable
 from gate.flows.base import HERE, NOTHING, Flows
 from gate.metrics import GateMetrics
+from gate.offer_receipt import OfferReceipts
 from gate.payment import Payment
 from gate.payment_log import PaymentLog
 from gate.schemes.base import Scheme
@@ -138,6 +139,17 @@ def attach_payment_metadata(task: dict[str, Any], metadata: dict[str, Any]) -> N
     task["metadata"] = with_payment_metadata(task.get("metadata"), metadata)
 
 
+def resource_url(payment: Payment, public_url: str) -> str:
+    """The door a payment paid at, as its 402 named it: the v2 payload's `resource.url` (checked
+    against the door when the payment was read), a v1 requirement's `resource`, else the agent's URL."""
+    resource = payment.payload.get("resource") if isinstance(payment.payload, dict) else None
+    if isinstance(resource, dict) and isinstance(resource.get("url"), str) and resource["url"]:
+        return str(resource["url"])
+    if isinstance(payment.requirements.get("resource"), str) and payment.requirements["resource"]:
+        return str(payment.requirements["resource"])
+    return f"{public_url}/a2a/{payment.agent}"
+
+
 def classify(reason: str, scheme: Scheme | None) -> str:
     """A settle refusal's meaning, as the payment's scheme reads it: "refused", "nonce_used" or "unknown".
 
@@ -161,7 +173,11 @@ class Settler:
         flows: Flows,
         metrics: GateMetrics | None = None,
         pass_interval: float = 30.0,
+        receipts: OfferReceipts | None = None,
+        public_url: str = "",
     ) -> None:
+        self.receipts = receipts  # with a signing key: each receipt signed before it is stored
+        self.public_url = public_url
         self.metrics = metrics
         self.flows = flows
         self.facilitator = facilitator
@@ -208,6 +224,13 @@ class Settler:
             return await self._ask_chain(pass_, error, passes)
         return await self._owed(pass_, error, unknown, passes, jittered(self.pass_delay(passes)))
 
+    def signed(self, p: Pass, receipt: dict[str, Any]) -> dict[str, Any]:
+        """The receipt as stored and shown: signed (`gate.offer_receipt`) when a key signs receipts.
+        Signed once, before it is stored, so a replay shows the same signature."""
+        if self.receipts is None:
+            return receipt
+        return self.receipts.receipt(p.payment, p.task_id, receipt, resource_url(p.payment, self.public_url))
+
     def charged_at_delivery(self, payment: Payment) -> bool:
         """A payment the gate charges itself (`HERE`): with its delivery, in the same write."""
         return self.flows.for_payment(payment).settles_by(payment) == HERE
@@ -228,14 +251,15 @@ class Settler:
         not ours."""
         p = Pass(payment, task_id, hold)
         written = self.flows.for_payment(payment).settled_write(payment, {})
+        receipt = self.signed(p, written.receipt)
         row = self._row("settle", p, transaction="", error=written.note)
-        collection = Collection(ClaimState.SETTLED, completed_metadata(written.receipt))
+        collection = Collection(ClaimState.SETTLED, completed_metadata(receipt))
         saves = along(collection.metadata)
 
         async def write() -> None:
             await self.claims.delivered_settled(
                 hold,
-                written.receipt,
+                receipt,
                 payer=payment.payer,
                 task_id=task_id,
                 along=[*saves, row],  # the rows that came with the task (its verify) first
@@ -247,7 +271,7 @@ class Settler:
             await commit_until_stored(self.claims.db, write, "a delivery and its charge", atomic=True)
         except Unmet:
             return None
-        return self._was_settled(payment, written.receipt)
+        return self._was_settled(payment, receipt)
 
     def pass_delay(self, passes: int) -> float:
         """The wait before pass `passes + 1`: exponential from the pass interval, capped."""
@@ -271,19 +295,18 @@ class Settler:
 
     async def _settled(self, p: Pass, answer: dict[str, Any], tx: str, note: str = "") -> Collection:
         written = self.flows.for_payment(p.payment).settled_write(p.payment, answer)
+        receipt = self.signed(p, written.receipt)
 
         async def write() -> None:
             row = self._row("settle", p, transaction=tx, error=note or written.note)
             # the write it stands on first, and the claim settled only if it applied: one statement group
-            await self.claims.settled(
-                p.hold, written.receipt, along=[row], first=written.first, provided=written.provided
-            )
+            await self.claims.settled(p.hold, receipt, along=[row], first=written.first, provided=written.provided)
 
         try:  # the claim's update, what it stands on and its row are one statement group: one round trip
             await commit_until_stored(self.claims.db, write, "a settlement", atomic=True)
         except Unmet:  # what it stands on did not apply: it never pays for this request
             return await self._unsettled(p, written.unmet)
-        return self._was_settled(p.payment, written.receipt)
+        return self._was_settled(p.payment, receipt)
 
     def _was_settled(self, payment: Payment, receipt: dict[str, Any]) -> Collection:
         """A settlement recorded: counted (where its flow counts its money), and the collection the task shows."""
@@ -298,7 +321,7 @@ class Settler:
         payment = p.payment
         zero = {"success": True, "transaction": "", "network": payment.network, "payer": payment.payer, "amount": "0"}
         written = self.flows.for_payment(payment).settled_write(payment, zero)
-        receipt, error = written.receipt, written.note
+        receipt, error = self.signed(p, written.receipt), written.note
 
         async def write() -> None:
             row = self._row("no_charge", p, error=error or "usage priced at 0")

@@ -30,6 +30,7 @@ from server.metrics import Metrics
 from server.registry import AgentRegistry
 from server.reload import Reloaded
 from server.request_log import RequestInfo
+from server.signing_key import SigningKey
 from server.tasks import TaskStore
 
 
@@ -44,6 +45,7 @@ class Parts:
     runner: Runner
     methods: Methods
     metrics: Metrics
+    signing_key: SigningKey | None = None  # the operator's key ([signing]), for a path that signs what it says
 
 
 class AnonymousPath(Protocol):

@@ -26,8 +26,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Message, Receive, Scope, Send
 
-from server import request_log, tracing
+from server import request_log, signing_key, tracing
 from server.anonymous import AnonymousFactory, KeysOnly, Parts
+from server.card_signing import CardSigner
 from server.cards import INDEX_PATHS, agent_card, index_entry
 from server.config import ConfigError, Settings
 from server.database import Database, DatabaseUnavailable
@@ -74,6 +75,9 @@ class Services:
     ) -> None:
         self.settings = settings
         self.reread = reread  # the configuration as the file says now (None: nothing to read again)
+        # the operator's signing key, read once at start (a reload keeps it; a new key needs a restart)
+        self.signing_key = signing_key.load(settings.signing)
+        self.sign_card = CardSigner(self.signing_key)
         self.tracing = tracing.start(settings.tracing)  # once, for the process: off costs nothing per request
         self.db = open_database(settings.database)
         if tracing.active():
@@ -86,7 +90,7 @@ class Services:
         self.metrics = Metrics()
         self.counts = RequestCounts(self.db)
         self.anonymous = anonymous(
-            Parts(settings, self.db, self.store, self.agents, self.runner, self.methods, self.metrics)
+            Parts(settings, self.db, self.store, self.agents, self.runner, self.methods, self.metrics, self.signing_key)
         )
         request_log.allow(self.anonymous.outcomes)
         self.console = self.anonymous.console()  # the operator's console, if the path keeps one
@@ -312,7 +316,9 @@ async def card_endpoint(request: Request) -> Response:
     if agent is None or not agent.exposed:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
     public_url = public_base_url(request, services.settings.public_url)
-    card = JSONResponse(agent_card(agent, public_url, services.anonymous.card_extensions(agent, public_url)))
+    card = JSONResponse(
+        services.sign_card(agent_card(agent, public_url, services.anonymous.card_extensions(agent, public_url)))
+    )
     return cached(request, card, services.configured_at)
 
 

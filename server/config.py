@@ -326,6 +326,28 @@ class TracingConfig:
     exporter: Any = key(None, in_file=False)  # a span exporter given in code instead (a test's, in memory)
 
 
+def _key_file(r: Reader, path: str, where: str, _: Mapping[str, Any]) -> str:
+    """A relative key file resolves beside the configuration."""
+    return str((r.base_dir or Path()) / path) if path and not os.path.isabs(path) else path
+
+
+def _key_env(r: Reader, name: str, where: str, before: Mapping[str, Any]) -> str:
+    if name and before.get("key_file"):
+        r.problem(where, "give key_file or key_env, not both")
+        return ""
+    return name
+
+
+@dataclass(frozen=True)
+class SigningConfig:
+    """`[signing]`: the operator's signing key (server/signing_key.py), by file or by variable, never
+    its text here. With none, nothing is signed; with one, cards carry its signature (server/card_signing.py)
+    and whoever builds on the server may sign with it too (the gate: its offers and receipts)."""
+
+    key_file: str = key("", check=_key_file)  # a file holding the key (relative: beside this file)
+    key_env: str = key("", check=_key_env)  # or a variable holding it (or VARIABLE_FILE, a credential)
+
+
 @dataclass(frozen=True)
 class ApiKey:
     """A key declared in the file by its SHA-256 digest (see `a2a-gate keys create`)."""
@@ -355,6 +377,7 @@ class Settings:
     http: HttpConfig = HttpConfig()
     streams: StreamConfig = StreamConfig()
     tracing: TracingConfig = TracingConfig()
+    signing: SigningConfig = SigningConfig()
     source: str = key("<embedded defaults>", in_file=False)
     warnings: tuple[str, ...] = key((), in_file=False)  # problems that do not stop the server (shown by check-config)
     sections: dict[str, Any] = key(factory=dict, in_file=False)  # the anonymous path's tables and keys, raw

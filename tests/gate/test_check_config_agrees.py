@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.support.gate_helpers import REPO
 from tests.support.gate_process import free_port
@@ -42,6 +44,13 @@ KEY = base64.urlsafe_b64encode(os.urandom(32)).decode()
 WITHOUT_OTEL = {"PYTHONPATH": str(REPO / "tests" / "support" / "without_otel")}
 TRACING = "\n[tracing]\nenabled = true\n"
 HOOK = '\n[[webhooks.endpoints]]\nname = "books"\nurl = "http://127.0.0.1:9/hook"\nevents = ["payment.settled"]\n'
+
+SIGNING = '\n[signing]\nkey_env = "A2A_GATE_SIGNING_KEY"\n'
+ED25519 = (
+    Ed25519PrivateKey.generate()
+    .private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    .decode()
+)
 
 # (name, configuration text, environment, what the error line names)
 BROKEN = [
@@ -113,6 +122,24 @@ BROKEN = [
     ("tracing endpoint", GOOD + TRACING + 'endpoint = "collector:4318"\n', {}, "tracing.endpoint"),
     ("database directory missing", GOOD.replace('"gate.db"', '"/nonexistent/dir/gate.db"'), {}, "/nonexistent/dir"),
     ("channel offer unwatched", GOOD.replace(PRICE, CHANNEL), {}, "rpc_url"),
+    ("signing key unset", GOOD + SIGNING, {}, "signing.key_env names A2A_GATE_SIGNING_KEY"),
+    ("signing key not a key", GOOD + SIGNING, {"A2A_GATE_SIGNING_KEY": "s3cr3t-not-a-key"}, "not a signing key"),
+    ("signing key out of range", GOOD + SIGNING, {"A2A_GATE_SIGNING_KEY": "0x" + "ff" * 32}, "out of range"),
+    ("signing key PEM unreadable", GOOD + SIGNING, {"A2A_GATE_SIGNING_KEY": "-----BEGIN PRIVATE KEY-----\nxx"}, "PEM"),
+    ("signing key file missing", GOOD + '\n[signing]\nkey_file = "no-such.key"\n', {}, "signing.key_file"),
+    (
+        "signing key file and variable",
+        GOOD + '\n[signing]\nkey_file = "k"\nkey_env = "A2A_GATE_SIGNING_KEY"\n',
+        {},
+        "signing.key_env: give key_file or key_env, not both",
+    ),
+    ("signing form unknown", GOOD + SIGNING + '\n[offer_receipt]\nformat = "pgp"\n', {}, "offer_receipt.format"),
+    (
+        "eip712 without a secp256k1 key",
+        GOOD + SIGNING + '\n[offer_receipt]\nformat = "eip712"\n',
+        {"A2A_GATE_SIGNING_KEY": ED25519},
+        "needs a secp256k1 key",
+    ),
     (
         "claim schedule past the withdraw delay",
         GOOD.replace(PRICE, CHANNEL) + '\n[networks."eip155:84532"]\nrpc_url = "http://127.0.0.1:9/rpc"\n'
@@ -185,6 +212,28 @@ def test_a_webhook_with_its_secret_set_passes_both(tmp_path: Path):
     checked = run(tmp_path, text, env, "check-config")
     assert checked.returncode == 0, checked.stderr
     assert serve(tmp_path, text, env) is None
+
+
+@pytest.mark.parametrize("form", ["jws", "eip712"])
+def test_a_signing_key_passes_both_and_is_never_shown(tmp_path: Path, form: str):
+    secret = "0x" + "5e" * 32
+    text, env = GOOD + SIGNING + f'\n[offer_receipt]\nformat = "{form}"\n', {"A2A_GATE_SIGNING_KEY": secret}
+    checked = run(tmp_path, text, env, "check-config")
+    assert checked.returncode == 0, checked.stderr
+    assert serve(tmp_path, text, env) is None
+    shown = run(tmp_path, text, env, "signing-key", "show")
+    assert shown.returncode == 0 and '"kid": "did:jwk:' in shown.stdout, shown.stderr
+    assert "5e5e5e" not in shown.stdout + shown.stderr + checked.stdout + checked.stderr
+    refused = run(tmp_path, text, {**env, "A2A_GATE_SIGNING_KEY": secret[:-1] + "x"}, "check-config")
+    assert refused.returncode == 2 and "5e5e5e" not in refused.stderr  # a refusal names the source, not the text
+
+
+@pytest.mark.parametrize("command", [("migrate",), ("reconcile",), ("signing-key", "show")])
+def test_a_management_command_without_the_signing_key_says_so(tmp_path: Path, command: tuple[str, ...]):
+    run(tmp_path, GOOD, {}, "migrate")  # the database exists: the key is what is missing
+    refused = run(tmp_path, GOOD + SIGNING, {}, *command)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert errors(refused.stderr) == ["error: signing.key_env names A2A_GATE_SIGNING_KEY, which is not set (or empty)"]
 
 
 def test_tracing_with_the_extra_installed_passes_both(tmp_path: Path):

@@ -21,6 +21,7 @@ from gate.config import (
     InBandConfig,
     LimitsConfig,
     NetworkConfig,
+    OfferReceiptConfig,
     parse_config,
 )
 from gate.webhooks.config import Endpoint, WebhooksConfig
@@ -32,6 +33,7 @@ from server.config import (
     HttpConfig,
     ProxyConfig,
     Settings,
+    SigningConfig,
     Skill,
     StreamConfig,
     TracingConfig,
@@ -51,6 +53,7 @@ TABLES: list[tuple[type, str, str, str]] = [
     (StreamConfig, "[streams]", "streams", ""),
     (ProxyConfig, "[proxy]", "proxy", ""),
     (TracingConfig, "[tracing]", "tracing", ""),
+    (SigningConfig, "[signing]", "signing", ""),
     (AgentConfig, "[agents.x]", "agents.x", ""),
     (AgentPayment, "[agents.x]", "agents.x", ""),
     (Skill, "[[agents.x.skills]]", "agents.x.skills[0]", 'id = "s"\n'),
@@ -61,6 +64,7 @@ TABLES: list[tuple[type, str, str, str]] = [
     (LimitsConfig, "[limits]", "limits", ""),
     (InBandConfig, "[in_band]", "in_band", ""),
     (ChannelsConfig, "[channels]", "channels", ""),
+    (OfferReceiptConfig, "[offer_receipt]", "offer_receipt", ""),
     (WebhooksConfig, "[webhooks]", "webhooks", ""),
     (Endpoint, "[[webhooks.endpoints]]", "webhooks.endpoints[0]", ENDPOINT),
 ]
@@ -68,18 +72,21 @@ TABLES: list[tuple[type, str, str, str]] = [
 # or one added that the file may not hold, shows here.
 ACCEPTED = {
     Settings: "public_url database default_agent max_body_bytes task_retention_days task_deadline_seconds"
-    " housekeeping_interval_seconds proxy agents keys http streams tracing",
+    " housekeeping_interval_seconds proxy agents keys http streams tracing signing",
     HttpConfig: "head_timeout_seconds body_timeout_seconds keep_alive_seconds max_head_bytes drain_seconds"
     " metrics_listen metrics_token_env implementation loop",
     StreamConfig: "max_per_task max_per_owner max_per_client",
     ProxyConfig: "trusted",
     TracingConfig: "enabled service_name endpoint",
+    SigningConfig: "key_file key_env",
+    OfferReceiptConfig: "format",
     AgentConfig: "description backend exposed skills url upstream_auth_env timeout_seconds poll_interval_seconds"
     " deadline_seconds callable executor streaming",
     AgentPayment: "price allowed_payers per_agent_per_minute on_settle_failure payment_identifier",
     Skill: "id name description tags examples",
     ApiKey: "name sha256 agents revoked",
-    GateConfig: "limits facilitator networks in_band channels webhooks reconcile_interval_seconds claim_lease_seconds",
+    GateConfig: "limits facilitator networks in_band channels webhooks reconcile_interval_seconds claim_lease_seconds"
+    " offer_receipt",
     FacilitatorConfig: "url timeout_seconds max_in_flight max_wait_seconds connections auth_header_env"
     " settle_attempts settle_backoff_seconds settle_margin_seconds auth breaker_failures breaker_cooldown_seconds"
     " settle_passes settle_max_delay_seconds",
@@ -124,6 +131,7 @@ def table_of(settings: Settings, cls: type) -> Any:
         HttpConfig: settings.http,
         StreamConfig: settings.streams,
         TracingConfig: settings.tracing,
+        SigningConfig: settings.signing,
         AgentConfig: settings.agents.get("x"),
         AgentPayment: gate.agents.get("x"),
         ApiKey: settings.keys[0] if settings.keys else None,
@@ -133,6 +141,7 @@ def table_of(settings: Settings, cls: type) -> Any:
         LimitsConfig: gate.limits,
         InBandConfig: gate.in_band,
         ChannelsConfig: gate.channels,
+        OfferReceiptConfig: gate.offer_receipt,
         WebhooksConfig: gate.webhooks,
         Endpoint: gate.webhooks.endpoints[0] if gate.webhooks.endpoints else None,
     }.get(cls)

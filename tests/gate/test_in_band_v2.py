@@ -17,9 +17,7 @@ in-band refusal says what happened and names the payer its payload names.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +38,7 @@ from tests.support.in_band import (
     task_of,
 )
 from tests.support.paid import ASSET, PAY_TO, Payer, send_body
-from tests.support.readme_examples import ROOT, npm_env, unavailable
+from tests.support.x402_js import installed
 from tests.support.x402_v1 import V1_PYTHON, pay_with_x402_v1
 
 PRICE = 1000
@@ -98,7 +96,6 @@ SCHEMES = {  # agent: the scheme (and transfer method) its one offer is in
 METHODS = ["message/send", "message/stream", "SendMessage", "SendStreamingMessage"]
 JS_CLIENT = Path(__file__).parents[1] / "support" / "x402_js_in_band.mjs"
 JS_PACKAGES = ("@x402/core@2", "@x402/evm@2", "viem@2")
-JS_FOLDER = ROOT / "build" / "x402-js-in-band"
 
 
 class Devnet:
@@ -237,36 +234,8 @@ def test_an_unsupported_payload_in_band_says_so_and_names_its_payer(devnet: Devn
 
 @pytest.fixture(scope="module")
 def js_client() -> Path:
-    """The JavaScript payer beside the x402 packages npm installed (once per package list, under a
-    lock: two test workers may ask at once). No node or npm registry: skipped, or failed where CI is set."""
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            unavailable(f"{tool} is not installed: the JavaScript payer needs Node 20 and npm")
-    wanted = " ".join(JS_PACKAGES) + "\n"
-    JS_FOLDER.mkdir(parents=True, exist_ok=True)
-    with open(JS_FOLDER.parent / "x402-js-in-band.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        stamp = JS_FOLDER / "installed"
-        if not (stamp.exists() and stamp.read_text() == wanted and (JS_FOLDER / "node_modules").is_dir()):
-            shutil.rmtree(JS_FOLDER)
-            JS_FOLDER.mkdir()
-            (JS_FOLDER / "package.json").write_text("{}\n")
-            try:
-                done = subprocess.run(
-                    ["npm", "install", "--no-save", *JS_PACKAGES],
-                    capture_output=True,
-                    text=True,
-                    timeout=600,
-                    cwd=JS_FOLDER,
-                    env=npm_env(),
-                )
-            except subprocess.TimeoutExpired:
-                unavailable("npm install did not finish in 600 s (no npm registry?)")
-            if done.returncode != 0:
-                unavailable(f"npm install failed (no npm registry?): {done.stderr[-800:]}")
-            stamp.write_text(wanted)
-    shutil.copy(JS_CLIENT, JS_FOLDER / JS_CLIENT.name)  # resolved beside its node_modules
-    return JS_FOLDER / JS_CLIENT.name
+    """The JavaScript payer beside the x402 packages npm installed (`tests.support.x402_js`)."""
+    return installed(JS_CLIENT, JS_PACKAGES, "x402-js-in-band")
 
 
 @pytest.mark.parametrize("method", METHODS)
