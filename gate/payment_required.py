@@ -16,6 +16,7 @@ Permit2 offer there would only buy them a refusal. With none left its `accepts` 
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,13 +88,17 @@ def payment_required(
     description: str = "",
     error: str = PAYMENT_REQUIRED_ERROR,
     state: dict[str, dict[str, Any]] | None = None,
+    extensions: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The x402 v2 PaymentRequired document, every offer of the price; `resource.url` names this door."""
     resource: dict[str, Any] = {"url": resource_url, "mimeType": "application/json"}
     if description:
         resource["description"] = description
     accepts = [with_state(requirement(offer, resource_url), state) for offer in price.offers]
-    return {"x402Version": 2, "error": error, "resource": resource, "accepts": accepts}
+    document = {"x402Version": 2, "error": error, "resource": resource, "accepts": accepts}
+    if extensions:
+        document["extensions"] = extensions
+    return document
 
 
 def requirement_v1(price: Price, resource_url: str, description: str = "") -> dict[str, Any]:
@@ -139,36 +144,76 @@ class Rendered(Response):
         self.raw_headers = list(raw_headers)  # each answer's own: what is added to one stays there
 
 
+Extensions = Callable[[], dict[str, Any]]  # entries of the document's `extensions`, made when asked
+
+# where each answer's own entries (`fresh`) go in a rendered answer: a key no entry has
+FRESH = "\x00fresh"
+FRESH_TEXT = json_text.encode({FRESH: None})[1:-1]
+
+
+def no_extensions() -> dict[str, Any]:
+    return {}
+
+
 class PaymentRequiredAnswers:
     """HTTP 402 answers: the document in the `PAYMENT-REQUIRED` header and in the body.
 
     Each answer is rendered once per agent and resource URL (bounded: the URL may come from a
     trusted proxy), for the price it was rendered from: a new price (a reload, the facilitator's
-    `/supported` filling an offer in) is a new object, and renders anew.
+    `/supported` filling an offer in) is a new object, and renders anew. The document's
+    `extensions` are rendered with it (`extensions`), but for the entries each answer holds its
+    own of (`fresh`: a sign-in challenge's nonce), put into the rendered text answer by answer.
     """
 
     def __init__(self, maxsize: int = 1024) -> None:
-        # the price it was rendered from, the body, and its headers as they go on the wire
-        # (PAYMENT-REQUIRED: a kilobyte, encoded once)
-        self.rendered: LRUCache[tuple[str, str], tuple[Price, bytes, list[tuple[bytes, bytes]]]] = LRUCache(
-            maxsize=maxsize
+        # the price it was rendered from, the body, its headers as they go on the wire but its length
+        # (PAYMENT-REQUIRED: a kilobyte, encoded once), and the document's text where each answer
+        # adds its own entries (its PAYMENT-REQUIRED is then encoded answer by answer)
+        self.rendered: LRUCache[tuple[str, str], tuple[Price, bytes, list[tuple[bytes, bytes]], bytes | None]] = (
+            LRUCache(maxsize=maxsize)
         )
 
-    def response(self, agent: str, price: Price, resource_url: str, description: str = "") -> Response:
+    def response(
+        self,
+        agent: str,
+        price: Price,
+        resource_url: str,
+        description: str = "",
+        extensions: Extensions = no_extensions,
+        fresh: Extensions | None = None,
+    ) -> Response:
         rendered = self.rendered.get((agent, resource_url))
-        if rendered is None or rendered[0] is not price:
-            document = payment_required(price, resource_url, description)
+        if rendered is None or rendered[0] is not price or (rendered[3] is not None) != (fresh is not None):
+            entries = extensions()
+            if fresh is not None:
+                entries = {**entries, FRESH: None}
+            document = payment_required(price, resource_url, description, extensions=entries)
             v1 = payment_required_v1(price, resource_url, description)
             first = JSONResponse({**v1, "detail": "Payment required", "payment_required": document}, status_code=402)
-            first.raw_headers.append((b"payment-required", b64_json(document).encode("ascii")))
-            rendered = self.rendered[(agent, resource_url)] = (price, bytes(first.body), first.raw_headers)
-        return Rendered(402, *rendered[1:])
+            text = json_text.encode(document)
+            headers = [h for h in first.raw_headers if h[0] != b"content-length"]
+            if fresh is None:
+                headers.append((b"payment-required", base64.b64encode(text)))
+            rendered = (price, bytes(first.body), headers, text if fresh is not None else None)
+            self.rendered[(agent, resource_url)] = rendered
+        _, body, headers, open_text = rendered
+        if fresh is not None and open_text is not None:
+            own = json_text.encode(fresh())[1:-1]
+            body = body.replace(FRESH_TEXT, own, 1)
+            headers = [*headers, (b"payment-required", base64.b64encode(open_text.replace(FRESH_TEXT, own, 1)))]
+        return Rendered(402, body, [*headers, (b"content-length", str(len(body)).encode("ascii"))])
 
     def corrective(
-        self, price: Price, resource_url: str, description: str, error: str, state: dict[str, dict[str, Any]]
+        self,
+        price: Price,
+        resource_url: str,
+        description: str,
+        error: str,
+        state: dict[str, dict[str, Any]],
+        extensions: dict[str, Any] | None = None,
     ) -> Response:
         """A 402 for one payer: the offers with its own state (a channel's) and the reason it must resync."""
-        document = payment_required(price, resource_url, description, error, state)
+        document = payment_required(price, resource_url, description, error, state, extensions)
         v1 = payment_required_v1(price, resource_url, description, error, state)
         return JSONResponse(
             {**v1, "detail": "Payment required", "payment_required": document},

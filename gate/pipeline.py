@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gate import in_band, payment_required, reconciler, schemes, tokens
+from gate import bazaar, in_band, payment_required, reconciler, schemes, sign_in, tokens
 from gate.claims import Claim, ClaimLost, ClaimState, Hold
 from gate.config import AgentPayment, Price, payment_window_seconds
 from gate.facilitator import Unavailable
@@ -124,7 +124,14 @@ async def paid_send(
             caller = caller_key(info.client, parts.config.limits.ipv6_prefix)  # one household, one cap
             return await parts.in_band.payment_required(plan, offer, caller, active, pending)
         info.set("payment_required")
-        return parts.answers_402.response(agent.name, price, resource, agent.description)
+        return parts.answers_402.response(
+            agent.name,
+            price,
+            resource,
+            agent.description,
+            lambda: bazaar.extension(agent),
+            parts.sign_in.fresh(resource, (o.network for o in price.offers)),
+        )
     attempt = Attempt(plan, agent, terms, offer, info, active, pending, token)
     # 7. local checks, against the offer of the token's own scheme; a retry of a claimed token is
     # answered by its claim whatever the clock says
@@ -305,8 +312,10 @@ async def not_verified(parts: GateParts, attempt: Attempt, verdict: Verdict) -> 
                 verdict.state,
                 attempt.token.version,
             )
+        fresh = parts.sign_in.fresh(offer.resource, (o.network for o in offer.price.offers))
+        extensions = {**bazaar.extension(attempt.agent), **(fresh() if fresh is not None else {})}
         return parts.answers_402.corrective(
-            offer.price, offer.resource, offer.description, verdict.reason, verdict.state
+            offer.price, offer.resource, offer.description, verdict.reason, verdict.state, extensions
         )
     return await refuse(parts, attempt, verdict.reason, verdict.payer)
 
@@ -404,7 +413,14 @@ async def bound_task_call(
 
 
 async def prove_payer(parts: GateParts, request: Request, call: Call, agent: AgentConfig, price: Price) -> str | None:
-    """The payer owning this call: the token that paid, or a fresh token verifying to them."""
+    """The payer owning this call: the wallet it signs in with (`SIGN-IN-WITH-X`), the token that
+    paid, or a fresh token verifying to them."""
+    resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
+    signed_in = request.headers.get(sign_in.HEADER)
+    if signed_in is not None:
+        wallet = await parts.sign_in.payer(signed_in, resource)
+        if wallet is not None:
+            return f"payer:{wallet}"
     token = tokens.extract(call.params.get("metadata"), request.headers)
     if token is None:
         return None
@@ -412,7 +428,6 @@ async def prove_payer(parts: GateParts, request: Request, call: Call, agent: Age
     if claim is not None and claim.payer:
         return f"payer:{claim.payer}"
     try:
-        resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
         offer = tokens.offer_of(token, price)
         if offer is None:
             return None
