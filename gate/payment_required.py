@@ -201,7 +201,7 @@ class PaymentRequiredAnswers:
             own = json_text.encode(fresh())[1:-1]
             body = body.replace(FRESH_TEXT, own, 1)
             headers = [*headers, (b"payment-required", base64.b64encode(open_text.replace(FRESH_TEXT, own, 1)))]
-        return Rendered(402, body, [*headers, (b"content-length", str(len(body)).encode("ascii"))])
+        return Rendered(402, body, [(b"content-length", str(len(body)).encode("ascii")), *headers])
 
     def corrective(
         self,
