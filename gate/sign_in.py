@@ -247,7 +247,8 @@ def message(payload: dict[str, Any]) -> str:
 
 
 def signer(payload: dict[str, Any]) -> str | None:
-    """The payload's address, checksummed (EIP-55), if its EIP-191 signature is that account's."""
+    """The payload's address, lower-case as the gate names every payer, if its EIP-191 signature is
+    that account's."""
     text = message(payload).encode()
     digest = keccak(b"\x19Ethereum Signed Message:\n" + str(len(text)).encode() + text)
     try:
@@ -256,11 +257,4 @@ def signer(payload: dict[str, Any]) -> str | None:
         return None
     if recovered is None or recovered.lower() != payload["address"].lower():
         return None
-    return checksummed(recovered)
-
-
-def checksummed(address: str) -> str:
-    """EIP-55: the hex digits upper-cased where the hash of the lower-case address says so."""
-    plain = address.lower().removeprefix("0x")
-    hashed = keccak(plain.encode()).hex()
-    return "0x" + "".join(c.upper() if int(h, 16) >= 8 else c for c, h in zip(plain, hashed[:40], strict=True))
+    return recovered
