@@ -2,8 +2,9 @@
 
 It speaks the standard facilitator HTTP API (``POST /verify``, ``POST /settle``,
 ``GET /supported``, and the bazaar's ``GET /discovery/resources``: ``devnet.discovery``)
-and decides every payment with the x402 package's own EVM schemes: ``exact`` (v2 and v1; EIP-3009, and Permit2 in v2) and ``upto`` (v2,
-Permit2). Only the blockchain is fake: the schemes talk to ``LedgerEvmSigner``
+and decides every payment with the x402 package's own EVM schemes: ``exact`` (v2 and v1;
+EIP-3009, and Permit2 in v2) and ``upto`` (v2, Permit2). Only the blockchain is fake: the
+schemes talk to ``LedgerEvmSigner``
 (``devnet.chain``), which answers the contract calls they make (``balanceOf``,
 ``authorizationState``, ``transferWithAuthorization``, the x402 Permit2 proxies'
 ``settle`` and so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC
@@ -58,7 +59,6 @@ from x402.schemas import (
 from x402.schemas.helpers import detect_version, parse_payment_payload, parse_payment_requirements
 
 from .batch_settlement import BatchSettlementContract
-from .discovery import Catalog, discovery_resources
 from .chain import (
     DEV_CHAIN_ID,
     DEV_NETWORK,
@@ -72,6 +72,7 @@ from .chain import (
 )
 from .channel_requests import channel_payer, check_channel_payload
 from .channels import ChannelFacilitator, channel_routes
+from .discovery import Catalog, discovery_resources
 from .faults import DEV_FAULT_REASON, FaultInjector
 from .ledger import DEFAULT_INITIAL_BALANCE, DevLedger, LedgerRevert, Transfer
 from .permit2 import Permit2Contracts
