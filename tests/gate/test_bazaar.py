@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import httpx
 from x402.extensions.bazaar import (
     ListDiscoveryResourcesParams,
     OutputConfig,
@@ -78,3 +79,10 @@ def test_the_facilitator_lists_a_paid_agent_after_its_first_settled_payment_and_
 
     paid.post("paid", send_body("again"), payer.header_for(paid.gate.url))
     assert [r.resource for r in listed(paid.facilitator_url)] == [door]  # one entry per resource
+
+
+def test_the_catalog_refuses_a_page_that_is_not_whole_numbers(paid) -> None:
+    for query in ("limit=ten", "offset=-1", "limit=1.5"):
+        answer = httpx.get(f"{paid.facilitator_url}/discovery/resources?{query}")
+        assert answer.status_code == 400 and answer.json()["error"] == "invalid_request", query
+    assert httpx.get(f"{paid.facilitator_url}/discovery/resources?limit=1000").json()["pagination"]["limit"] == 100

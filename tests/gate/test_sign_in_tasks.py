@@ -108,7 +108,7 @@ def test_a_signed_in_wallet_lists_its_own_tasks_and_another_wallet_lists_none(pa
 
 def test_a_signed_in_wallet_resubscribes_to_its_running_task(paid):
     owner = Payer()
-    body = send_body("sleep 1", blocking=False)
+    body = send_body("sleep 4", blocking=False)
     task = paid.post("paid-slow", body, owner.header_for(paid.gate.url, "paid-slow")).json()["result"]
     resubscribe = {"jsonrpc": "2.0", "id": "r", "method": "tasks/resubscribe", "params": {"id": task["id"]}}
 
@@ -120,3 +120,15 @@ def test_a_signed_in_wallet_resubscribes_to_its_running_task(paid):
     events = [json.loads(line[5:]) for line in streamed.text.splitlines() if line.startswith("data:")]
     assert events[0]["result"]["id"] == task["id"]
     assert events[-1]["result"]["status"]["state"] == "completed"
+
+
+def test_a_signed_in_wallet_cancels_its_running_task(paid):
+    owner = Payer()
+    body = send_body("sleep 5", blocking=False)
+    task = paid.post("paid-slow", body, owner.header_for(paid.gate.url, "paid-slow")).json()["result"]
+    cancel = {"jsonrpc": "2.0", "id": 7, "method": "tasks/cancel", "params": {"id": task["id"]}}
+
+    refused = paid.post("paid-slow", cancel, sign_in(paid.gate.url, Payer().key, "paid-slow"))
+    assert refused.content == NOT_FOUND
+    canceled = paid.post("paid-slow", cancel, sign_in(paid.gate.url, owner.key, "paid-slow"))
+    assert canceled.json()["result"]["status"]["state"] == "canceled"
