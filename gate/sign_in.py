@@ -23,6 +23,7 @@ gate does not import the package, and tests sign in with the package's own clien
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -99,9 +100,13 @@ class SignIn:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.db = db
-        self.keys = keys  # the nonce keys, the first issuing (from the sealing key ring, loaded on first use)
+        self.load_keys = keys  # the nonce keys, the first issuing (from the sealing key ring): loaded on first use
         self.seconds = seconds
         self.clock = clock
+
+    @functools.cached_property
+    def keys(self) -> list[bytes]:
+        return self.load_keys()
 
     async def create_tables(self) -> None:
         await self.db.migrate("sign_in", MIGRATIONS)
@@ -112,14 +117,14 @@ class SignIn:
     def nonce(self, resource: str, expiry: int) -> str:
         """Hex only (EIP-4361 nonces are alphanumeric): expiry, 8 random bytes, the HMAC."""
         stamp, rand = f"{expiry:010x}", random_bytes(8).hex()
-        return stamp + rand + self.mac(self.keys()[0], resource, stamp, rand)
+        return stamp + rand + self.mac(self.keys[0], resource, stamp, rand)
 
     def issued(self, nonce: str, resource: str) -> int | None:
         """The expiry of a nonce this gate issued for `resource` (any replica), or None."""
         if not NONCE.fullmatch(nonce):
             return None
         stamp, rand, mac = nonce[:10], nonce[10:26], nonce[26:]
-        if not any(hmac.compare_digest(mac, self.mac(key, resource, stamp, rand)) for key in self.keys()):
+        if not any(hmac.compare_digest(mac, self.mac(key, resource, stamp, rand)) for key in self.keys):
             return None
         return int(stamp, 16)
 
