@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gate.schemes.batch_settlement import keccak, recover
+from gate.sealing import SealingKeyMissing
 from server.database import Database, Migration
 from server.ids import random_bytes
 
@@ -123,6 +124,8 @@ class SignIn:
         """The expiry of a nonce this gate issued for `resource` (any replica), or None."""
         if not NONCE.fullmatch(nonce):
             return None
+        if not self.ready():
+            return None
         stamp, rand, mac = nonce[:10], nonce[10:26], nonce[26:]
         if not any(hmac.compare_digest(mac, self.mac(key, resource, stamp, rand)) for key in self.keys):
             return None
@@ -131,7 +134,17 @@ class SignIn:
     def fresh(self, resource: str, networks: Iterable[str]) -> Callable[[], dict[str, Any]] | None:
         """What makes each 402 of this door its own challenge, or None where no EVM wallet pays."""
         chains = [n for n in dict.fromkeys(networks) if n.startswith("eip155:")]
-        return (lambda: self.challenge(resource, chains)) if chains else None
+        if not chains or not self.ready():
+            return None
+        return lambda: self.challenge(resource, chains)
+
+    def ready(self) -> bool:
+        """Whether nonces can be issued: a process without the sealing key (only one that never
+        seals, on PostgreSQL without the variable) offers no sign-in, and still answers its 402."""
+        try:
+            return bool(self.keys)
+        except SealingKeyMissing:
+            return False
 
     def challenge(self, resource: str, chains: list[str]) -> dict[str, Any]:
         """`{"sign-in-with-x": ...}` for a 402's `extensions`, with a nonce of its own."""

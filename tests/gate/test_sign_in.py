@@ -24,6 +24,7 @@ from x402.extensions.sign_in_with_x import (
     verify_siwx_signature,
 )
 
+from gate.sealing import SealingKeyMissing
 from gate.sign_in import SignIn, message
 from server.database import Database
 from server.engines import open_database
@@ -202,5 +203,31 @@ def test_spent_nonces_are_forgotten_once_expired(tmp_path: Path) -> None:
         now[0] += 301
         await sign_in.expire()
         assert await db.fetchval("SELECT COUNT(*) FROM sign_in_nonces") == 0
+
+    asyncio.run(run())
+
+
+def test_without_a_sealing_key_no_challenge_is_offered_and_none_signs_in(tmp_path: Path) -> None:
+    def missing() -> list[bytes]:
+        raise SealingKeyMissing("no key")
+
+    async def run() -> None:
+        db = await opened(tmp_path / "g.db")
+        keyless = SignIn(db, missing)
+        await keyless.create_tables()
+        assert keyless.fresh(RESOURCE, ["eip155:84532"]) is None
+        header = await signed_header(challenge_info(await sign_in_on(db)), Account.create())
+        assert await keyless.payer(header, RESOURCE) is None
+
+    asyncio.run(run())
+
+
+def test_only_evm_networks_are_offered(tmp_path: Path) -> None:
+    async def run() -> None:
+        sign_in = await sign_in_on(await opened(tmp_path / "g.db"))
+        assert sign_in.fresh(RESOURCE, ["solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp"]) is None
+        fresh = sign_in.fresh(RESOURCE, ["eip155:8453", "eip155:8453", "eip155:84532"])
+        assert fresh is not None
+        assert [c["chainId"] for c in fresh()["sign-in-with-x"]["supportedChains"]] == ["eip155:8453", "eip155:84532"]
 
     asyncio.run(run())
