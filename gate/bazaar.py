@@ -18,27 +18,12 @@ from server.config import AgentConfig
 BAZAAR = "bazaar"
 
 # the JSON-RPC call a priced agent answers: both A2A dialects' send, the message holding parts
+# (kept short: the 402's PAYMENT-REQUIRED header carries it)
 INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "jsonrpc": {"type": "string", "const": "2.0"},
-        "id": {"type": ["string", "integer"]},
-        "method": {"type": "string", "enum": ["message/send", "message/stream", "SendMessage", "SendStreamingMessage"]},
-        "params": {
-            "type": "object",
-            "properties": {
-                "message": {
-                    "type": "object",
-                    "properties": {
-                        "role": {"type": "string"},
-                        "messageId": {"type": "string"},
-                        "parts": {"type": "array", "minItems": 1, "items": {"type": "object"}},
-                    },
-                    "required": ["role", "messageId", "parts"],
-                }
-            },
-            "required": ["message"],
-        },
+        "method": {"enum": ["message/send", "message/stream", "SendMessage", "SendStreamingMessage"]},
+        "params": {"type": "object", "required": ["message"]},
     },
     "required": ["jsonrpc", "id", "method", "params"],
 }
@@ -62,16 +47,12 @@ def extension(agent: AgentConfig) -> dict[str, Any]:
             "message": {
                 "kind": "message",
                 "role": "user",
-                "messageId": "00000000-0000-0000-0000-000000000001",
+                "messageId": "1",
                 "parts": [{"kind": "text", "text": examples[0] if examples else "Hello"}],
             }
         },
     }
-    answer = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "result": {"kind": "task", "status": {"state": "completed"}, "artifacts": [{"parts": [{"kind": "text"}]}]},
-    }
+    answer = {"jsonrpc": "2.0", "id": 1, "result": {"kind": "task", "status": {"state": "completed"}}}
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",
