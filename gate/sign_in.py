@@ -197,7 +197,7 @@ def read_payload(header: str | None) -> dict[str, Any] | None:
         return None
     try:
         payload = json.loads(base64.b64decode(header, validate=True))
-    except ValueError:  # binascii.Error, UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except (ValueError, RecursionError):  # binascii, Unicode and JSON errors are ValueErrors; deep nesting
         return None
     if not isinstance(payload, dict):
         return None

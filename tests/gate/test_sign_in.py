@@ -146,6 +146,8 @@ def test_another_door_an_expired_challenge_and_a_wrong_signer_sign_nobody_in(tmp
         base64.b64encode(b"{}").decode(),
         base64.b64encode(b"\xff\xfe").decode(),
         "A" * 9000,
+        base64.b64encode(b"[" * 6000).decode(),  # nested past the JSON reader's recursion limit
+        base64.b64encode(b'{"nonce": 1e999, "address": NaN}').decode(),
     ],
 )
 def test_malformed_headers_sign_nobody_in(tmp_path: Path, header: str) -> None:
