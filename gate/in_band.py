@@ -227,7 +227,9 @@ class InBand:
                 deadline_seconds=max_timeout(price, resource),
                 cap=self.pending_per_caller,
             ):
-                return self.answers_402.response(offer.agent, price, resource, offer.description)
+                return self.answers_402.response(
+                    offer.agent, price, resource, offer.description, offer.extensions, offer.fresh
+                )
             return task_answer(plan, task, active.echo())
         ask(task, offer, {STATUS: "payment-required"})
         await self.store_pending(pending)
@@ -292,7 +294,9 @@ def ask(
     metadata = {
         **metadata,
         REQUIRED: payment_required.payment_required_v1(price, resource, description, error, state),
-        REQUIRED_V2: payment_required.payment_required(price, resource, description, error, state),
+        REQUIRED_V2: payment_required.payment_required(
+            price, resource, description, error, state, offer.all_extensions()
+        ),
     }
     set_status(task, "input-required", agent_message(task, text, metadata))
     task["metadata"] = metadata

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cachetools import LRUCache
@@ -51,6 +51,13 @@ class Offer:
     price: Price
     resource: str  # <public base>/a2a/{agent}: tokens that sign their resource name it
     description: str = ""
+    # the v2 document's `extensions`, made when a document is: the same in every document (`extensions`),
+    # and each document's own (`fresh`: a sign-in challenge)
+    extensions: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    fresh: Callable[[], dict[str, Any]] | None = None
+
+    def all_extensions(self) -> dict[str, Any]:
+        return {**self.extensions(), **(self.fresh() if self.fresh is not None else {})}
 
 
 def requirement(price: Price, resource: str) -> dict[str, Any]:

@@ -109,7 +109,9 @@ async def paid_send(
     price = terms.price
     assert price is not None
     resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
-    offer = Offer(agent.name, price, resource, agent.description)
+    # a 402's extensions: the bazaar declaration, and a sign-in challenge of its own
+    fresh = parts.sign_in.fresh(resource, (o.network for o in price.offers))
+    offer = Offer(agent.name, price, resource, agent.description, lambda: bazaar.extension(agent), fresh)
     active = in_band.activation(request.headers)
     # a message continuing an in-band request awaiting payment pays (or declines) for its original
     pending = await parts.in_band.find_pending(plan, agent)
@@ -124,14 +126,7 @@ async def paid_send(
             caller = caller_key(info.client, parts.config.limits.ipv6_prefix)  # one household, one cap
             return await parts.in_band.payment_required(plan, offer, caller, active, pending)
         info.set("payment_required")
-        return parts.answers_402.response(
-            agent.name,
-            price,
-            resource,
-            agent.description,
-            lambda: bazaar.extension(agent),
-            parts.sign_in.fresh(resource, (o.network for o in price.offers)),
-        )
+        return parts.answers_402.response(agent.name, price, resource, agent.description, offer.extensions, fresh)
     attempt = Attempt(plan, agent, terms, offer, info, active, pending, token)
     # 7. local checks, against the offer of the token's own scheme; a retry of a claimed token is
     # answered by its claim whatever the clock says
@@ -312,10 +307,8 @@ async def not_verified(parts: GateParts, attempt: Attempt, verdict: Verdict) -> 
                 verdict.state,
                 attempt.token.version,
             )
-        fresh = parts.sign_in.fresh(offer.resource, (o.network for o in offer.price.offers))
-        extensions = {**bazaar.extension(attempt.agent), **(fresh() if fresh is not None else {})}
         return parts.answers_402.corrective(
-            offer.price, offer.resource, offer.description, verdict.reason, verdict.state, extensions
+            offer.price, offer.resource, offer.description, verdict.reason, verdict.state, offer.all_extensions()
         )
     return await refuse(parts, attempt, verdict.reason, verdict.payer)
 
