@@ -286,6 +286,7 @@ http {{
             proxy_set_header X-Forwarded-For $remote_addr;
             proxy_set_header X-Forwarded-Proto {forwarded_proto};
             proxy_buffering off;
+            proxy_buffer_size 8k;
             proxy_read_timeout 1h;
         }}
     }}

@@ -96,6 +96,7 @@ class PaymentGate:
 
     async def expire(self, older_than_seconds: float) -> None:
         await self.claims.expire(older_than_seconds)
+        await self.parts.sign_in.expire()
 
     async def facilitator_ready(self, ttl: float = 10.0) -> str:
         """ "ok", "not configured", or the reason the facilitator cannot be reached (cached)."""
@@ -126,6 +127,7 @@ class PaymentGate:
         for flow in self.parts.flows:
             await flow.create_tables()
         await self.parts.log.create_tables()
+        await self.parts.sign_in.create_tables()
         await self.claims.db.migrate("sealing", sealing.MIGRATIONS)
         await self.claims.db.migrate("webhooks", outbox.MIGRATIONS)  # (with or without endpoints: one schema)
 

@@ -227,7 +227,7 @@ class InBand:
                 deadline_seconds=max_timeout(price, resource),
                 cap=self.pending_per_caller,
             ):
-                return self.answers_402.response(offer.agent, price, resource, offer.description, offer.id_required)
+                return self.answers_402.response(offer)
             return task_answer(plan, task, active.echo())
         ask(task, offer, {STATUS: "payment-required"}, answers=self.answers_402)
         await self.store_pending(pending)
@@ -299,7 +299,7 @@ def ask(
     metadata (a corrective one names why in `error` and carries the payer's `state`, a channel's);
     the v2 document's offers signed as `answers` signs the 402's."""
     price, resource, description = offer.price, offer.resource, offer.description
-    document = payment_required.payment_required(price, resource, description, error, state, offer.id_required)
+    document = payment_required.payment_required(price, resource, description, error, state, offer.all_extensions())
     metadata = {
         **metadata,
         REQUIRED: payment_required.payment_required_v1(price, resource, description, error, state),

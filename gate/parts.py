@@ -26,6 +26,7 @@ from gate.payment_log import PaymentLog
 from gate.payment_required import PaymentRequiredAnswers
 from gate.sealing import KeyOnDemand, Sealer
 from gate.settlement import Settler
+from gate.sign_in import NONCE_LABEL, SignIn
 from gate.webhooks.delivery import Webhooks
 from server.anonymous import Parts
 from server.config import Settings
@@ -60,6 +61,7 @@ class GateParts:
     answers_402: PaymentRequiredAnswers
     in_band: InBand
     offers: Offers  # what each agent can be offered now (addresses the facilitator advertises filled in)
+    sign_in: SignIn  # payers signing in with their wallet to read their tasks
     shared_buckets: SharedBuckets | None = None
     webhooks: Webhooks | None = None  # with [[webhooks.endpoints]]: their deliveries
     ready: tuple[float, str] = field(default=(0.0, ""))  # the facilitator's last readiness answer, cached
@@ -131,6 +133,7 @@ class GateParts:
             answers_402=answers_402,
             in_band=InBand(server.store, server.methods, config.in_band, answers_402),
             offers=offers,
+            sign_in=SignIn(server.db, lambda: keys.sealer.derive(NONCE_LABEL)),
             shared_buckets=shared_buckets,
             webhooks=webhooks,
         )

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import base64
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
@@ -55,10 +56,18 @@ class Offer:
     resource: str  # <public base>/a2a/{agent}: tokens that sign their resource name it
     description: str = ""
     id_required: bool = False  # the agent requires a payment identifier
+    # the v2 document's `extensions`, made when a document is: the same in every document (`extensions`),
+    # and each document's own (`fresh`: a sign-in challenge)
+    extensions: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    fresh: Callable[[], dict[str, Any]] | None = None
+
+    def all_extensions(self) -> dict[str, Any]:
+        return {**self.extensions(), **(self.fresh() if self.fresh is not None else {})}
 
 
 def extensions(id_required: bool) -> dict[str, Any]:
-    """The x402 extensions a v2 document declares (`PaymentRequired.extensions`), one entry each."""
+    """The x402 extensions every v2 document of an agent declares whatever else it carries (the
+    payment identifier's); the others (discovery, a sign-in challenge) come with its `Offer`."""
     return {payment_ids.KEY: payment_ids.declaration(id_required)}
 
 
@@ -97,20 +106,17 @@ def payment_required(
     description: str = "",
     error: str = PAYMENT_REQUIRED_ERROR,
     state: dict[str, dict[str, Any]] | None = None,
-    id_required: bool = False,
+    extensions: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The x402 v2 PaymentRequired document, every offer of the price; `resource.url` names this door."""
     resource: dict[str, Any] = {"url": resource_url, "mimeType": "application/json"}
     if description:
         resource["description"] = description
     accepts = [with_state(requirement(offer, resource_url), state) for offer in price.offers]
-    return {
-        "x402Version": 2,
-        "error": error,
-        "resource": resource,
-        "accepts": accepts,
-        "extensions": extensions(id_required),
-    }
+    document = {"x402Version": 2, "error": error, "resource": resource, "accepts": accepts}
+    if extensions:
+        document["extensions"] = extensions
+    return document
 
 
 def requirement_v1(price: Price, resource_url: str, description: str = "") -> dict[str, Any]:
@@ -156,39 +162,65 @@ class Rendered(Response):
         self.raw_headers = list(raw_headers)  # each answer's own: what is added to one stays there
 
 
+# where each answer's own entries (`fresh`) go in a rendered answer: a key no entry has
+FRESH = "\x00fresh"
+FRESH_TEXT = json_text.encode({FRESH: None})[1:-1]
+
+
 class PaymentRequiredAnswers:
     """HTTP 402 answers: the document in the `PAYMENT-REQUIRED` header and in the body.
 
-    Each answer is rendered once per agent and resource URL (bounded: the URL may come from a
-    trusted proxy), for the price it was rendered from: a new price (a reload, the facilitator's
-    `/supported` filling an offer in) is a new object, and renders anew; so does one whose signed
-    offers (`offers`, with a signing key) are due for signing again.
+    Each answer is rendered once per agent, resource URL (bounded: the URL may come from a trusted
+    proxy) and whether the agent requires a payment identifier, for the price it was rendered from: a
+    new price (a reload, the facilitator's `/supported` filling an offer in) is a new object, and
+    renders anew; so does one whose signed offers (`offers`, with a signing key) are due for signing
+    again. The document's `extensions` are rendered with it (the offer's `extensions`), but for the
+    entries each answer holds its own of (`fresh`: a sign-in challenge's nonce), put into the rendered
+    text answer by answer.
     """
 
     def __init__(self, maxsize: int = 1024, offers: OfferReceipts | None = None) -> None:
         self.offers = offers
-        # the price it was rendered from, until when it holds, the body, and its headers as they go
-        # on the wire (PAYMENT-REQUIRED: a kilobyte, encoded once)
-        self.rendered: LRUCache[tuple[str, str, bool], tuple[Price, float, bytes, list[tuple[bytes, bytes]]]] = (
-            LRUCache(maxsize=maxsize)
-        )
+        # the price it was rendered from, until when it holds, the body, its headers as they go on the
+        # wire but its length (PAYMENT-REQUIRED: a kilobyte, encoded once), and the document's text
+        # where each answer adds its own entries (its PAYMENT-REQUIRED is then encoded answer by answer)
+        self.rendered: LRUCache[
+            tuple[str, str, bool], tuple[Price, float, bytes, list[tuple[bytes, bytes]], bytes | None]
+        ] = LRUCache(maxsize=maxsize)
 
     def signed(self, document: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """The v2 document with its offers signed (when a key signs them), and until when it holds."""
         return self.offers.with_offers(document) if self.offers is not None else (document, float("inf"))
 
-    def response(
-        self, agent: str, price: Price, resource_url: str, description: str = "", id_required: bool = False
-    ) -> Response:
-        key = (agent, resource_url, id_required)
+    def response(self, offer: Offer) -> Response:
+        key, fresh = (offer.agent, offer.resource, offer.id_required), offer.fresh
         rendered = self.rendered.get(key)
-        if rendered is None or rendered[0] is not price or rendered[1] <= time.time():
-            document, until = self.signed(payment_required(price, resource_url, description, id_required=id_required))
-            v1 = payment_required_v1(price, resource_url, description)
+        if (
+            rendered is None
+            or rendered[0] is not offer.price
+            or rendered[1] <= time.time()
+            or (rendered[4] is not None) != (fresh is not None)
+        ):
+            entries = offer.extensions()
+            if fresh is not None:
+                entries = {**entries, FRESH: None}
+            document, until = self.signed(
+                payment_required(offer.price, offer.resource, offer.description, extensions=entries)
+            )
+            v1 = payment_required_v1(offer.price, offer.resource, offer.description)
             first = JSONResponse({**v1, "detail": "Payment required", "payment_required": document}, status_code=402)
-            first.raw_headers.append((b"payment-required", b64_json(document).encode("ascii")))
-            rendered = self.rendered[key] = (price, until, bytes(first.body), first.raw_headers)
-        return Rendered(402, *rendered[2:])
+            text = json_text.encode(document)
+            headers = [h for h in first.raw_headers if h[0] != b"content-length"]
+            if fresh is None:
+                headers.append((b"payment-required", base64.b64encode(text)))
+            rendered = (offer.price, until, bytes(first.body), headers, text if fresh is not None else None)
+            self.rendered[key] = rendered
+        _, _, body, headers, open_text = rendered
+        if fresh is not None and open_text is not None:
+            own = json_text.encode(fresh())[1:-1]
+            body = body.replace(FRESH_TEXT, own, 1)
+            headers = [*headers, (b"payment-required", base64.b64encode(open_text.replace(FRESH_TEXT, own, 1)))]
+        return Rendered(402, body, [(b"content-length", str(len(body)).encode("ascii")), *headers])
 
     def corrective(
         self,
@@ -197,10 +229,10 @@ class PaymentRequiredAnswers:
         description: str,
         error: str,
         state: dict[str, dict[str, Any]],
-        id_required: bool = False,
+        extensions: dict[str, Any] | None = None,
     ) -> Response:
         """A 402 for one payer: the offers with its own state (a channel's) and the reason it must resync."""
-        document, _ = self.signed(payment_required(price, resource_url, description, error, state, id_required))
+        document, _ = self.signed(payment_required(price, resource_url, description, error, state, extensions))
         v1 = payment_required_v1(price, resource_url, description, error, state)
         return JSONResponse(
             {**v1, "detail": "Payment required", "payment_required": document},

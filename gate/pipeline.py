@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gate import in_band, payment_ids, payment_required, reconciler, schemes, tokens
+from gate import bazaar, in_band, payment_ids, payment_required, reconciler, schemes, sign_in, tokens
 from gate.claims import LIVE_STATES, Claim, ClaimLost, ClaimState, Hold
 from gate.config import AgentPayment, Price, payment_window_seconds
 from gate.facilitator import Unavailable
@@ -110,7 +110,17 @@ async def paid_send(
     assert price is not None
     resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
     id_required = terms.payment_identifier == "required"
-    offer = Offer(agent.name, price, resource, agent.description, id_required)
+    # a 402's extensions: the payment identifier's and the bazaar declaration, and a sign-in challenge of its own
+    fresh = parts.sign_in.fresh(resource, (o.network for o in price.offers))
+    offer = Offer(
+        agent.name,
+        price,
+        resource,
+        agent.description,
+        id_required,
+        lambda: {**payment_required.extensions(id_required), **bazaar.extension(agent)},
+        fresh,
+    )
     active = in_band.activation(request.headers)
     # a message continuing an in-band request awaiting payment pays (or declines) for its original
     pending = await parts.in_band.find_pending(plan, agent)
@@ -125,7 +135,7 @@ async def paid_send(
             caller = caller_key(info.client, parts.config.limits.ipv6_prefix)  # one household, one cap
             return await parts.in_band.payment_required(plan, offer, caller, active, pending)
         info.set("payment_required")
-        return parts.answers_402.response(agent.name, price, resource, agent.description, id_required)
+        return parts.answers_402.response(offer)
     attempt = Attempt(plan, agent, terms, offer, info, active, pending, token)
     # 7. local checks, against the offer of the token's own scheme; a retry of a claimed token is
     # answered by its claim whatever the clock says
@@ -378,7 +388,7 @@ async def not_verified(parts: GateParts, attempt: Attempt, verdict: Verdict) -> 
                 attempt.token.version,
             )
         return parts.answers_402.corrective(
-            offer.price, offer.resource, offer.description, verdict.reason, verdict.state, offer.id_required
+            offer.price, offer.resource, offer.description, verdict.reason, verdict.state, offer.all_extensions()
         )
     return await refuse(parts, attempt, verdict.reason, verdict.payer)
 
@@ -476,7 +486,14 @@ async def bound_task_call(
 
 
 async def prove_payer(parts: GateParts, request: Request, call: Call, agent: AgentConfig, price: Price) -> str | None:
-    """The payer owning this call: the token that paid, or a fresh token verifying to them."""
+    """The payer owning this call: the wallet it signs in with (`SIGN-IN-WITH-X`), the token that
+    paid, or a fresh token verifying to them."""
+    resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
+    signed_in = request.headers.get(sign_in.HEADER)
+    if signed_in is not None:
+        wallet = await parts.sign_in.payer(signed_in, resource)
+        if wallet is not None:
+            return f"payer:{wallet}"
     token = tokens.extract(call.params.get("metadata"), request.headers)
     if token is None:
         return None
@@ -484,7 +501,6 @@ async def prove_payer(parts: GateParts, request: Request, call: Call, agent: Age
     if claim is not None and claim.payer:
         return f"payer:{claim.payer}"
     try:
-        resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
         offer = tokens.offer_of(token, price)
         if offer is None:
             return None

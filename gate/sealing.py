@@ -145,6 +145,7 @@ class Sealer:
 
     def __init__(self, keys: bytes | Sequence[bytes]) -> None:
         ring = [keys] if isinstance(keys, bytes) else list(keys)
+        self.ring = ring
         self.aeads = [AESGCM(key) for key in ring]
         self.aead = self.aeads[0]
         self.fingerprints = [fingerprint(key) for key in ring]
@@ -175,6 +176,11 @@ class Sealer:
                 "INSERT INTO sealing (name, fingerprint) VALUES (?, ?) ON CONFLICT DO NOTHING",
                 (f"also:{self.fingerprint}", self.fingerprint),
             )
+
+    def derive(self, label: bytes) -> list[bytes]:
+        """A key for another use than sealing, from each key of the ring (the first is the one in
+        use): every replica holds the ring, so what one makes with it another can check."""
+        return [hmac.new(key, label, hashlib.sha256).digest() for key in self.ring]
 
     def seal(self, document: dict[str, Any], context: str) -> str:
         nonce = random_bytes(12)  # from the OS CSPRNG, each byte handed out once (server/ids.py)

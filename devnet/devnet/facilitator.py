@@ -1,9 +1,10 @@
 """A development x402 facilitator backed by a simulated token ledger.
 
 It speaks the standard facilitator HTTP API (``POST /verify``, ``POST /settle``,
-``GET /supported``) and decides every payment with the x402 package's own
-EVM schemes: ``exact`` (v2 and v1; EIP-3009, and Permit2 in v2) and ``upto`` (v2,
-Permit2). Only the blockchain is fake: the schemes talk to ``LedgerEvmSigner``
+``GET /supported``, and the bazaar's ``GET /discovery/resources``: ``devnet.discovery``)
+and decides every payment with the x402 package's own EVM schemes: ``exact`` (v2 and v1;
+EIP-3009, and Permit2 in v2) and ``upto`` (v2, Permit2). Only the blockchain is fake: the
+schemes talk to ``LedgerEvmSigner``
 (``devnet.chain``), which answers the contract calls they make (``balanceOf``,
 ``authorizationState``, ``transferWithAuthorization``, the x402 Permit2 proxies'
 ``settle`` and so on) from a SQLite ledger (``devnet.ledger``) instead of an RPC
@@ -71,6 +72,7 @@ from .chain import (
 )
 from .channel_requests import channel_payer, check_channel_payload
 from .channels import ChannelFacilitator, channel_routes
+from .discovery import Catalog, discovery_resources
 from .faults import DEV_FAULT_REASON, FaultInjector
 from .ledger import DEFAULT_INITIAL_BALANCE, DevLedger, LedgerRevert, Transfer
 from .permit2 import Permit2Contracts
@@ -386,6 +388,8 @@ async def _answer(request: Request, kind: str) -> Response:
     except Exception as exc:
         logger.error("%s failed unexpectedly: %s", kind, type(exc).__name__, exc_info=True)
         return _error(500, "internal_error")
+    if isinstance(result, SettleResponse) and result.success:  # a settled resource enters the bazaar
+        await run_in_threadpool(state.discovery.record, payload, requirements)
     exact = payload.get_scheme() == SCHEME_EXACT
     if exact and isinstance(result, SettleResponse) and result.success and result.amount is None:
         # The exact scheme always moves exactly the required amount; say so.
@@ -575,6 +579,7 @@ def create_facilitator_app(
         Route("/settle", settle, methods=["POST"]),
         Route("/supported", supported, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/discovery/resources", discovery_resources, methods=["GET"]),
         Route("/dev/faults", dev_faults, methods=["POST"]),
         Route("/dev/ledger", dev_ledger, methods=["GET"]),
         Route("/dev/chain/cancelAuthorization", dev_cancel_authorization, methods=["POST"]),
@@ -590,6 +595,7 @@ def create_facilitator_app(
     app.state.chain = ChainRpc(signer)
     app.state.facilitator = facilitator
     app.state.faults = FaultInjector()
+    app.state.discovery = Catalog()
     app.state.calls = {"verify": 0, "settle": 0}
     app.state.trust_signatures = trust_signatures
     app.state.channels = channels

@@ -11,7 +11,7 @@ from eth_account.messages import encode_typed_data
 
 from gate.offer_receipt import OFFER_FIELDS, RECEIPT_FIELDS, OfferReceipts, typed_data_hash
 from gate.payment import Payment
-from gate.payment_required import PaymentRequiredAnswers, payment_required
+from gate.payment_required import Offer, PaymentRequiredAnswers, payment_required
 from gate.price import Price
 from gate.schemes.batch_settlement import keccak
 from server.signing_key import from_text
@@ -156,10 +156,14 @@ def test_each_offer_is_signed_for_its_accepts_entry_and_signed_again_halfway(for
 def test_a_cached_402_carries_fresh_offers_and_an_unsigned_one_none() -> None:
     clock = Clock()
     answers = PaymentRequiredAnswers(offers=OfferReceipts(KEY, "jws", clock))
-    first = answers.response("paid", PRICE, URL).body
-    assert answers.response("paid", PRICE, URL).body == first  # rendered once...
-    answers.rendered[("paid", URL)] = (PRICE, 0.0, *answers.rendered[("paid", URL)][2:])  # ... until it lapses
+    first = answers.response(Offer("paid", PRICE, URL)).body
+    assert answers.response(Offer("paid", PRICE, URL)).body == first  # rendered once...
+    answers.rendered[("paid", URL, False)] = (
+        PRICE,
+        0.0,
+        *answers.rendered[("paid", URL, False)][2:],
+    )  # ... until it lapses
     clock.now += 1000
-    assert answers.response("paid", PRICE, URL).body != first
-    unsigned = json.loads(PaymentRequiredAnswers().response("paid", PRICE, URL).body)
+    assert answers.response(Offer("paid", PRICE, URL)).body != first
+    unsigned = json.loads(PaymentRequiredAnswers().response(Offer("paid", PRICE, URL)).body)
     assert "extensions" not in unsigned["payment_required"]

@@ -20,6 +20,7 @@ from x402.schemas import PaymentPayload
 
 from gate import payment_ids
 from gate.claims import Claims
+from gate.payment_required import extensions as extensions_of
 from gate.payment_required import payment_required
 from gate.price import Price
 from server.engines import open_database
@@ -36,7 +37,7 @@ def test_the_declaration_is_the_one_x402_declares(required: bool) -> None:
 
 def test_the_402_declares_it_and_x402s_client_helper_appends_an_id_to_it() -> None:
     price = Price(scheme="exact", network="eip155:84532", asset=PRICE_ASSET, amount="1000", pay_to="0x" + "22" * 20)
-    document = payment_required(price, "http://gate/a2a/paid", id_required=True)
+    document = payment_required(price, "http://gate/a2a/paid", extensions=extensions_of(id_required=True))
     extensions = dict(document["extensions"])
     payment_id = generate_payment_id()
     append_payment_identifier_to_extensions(extensions, payment_id)

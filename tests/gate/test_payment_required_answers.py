@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import json
 
-from gate.payment_required import PaymentRequiredAnswers, payment_required, payment_required_v1
+from gate.payment_required import Offer, PaymentRequiredAnswers, payment_required, payment_required_v1
 from gate.price import Price
 from tests.support.paid import ASSET, PAY_TO
 
@@ -17,9 +17,9 @@ DOOR = "https://gate.example/a2a/paid"
 
 def test_every_402_is_the_document_rendered_once_and_each_answer_its_own() -> None:
     answers = PaymentRequiredAnswers()
-    first = answers.response("paid", PRICE, DOOR, "a paid agent")
+    first = answers.response(Offer("paid", PRICE, DOOR, "a paid agent"))
     first.raw_headers.append((b"x-request-id", b"one"))  # what the request-id middleware adds to one
-    second = answers.response("paid", PRICE, DOOR, "a paid agent")
+    second = answers.response(Offer("paid", PRICE, DOOR, "a paid agent"))
     assert len(answers.rendered) == 1
     for answer in (first, second):
         assert answer.status_code == 402 and answer.background is None
@@ -39,7 +39,7 @@ def test_every_402_is_the_document_rendered_once_and_each_answer_its_own() -> No
 
 def test_each_door_has_its_own_402() -> None:
     answers = PaymentRequiredAnswers()
-    one = answers.response("paid", PRICE, DOOR)
-    other = answers.response("paid", PRICE, "https://other.example/a2a/paid")
+    one = answers.response(Offer("paid", PRICE, DOOR))
+    other = answers.response(Offer("paid", PRICE, "https://other.example/a2a/paid"))
     assert json.loads(one.body)["payment_required"]["resource"]["url"] == DOOR
     assert json.loads(other.body)["payment_required"]["resource"]["url"] == "https://other.example/a2a/paid"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gate import claims, payment_log, sealing
+from gate import claims, payment_log, sealing, sign_in
 from gate.flows.channel import store as channels
 from gate.webhooks import outbox as webhooks
 from server import principals, request_counts, tasks
@@ -40,6 +40,7 @@ COMPONENTS: tuple[tuple[str, Sequence[Migration]], ...] = (
     ("claims", claims.MIGRATIONS),
     ("payments", payment_log.MIGRATIONS),
     ("channels", channels.MIGRATIONS),
+    ("sign_in", sign_in.MIGRATIONS),
     ("sealing", sealing.MIGRATIONS),
     ("webhooks", webhooks.MIGRATIONS),
 )

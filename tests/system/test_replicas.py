@@ -254,6 +254,7 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
         "payments": "3",
         "request_counts": "1",
         "sealing": "1",
+        "sign_in": "1",
         "tasks": "2",
         "webhooks": "1",
     }
@@ -273,6 +274,7 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
         "request_counts",
         "schema_versions",
         "sealing",
+        "sign_in_nonces",
         "tasks",
         "webhook_deliveries",
         "webhook_endpoints",
