@@ -3,7 +3,7 @@
 The server reads its own keys and hands the gate the rest raw (`server.anonymous.PathConfig`):
 the `[facilitator]`, `[networks]`, `[limits]`, `[in_band]` and `[webhooks]` tables, the claim and reconcile
 intervals, and each agent's `price`, `allowed_payers`, `per_agent_per_minute`,
-`on_settle_failure` and `payment_identifier`. Problems go to the server's reader with their key paths
+`on_settle_failure`, `payment_identifier` and `discovery`. Problems go to the server's reader with their key paths
 (``agents.echo.price.amount``), so `a2a-gate check-config` lists both halves' in one list.
 """
 
@@ -167,6 +167,10 @@ class AgentPayment:
     on_settle_failure: str = key("deliver", choices=SETTLE_FAILURE_POLICIES)
     # "required": a payment must carry an x402 payment identifier (gate/payment_ids.py)
     payment_identifier: str = key("optional", choices=PAYMENT_IDENTIFIER_POLICIES)
+    # true: its 402 declares x402's `bazaar` extension, so a facilitator that catalogs what it settles
+    # lists the agent publicly (gate/bazaar.py); off by default: a listing is the operator's choice,
+    # and the declaration adds a kilobyte and more to every 402 and to every payment clients send
+    discovery: bool = False
     per_agent_per_minute: int | None = None
 
 

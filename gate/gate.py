@@ -157,6 +157,7 @@ class PaymentGate:
         parts = self.parts
         parts.config, reloaded = reloaded_terms(parts.config, settings)
         parts.offers.reprice(parts.config.agents)
+        parts.answers_402.rendered.clear()  # rendered from the terms before (a price, its extensions)
         if parts.facilitator.configured and parts.offers.waiting() and not self.learning():
             await advertised.learn_from(parts.offers, parts.facilitator)  # before its 402 is rendered
             self.keep_learning()

@@ -110,7 +110,8 @@ async def paid_send(
     assert price is not None
     resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
     id_required = terms.payment_identifier == "required"
-    # a 402's extensions: the payment identifier's and the bazaar declaration, and a sign-in challenge of its own
+    # a 402's extensions: the payment identifier's, the bazaar declaration where the agent is listed,
+    # and a sign-in challenge of its own
     fresh = parts.sign_in.fresh(resource, (o.network for o in price.offers))
     offer = Offer(
         agent.name,
@@ -118,7 +119,7 @@ async def paid_send(
         resource,
         agent.description,
         id_required,
-        lambda: {**payment_required.extensions(id_required), **bazaar.extension(agent)},
+        lambda: {**payment_required.extensions(id_required), **(bazaar.extension(agent) if terms.discovery else {})},
         fresh,
     )
     active = in_band.activation(request.headers)

@@ -2,15 +2,18 @@
 development facilitator's catalog of what it has settled (devnet/devnet/discovery.py).
 
 The declaration is what the x402 package's own helpers make for a JSON POST, and passes the
-package's validation; a facilitator running the package's discovery code lists the agent after
-its first settled payment, and not before.
+package's validation; an agent is declared only where its operator lists it (`discovery = true`),
+and a facilitator running the package's discovery code lists it after its first settled payment,
+and not before.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+import pytest
 from x402.extensions.bazaar import (
     ListDiscoveryResourcesParams,
     OutputConfig,
@@ -24,7 +27,8 @@ from x402.http import FacilitatorConfig, HTTPFacilitatorClientSync
 
 from gate import bazaar
 from server.config import AgentConfig, Skill
-from tests.support.paid import Payer, decode_header, send_body
+from tests.support.gate_process import free_port
+from tests.support.paid import PaidSetup, Payer, decode_header, paid_config, send_body
 
 AGENT = AgentConfig(
     name="weather",
@@ -62,7 +66,28 @@ def listed(facilitator: str) -> list:
         return bazaar_client.list_resources(ListDiscoveryResourcesParams(type="http")).items
 
 
-def test_the_facilitator_lists_a_paid_agent_after_its_first_settled_payment_and_not_before(paid) -> None:
+@pytest.fixture
+def discoverable(tmp_path: Path, facilitator: str, start_gate, write_config) -> PaidSetup:
+    """The `paid` gate, its agent `paid` listed (`discovery = true`)."""
+    port = free_port()
+    text = paid_config(f"http://127.0.0.1:{port}", facilitator)
+    text = text.replace(
+        '[agents.paid]\ndescription = "paid echo"\n', '[agents.paid]\ndescription = "paid echo"\ndiscovery = true\n'
+    )
+    assert "discovery = true" in text
+    gate = start_gate(write_config(text), port=port)
+    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+
+
+def test_an_agent_is_declared_only_where_its_operator_lists_it(paid) -> None:
+    answer = paid.post("paid", send_body("price?"))
+    assert answer.status_code == 402
+    assert "bazaar" not in decode_header(answer.headers["PAYMENT-REQUIRED"])["extensions"]
+    assert "bazaar" not in answer.json()["payment_required"]["extensions"]
+
+
+def test_the_facilitator_lists_a_paid_agent_after_its_first_settled_payment_and_not_before(discoverable) -> None:
+    paid = discoverable
     door = f"{paid.gate.url}/a2a/paid"
     answer = paid.post("paid", send_body("price?"))
     assert answer.status_code == 402
