@@ -157,7 +157,7 @@ async def paid_send(
         price.network,
         price.asset,
     )
-    sealed = parts.sealer.seal(payment.sealable(), token.digest)
+    sealed = parts.charges.sealed_at_claim(payment)
     digest = await claim_digest(parts, agent, plan, token, pending)
     nonce_key = tokens.nonce_key(token, price.asset, scheme)
     # what the flow checks now it reserves with the claim (only if the claim is taken)

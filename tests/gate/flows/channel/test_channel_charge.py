@@ -74,6 +74,7 @@ class Store:
         self.claims, self.channels, self.log = Claims(db, lease_seconds=30.0), Channels(db), PaymentLog(db)
         config = FacilitatorConfig(url="http://127.0.0.1:9", timeout_seconds=1, settle_attempts=1, settle_passes=1)
         facilitator, metrics = FacilitatorClient(config), GateMetrics(CollectorRegistry())
+        self.metrics = metrics
         flow = ChannelFlow(self.channels, facilitator, Chain({}), self.log, metrics, Sealed(), GateConfig(config))
         self.settler = Settler(facilitator, self.claims, self.log, config, Flows({SCHEME_NAME: flow}))
 
@@ -546,5 +547,30 @@ def test_a_fenced_write_whose_answer_was_lost_is_found_landed_without_a_retry(lo
         assert store.db.execute == execute  # the lost answer was met
         claim = await store.claims.find("d1")
         assert claim is not None and claim.state == ClaimState.SETTLING
+
+    run(location, body)
+
+
+def test_a_voucher_is_claimed_unsealed_and_sealed_onto_its_claim_once_delivered_apart_from_its_charge(
+    location: str,
+) -> None:
+    """A voucher is charged in its delivery's own write, so its claim keeps no sealed copy of it while
+    the work runs (nothing reads one: undelivered work is released). When its delivery is recorded
+    apart from its charge (the channel moved under it, a withheld answer), the claim is `settling` and
+    whoever takes it over settles it from the claim: the payment is sealed onto it in that write."""
+    from gate.charge import Charges, LiveDeliveries
+
+    async def body(store: Store) -> None:
+        payment = voucher_payment("s1", PRICE)
+        charges = Charges(store.claims, store.settler, store.log, LiveDeliveries(store.metrics), Sealed())
+        assert charges.sealed_at_claim(payment) == ""
+        hold = await claimed(store, payment)
+        running = await store.claims.find("s1")
+        assert running is not None and running.sealed_payment == ""
+        delivery = charges.hooks(payment, hold, withhold=False)
+        await delivery.mark_delivered({"id": "t-s1"}, None, {}, None)
+        settling = await store.claims.find("s1")
+        assert settling is not None and settling.state == ClaimState.SETTLING
+        assert settling.sealed_payment == "sealed"
 
     run(location, body)
