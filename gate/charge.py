@@ -72,8 +72,8 @@ class Charges:
 
     def sealed_at_claim(self, payment: Payment) -> str:
         """What the claim keeps of `payment` from its start: sealed, for whoever settles it later; nothing
-        for a payment the gate charges in its delivery's own write (a voucher), which is sealed onto its
-        claim only if its delivery is recorded apart from its charge (`PaidDelivery.mark_delivered`)."""
+        for a payment the gate charges in its delivery's own write (`Settler.charged_at_delivery`), which
+        is sealed onto its claim only if its delivery is recorded apart from its charge (`mark_delivered`)."""
         return (
             ""
             if self.settler.charged_at_delivery(payment)
