@@ -22,6 +22,7 @@ from gate.claims import ENDED_STATES, Along, ClaimLost, Claims, ClaimState, Hold
 from gate.flows.base import FixedPrice, Meter
 from gate.metrics import GateMetrics
 from gate.payment_log import PaymentLog
+from gate.sealing import KeyOnDemand
 from gate.settlement import (
     Collection,
     Payment,
@@ -64,8 +65,20 @@ class LiveDeliveries:
 class Charges:
     """The hooks of each paid execution, kept live until its outcome is recorded."""
 
-    def __init__(self, claims: Claims, settler: Settler, log: PaymentLog, live: LiveDeliveries) -> None:
-        self.claims, self.settler, self.log, self.live = claims, settler, log, live.live
+    def __init__(
+        self, claims: Claims, settler: Settler, log: PaymentLog, live: LiveDeliveries, keys: KeyOnDemand
+    ) -> None:
+        self.claims, self.settler, self.log, self.live, self.keys = claims, settler, log, live.live, keys
+
+    def sealed_at_claim(self, payment: Payment) -> str:
+        """What the claim keeps of `payment` from its start: sealed, for whoever settles it later; nothing
+        for a payment the gate charges in its delivery's own write (`Settler.charged_at_delivery`), which
+        is sealed onto its claim only if its delivery is recorded apart from its charge (`mark_delivered`)."""
+        return (
+            ""
+            if self.settler.charged_at_delivery(payment)
+            else self.keys.seal(payment.sealable(), payment.token_digest)
+        )
 
     def hooks(self, payment: Payment, hold: Hold, *, withhold: bool, meter: Meter | None = None) -> DeliveryHooks:
         """The hooks an execution calls for `payment`, claimed under `hold`, its delivery charged as
@@ -110,6 +123,10 @@ class PaidDelivery:
     ) -> None:
         along = [] if save is None else [only_if(save)]  # the work is saved only if the delivery is ours
         sealed = await self.meter.seal(used, priced)
+        if not sealed and not self.marked and self.settler.charged_at_delivery(self.payment):
+            # claimed unsealed (`Charges.sealed_at_claim`), delivered apart from its charge: whoever
+            # settles it later (a takeover, the reconciler) reads the payment from the claim
+            sealed = self.charges.keys.seal(self.payment.sealable(), self.payment.token_digest)
         try:
             if self.marked:  # delivered in part already: the charge follows what is delivered now
                 await self.claims.recharge(self.hold, sealed, along=along)

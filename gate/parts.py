@@ -129,7 +129,7 @@ class GateParts:
             log=log,
             chain=chain,
             settler=settler,
-            charges=Charges(claims, settler, log, live),
+            charges=Charges(claims, settler, log, live, keys),
             answers_402=answers_402,
             in_band=InBand(server.store, server.methods, config.in_band, answers_402),
             offers=offers,

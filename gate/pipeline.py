@@ -175,7 +175,7 @@ async def paid_send(
         price.network,
         price.asset,
     )
-    sealed = parts.sealer.seal(payment.sealable(), token.digest)
+    sealed = parts.charges.sealed_at_claim(payment)
     digest = await claim_digest(parts, agent, plan, token, pending)
     if payment_id is not None:  # another payment came with this id first: its answer, not a second charge
         first = await parts.claims.find_by_payment_id(payment_id)

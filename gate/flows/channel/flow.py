@@ -133,6 +133,12 @@ class ChannelFlow(ChannelParts):
     def count_settled(self, payment: Payment) -> None:
         """Charged here; collected later, when the claim job claims it on chain (`jobs`)."""
         self.metrics.channel_charged.labels(payment.network, payment.asset).inc(int(payment.amount))
+        voucher = batch_settlement.read(payment.payload["payload"])
+        if voucher.kind == "voucher":  # the payer's next voucher is checked against this charge
+            base = voucher.max_claimable - int(payment.amount)
+            self.store.charged_here(voucher.channel_id, base, voucher.max_claimable)
+        else:  # a deposit moved the mirrored state too: read again
+            self.store.recent.pop(voucher.channel_id, None)
 
     async def create_tables(self) -> None:
         await self.store.create_tables()

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from cachetools import LRUCache
 
 from gate.schemes.batch_settlement import Voucher
 from server.database import Database, Migration, Statement
@@ -75,6 +77,9 @@ _AT_LEAST = (
     "CASE WHEN length(?) > length(total_claimed) OR (length(?) = length(total_claimed) AND ? > total_claimed)"
     " THEN ? ELSE total_claimed END"
 )
+# channels whose last read a voucher's first check may use (`Channels.recent`): a bound, not a cap on
+# how many channels there are (one forgotten is read again); about 1 KiB each
+RECENT_CHANNELS = 10_000
 PAGE_SIZE = 100  # channels read at a time by the claim job's walk (`Channels.unclaimed`): a page, never a cap
 
 
@@ -247,6 +252,10 @@ class Reservation:
 class Channels:
     def __init__(self, db: Database) -> None:
         self.db = db
+        # each channel as this process last read or charged it: what the common voucher is checked
+        # against before its claim, never trusted: its reservation applies only if the row still says
+        # what the check read (`reserve_statement`'s `seen`)
+        self.recent: LRUCache[str, Channel] = LRUCache(maxsize=RECENT_CHANNELS)
 
     @property
     def now(self) -> str:
@@ -259,7 +268,27 @@ class Channels:
         row = await self.db.fetchrow(
             f"SELECT *, {self.now} AS now FROM channels WHERE channel_id = ?", (channel_id.lower(),)
         )
-        return None if row is None else Channel.from_row(row)
+        if row is None:
+            return None
+        channel = Channel.from_row(row)
+        self.recent[channel.channel_id] = channel
+        return channel
+
+    async def last_seen(self, channel_id: str) -> Channel | None:
+        """The channel as this process last read or charged it (read now if it has not): a snapshot
+        to check a voucher against, whose reservation holds only if the row is unchanged since."""
+        seen = self.recent.get(channel_id.lower())
+        return seen if seen is not None else await self.find(channel_id)
+
+    def charged_here(self, channel_id: str, base: int, charged: int) -> None:
+        """This process charged the channel from `base` to `charged` (its write committed): the next
+        voucher is checked against that, without reading the row again."""
+        seen = self.recent.get(channel_id)
+        if seen is not None:
+            if seen.charged == base:
+                self.recent[channel_id] = replace(seen, charged=charged, reserved_by="")
+            else:
+                del self.recent[channel_id]
 
     async def open(self, voucher: Voucher, network: str, asset: str, charged: int, mirror: Mirror | None) -> None:
         """A channel the gate has not seen: its row, charged from what the chain says was claimed."""
@@ -318,10 +347,23 @@ class Channels:
         )
 
     def reserve_statement(
-        self, channel_id: str, base: int, token_digest: str, *, deposit: bool, unheld: bool = False
+        self,
+        channel_id: str,
+        base: int,
+        token_digest: str,
+        *,
+        deposit: bool,
+        unheld: bool = False,
+        seen: Channel | None = None,
+        fresh_for: float = 0.0,
     ) -> Statement:
         """`reserve`'s write: the channel held for `token_digest`'s request if its charged total is
         `base` and nothing live holds it (a voucher's: nor is it refunded); its WHERE clause last.
+
+        `seen`: the snapshot a voucher was checked against (`last_seen`): only if the row's on-chain
+        state is still what it says (balance, claimed, no withdrawal, the same sync, and that sync
+        younger than `fresh_for` seconds by the database's clock), so a check against an old read
+        never reserves what a fresh one would refuse.
 
         `unheld`: only if no other name is on it at all. PostgreSQL rechecks a row another
         transaction just updated at its new version, but a subquery (whether the holder's claim is
@@ -333,10 +375,17 @@ class Channels:
         # a reservation in this token's name is this request's: its earlier claim was released
         # (a restart, an outage) and the claim it holds now is the one just taken
         free = "(reserved_by = '' OR reserved_by = ?)" if unheld else f"(reserved_by = ? OR {self._free()})"
+        unchanged, as_seen = "", tuple[Any, ...]()
+        if seen is not None:
+            unchanged = (
+                " AND balance = ? AND total_claimed = ? AND withdraw_requested_at = 0 AND synced_at = ?"
+                f" AND synced_at >= {self.now} - ?"
+            )
+            as_seen = (str(seen.balance), str(seen.total_claimed), seen.synced_at, fresh_for)
         return (
             f"UPDATE channels SET reserved_by = ?, updated_at = {self.now}"
-            f" WHERE channel_id = ? AND charged = ? AND {free}{open_}",
-            (token_digest, channel_id, str(base), token_digest),
+            f" WHERE channel_id = ? AND charged = ? AND {free}{open_}{unchanged}",
+            (token_digest, channel_id, str(base), token_digest, *as_seen),
         )
 
     async def reserve(self, channel_id: str, base: int, token_digest: str, *, deposit: bool) -> Reservation:

@@ -9,7 +9,8 @@ maximum within the balance and above what is claimed. A deposit, a contract wall
 a channel the gate has not seen and a stale mirror go to the facilitator, whose answer
 refreshes the mirror. Then the channel is reserved for this request's claim (`store`).
 The common voucher (an EOA's, at the base of a fresh channel nobody holds) is checked before its
-claim is taken (`reservable`), and its reservation goes with the claim's INSERT.
+claim is taken (`reservable`), against the channel as this process last read or charged it, and its
+reservation goes with the claim's INSERT, applying only if the row still says what was checked.
 """
 
 from __future__ import annotations
@@ -51,18 +52,23 @@ async def reservable(channels: Channels, token: Token, price: Price) -> Reserved
     if voucher.kind != "voucher" or not batch_settlement.local_verifiable(voucher.config):
         return None
     base = voucher.max_claimable - int(price.amount)
-    channel = await channels.find(voucher.channel_id)
-    if channel is None or channel.charged != base or channel.refunded or channel.reserved_by:
-        return None
+    # as this process last saw it (no read for the channel it just charged); the reservation holds
+    # only if the row is unchanged since, and by the database's clock the sync is still fresh
+    channel = await channels.last_seen(voucher.channel_id)
+    if channel is None or channel.charged != base or channel.refunded:
+        return None  # (whether another request holds it, only the reservation can tell)
     if channel.withdraw_requested_at:
         return None  # refused by check_and_reserve
-    if not channel.fresh(fresh_seconds(int(voucher.config["withdrawDelay"]))):
+    fresh_for = fresh_seconds(int(voucher.config["withdrawDelay"]))
+    if not channel.fresh(fresh_for):  # as of its read; the reservation asks the database's clock now
         return None
     if not channel.total_claimed < voucher.max_claimable <= channel.balance:
         return None
     if not batch_settlement.voucher_signer_matches(voucher.config, inner["voucher"], price.network):
         return None
-    reserve = channels.reserve_statement(voucher.channel_id, base, token.digest, deposit=False, unheld=True)
+    reserve = channels.reserve_statement(
+        voucher.channel_id, base, token.digest, deposit=False, unheld=True, seen=channel, fresh_for=fresh_for
+    )
     return Reserved(voucher.payer, only_if(reserve))
 
 

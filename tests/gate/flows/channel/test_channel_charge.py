@@ -8,6 +8,7 @@ by a claim still ours, and the claim is settled only if the channel was charged 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ class Store:
         self.claims, self.channels, self.log = Claims(db, lease_seconds=30.0), Channels(db), PaymentLog(db)
         config = FacilitatorConfig(url="http://127.0.0.1:9", timeout_seconds=1, settle_attempts=1, settle_passes=1)
         facilitator, metrics = FacilitatorClient(config), GateMetrics(CollectorRegistry())
+        self.metrics = metrics
         flow = ChannelFlow(self.channels, facilitator, Chain({}), self.log, metrics, Sealed(), GateConfig(config))
         self.settler = Settler(facilitator, self.claims, self.log, config, Flows({SCHEME_NAME: flow}))
 
@@ -326,30 +328,102 @@ def test_two_vouchers_on_one_base_claimed_at_once_reserve_the_channel_once(locat
                 )
             )
             assert sorted(o.along for o in outcomes) == [(0,), (1,)], outcomes
-            assert await vouchers.reservable(store.channels, tokens[0], price()) is None  # held now
+            assert not await reserved_with_claim(store, signed_voucher_token(account, f"r{round_}-x", PRICE))  # held
             await store.db.execute("UPDATE channels SET reserved_by = '' WHERE channel_id = ?", (CHANNEL,))
 
     run_with_account(location, body)
+
+
+async def reserved_with_claim(store: Store, token: Token) -> bool:
+    """Whether `token`'s voucher, checked before its claim, reserves its channel with the claim."""
+    checked = await vouchers.reservable(store.channels, token, price())
+    if checked is None:
+        return False
+    outcome = await store.claims.claim(token.digest, "", token.digest, "paid-channel", "", along=[checked.reserve])
+    assert outcome.kind == "new"
+    return outcome.along == (1,)
 
 
 def test_only_a_fresh_channels_well_signed_voucher_at_its_base_is_checked_before_its_claim(location: str) -> None:
     from eth_account import Account
 
     async def body(store: Store, account: Any) -> None:
-        assert await vouchers.reservable(store.channels, signed_voucher_token(account, "v", PRICE), price())
+        async def free() -> None:
+            await store.db.execute("UPDATE channels SET reserved_by = '' WHERE channel_id = ?", (CHANNEL,))
+
+        assert await reserved_with_claim(store, signed_voucher_token(account, "v0", PRICE))
+        await free()
         # not at the channel's base, beyond its balance, signed by someone else, or a stale mirror
-        assert await vouchers.reservable(store.channels, signed_voucher_token(account, "v", 2 * PRICE), price()) is None
+        assert not await reserved_with_claim(store, signed_voucher_token(account, "v1", 2 * PRICE))
         await store.db.execute("UPDATE channels SET charged = ? WHERE channel_id = ?", (str(10 * PRICE), CHANNEL))
-        over = signed_voucher_token(account, "v", 11 * PRICE)
-        assert await vouchers.reservable(store.channels, over, price()) is None
+        assert not await reserved_with_claim(store, signed_voucher_token(account, "v2", 11 * PRICE))
         await store.db.execute("UPDATE channels SET charged = '0' WHERE channel_id = ?", (CHANNEL,))
-        forged = signed_voucher_token(Account.create(), "v", PRICE)
-        forged.payload["payload"]["channelConfig"] = signed_voucher_token(account, "v", PRICE).payload["payload"][
+        forged = signed_voucher_token(Account.create(), "v3", PRICE)
+        forged.payload["payload"]["channelConfig"] = signed_voucher_token(account, "v3", PRICE).payload["payload"][
             "channelConfig"
         ]
-        assert await vouchers.reservable(store.channels, forged, price()) is None
+        assert not await reserved_with_claim(store, forged)
         await store.db.execute("UPDATE channels SET synced_at = 1 WHERE channel_id = ?", (CHANNEL,))
-        assert await vouchers.reservable(store.channels, signed_voucher_token(account, "v", PRICE), price()) is None
+        assert not await reserved_with_claim(store, signed_voucher_token(account, "v4", PRICE))
+        store.channels.recent.clear()  # read afresh: the stale mirror is seen before the claim
+        assert await vouchers.reservable(store.channels, signed_voucher_token(account, "v5", PRICE), price()) is None
+
+    run_with_account(location, body)
+
+
+# What the row can say since this process last saw it, each a reason a fresh read would not reserve
+MOVED_SINCE_SEEN = {
+    "charged by another replica": f"charged = '{PRICE}'",
+    "balance lowered": f"balance = '{PRICE - 1}'",
+    "claimed up to the voucher": f"total_claimed = '{PRICE}'",
+    "withdrawal requested": "withdraw_requested_at = 1",
+    "mirror gone stale": "synced_at = 1",
+    "mirror synced again": "synced_at = synced_at + 1",
+    "refunded": "refunded = 1",
+}
+
+
+@pytest.mark.parametrize("moved", MOVED_SINCE_SEEN)
+def test_a_voucher_checked_against_what_this_process_last_saw_reserves_nothing_the_row_no_longer_says(
+    location: str, moved: str
+) -> None:
+    """The operator's side of checking a voucher before its claim without reading its channel: the
+    snapshot it was checked against is a hint, never an authority. Whatever changed in the row since
+    (another replica's charge, the chain watcher's withdrawal or claim, a stale mirror), the
+    reservation made with the claim does not apply, and the full check after the claim reads it."""
+
+    async def body(store: Store, account: Any) -> None:
+        assert await vouchers.reservable(store.channels, signed_voucher_token(account, "seen", PRICE), price())
+        await store.db.execute(f"UPDATE channels SET {MOVED_SINCE_SEEN[moved]} WHERE channel_id = ?", (CHANNEL,))
+        assert not await reserved_with_claim(store, signed_voucher_token(account, "after", PRICE))
+        channel = await store.channels.find(CHANNEL)
+        assert channel is not None and channel.reserved_by == ""
+
+    run_with_account(location, body)
+
+
+def test_the_voucher_after_one_this_process_charged_is_checked_without_reading_its_channel(location: str) -> None:
+    """The channel flow's charge leaves what it wrote as the channel's last sight: the payer's next
+    voucher is checked and reserved with its claim, and no channel row is read for it."""
+
+    async def body(store: Store, account: Any) -> None:
+        first = signed_voucher_token(account, "first", PRICE)
+        assert await reserved_with_claim(store, first)
+        await store.db.execute(
+            "UPDATE channels SET charged = ?, reserved_by = '' WHERE channel_id = ?", (str(PRICE), CHANNEL)
+        )
+        flow = store.settler.flows.for_price(price())
+        flow.count_settled(replace(voucher_payment(first.digest, PRICE), payload=first.payload))
+        reads: list[str] = []
+        find = store.channels.find
+
+        async def counted(channel_id: str) -> Any:
+            reads.append(channel_id)
+            return await find(channel_id)
+
+        store.channels.find = counted  # type: ignore[method-assign]
+        assert await reserved_with_claim(store, signed_voucher_token(account, "second", 2 * PRICE))
+        assert reads == []
 
     run_with_account(location, body)
 
@@ -473,5 +547,30 @@ def test_a_fenced_write_whose_answer_was_lost_is_found_landed_without_a_retry(lo
         assert store.db.execute == execute  # the lost answer was met
         claim = await store.claims.find("d1")
         assert claim is not None and claim.state == ClaimState.SETTLING
+
+    run(location, body)
+
+
+def test_a_voucher_is_claimed_unsealed_and_sealed_onto_its_claim_once_delivered_apart_from_its_charge(
+    location: str,
+) -> None:
+    """A voucher is charged in its delivery's own write, so its claim keeps no sealed copy of it while
+    the work runs (nothing reads one: undelivered work is released). When its delivery is recorded
+    apart from its charge (the channel moved under it, a withheld answer), the claim is `settling` and
+    whoever takes it over settles it from the claim: the payment is sealed onto it in that write."""
+    from gate.charge import Charges, LiveDeliveries
+
+    async def body(store: Store) -> None:
+        payment = voucher_payment("s1", PRICE)
+        charges = Charges(store.claims, store.settler, store.log, LiveDeliveries(store.metrics), Sealed())
+        assert charges.sealed_at_claim(payment) == ""
+        hold = await claimed(store, payment)
+        running = await store.claims.find("s1")
+        assert running is not None and running.sealed_payment == ""
+        delivery = charges.hooks(payment, hold, withhold=False)
+        await delivery.mark_delivered({"id": "t-s1"}, None, {}, None)
+        settling = await store.claims.find("s1")
+        assert settling is not None and settling.state == ClaimState.SETTLING
+        assert settling.sealed_payment == "sealed"
 
     run(location, body)
