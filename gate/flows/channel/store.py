@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
 from gate.schemes.batch_settlement import Voucher
 from server.database import Database, Migration, Statement
@@ -80,6 +80,9 @@ _AT_LEAST = (
 # channels whose last read a voucher's first check may use (`Channels.recent`): a bound, not a cap on
 # how many channels there are (one forgotten is read again); about 1 KiB each
 RECENT_CHANNELS = 10_000
+# how long a channel another writer moved is read afresh before each voucher's first check (one that
+# several replicas serve in turn: what this process last saw of it is stale more often than not)
+CONTENDED_SECONDS = 60.0
 PAGE_SIZE = 100  # channels read at a time by the claim job's walk (`Channels.unclaimed`): a page, never a cap
 
 
@@ -201,6 +204,18 @@ class Channel:
         }
 
 
+def checked_fields(channel: Channel) -> tuple[Any, ...]:
+    """What a voucher's first check reads of a channel (and its reservation asks to be unchanged)."""
+    return (
+        channel.charged,
+        channel.balance,
+        channel.total_claimed,
+        channel.withdraw_requested_at,
+        channel.synced_at,
+        channel.refunded,
+    )
+
+
 @dataclass(frozen=True)
 class Mirror:
     """On-chain channel state as a facilitator answer reports it (its `extra` or `extra.channelState`)."""
@@ -256,6 +271,7 @@ class Channels:
         # against before its claim, never trusted: its reservation applies only if the row still says
         # what the check read (`reserve_statement`'s `seen`)
         self.recent: LRUCache[str, Channel] = LRUCache(maxsize=RECENT_CHANNELS)
+        self.contended: TTLCache[str, bool] = TTLCache(maxsize=RECENT_CHANNELS, ttl=CONTENDED_SECONDS)
 
     @property
     def now(self) -> str:
@@ -271,13 +287,18 @@ class Channels:
         if row is None:
             return None
         channel = Channel.from_row(row)
+        seen = self.recent.get(channel.channel_id)
+        if seen is not None and checked_fields(seen) != checked_fields(channel):
+            self.contended[channel.channel_id] = True  # moved by another writer since: read it afresh a while
         self.recent[channel.channel_id] = channel
         return channel
 
     async def last_seen(self, channel_id: str) -> Channel | None:
-        """The channel as this process last read or charged it (read now if it has not): a snapshot
-        to check a voucher against, whose reservation holds only if the row is unchanged since."""
-        seen = self.recent.get(channel_id.lower())
+        """The channel as this process last read or charged it (read now if it has not, or if another
+        writer moved it lately): a snapshot to check a voucher against, whose reservation holds only if
+        the row is unchanged since."""
+        key = channel_id.lower()
+        seen = None if key in self.contended else self.recent.get(key)
         return seen if seen is not None else await self.find(channel_id)
 
     def charged_here(self, channel_id: str, base: int, charged: int) -> None:
