@@ -2,8 +2,8 @@
 
 The server reads its own keys and hands the gate the rest raw (`server.anonymous.PathConfig`):
 the `[facilitator]`, `[networks]`, `[limits]`, `[in_band]` and `[webhooks]` tables, the claim and reconcile
-intervals, and each agent's `price`, `allowed_payers`, `per_agent_per_minute`,
-`on_settle_failure`, `payment_identifier` and `discovery`. Problems go to the server's reader with their key paths
+intervals, and each agent's `price`, `allowed_payers`, `per_agent_per_minute`, `on_settle_failure`,
+`payment_identifier`, `discovery` and `sign_in`. Problems go to the server's reader with their key paths
 (``agents.echo.price.amount``), so `a2a-gate check-config` lists both halves' in one list.
 """
 
@@ -171,6 +171,10 @@ class AgentPayment:
     # lists the agent publicly (gate/bazaar.py); off by default: a listing is the operator's choice,
     # and the declaration adds a kilobyte and more to every 402 and to every payment clients send
     discovery: bool = False
+    # true: each 402 carries a sign-in challenge of its own (x402 `sign-in-with-x`), so a payer reads its
+    # tasks by signing in with its wallet (gate/sign_in.py) instead of showing a spendable payment;
+    # false: a smaller 402 (about 1.2 KB less, no nonce made per answer), and a payment proves the payer
+    sign_in: bool = True
     per_agent_per_minute: int | None = None
 
 

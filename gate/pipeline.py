@@ -112,7 +112,7 @@ async def paid_send(
     id_required = terms.payment_identifier == "required"
     # a 402's extensions: the payment identifier's, the bazaar declaration where the agent is listed,
     # and a sign-in challenge of its own
-    fresh = parts.sign_in.fresh(resource, (o.network for o in price.offers))
+    fresh = parts.sign_in.fresh(resource, (o.network for o in price.offers)) if terms.sign_in else None
     offer = Offer(
         agent.name,
         price,
@@ -491,7 +491,8 @@ async def prove_payer(parts: GateParts, request: Request, call: Call, agent: Age
     paid, or a fresh token verifying to them."""
     resource = agent_url(public_base_url(request, parts.settings.public_url), agent.name)
     signed_in = request.headers.get(sign_in.HEADER)
-    if signed_in is not None:
+    terms = parts.config.agents.get(agent.name)
+    if signed_in is not None and terms is not None and terms.sign_in:  # where the agent offers it
         wallet = await parts.sign_in.payer(signed_in, resource)
         if wallet is not None:
             return f"payer:{wallet}"

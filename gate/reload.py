@@ -19,7 +19,7 @@ from server.config import ConfigError, Settings
 from server.reload import Reloaded, changed_fields
 
 # what of an agent's terms a reload applies now (the rest of AgentPayment waits for a restart)
-TAKEN_NOW = ("price", "allowed_payers", "on_settle_failure", "payment_identifier", "discovery")
+TAKEN_NOW = ("price", "allowed_payers", "on_settle_failure", "payment_identifier", "discovery", "sign_in")
 
 
 def reloaded_terms(running: GateConfig, settings: Settings) -> tuple[GateConfig, Reloaded]:

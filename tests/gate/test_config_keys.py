@@ -82,7 +82,7 @@ ACCEPTED = {
     OfferReceiptConfig: "format",
     AgentConfig: "description backend exposed skills url upstream_auth_env timeout_seconds poll_interval_seconds"
     " deadline_seconds callable executor streaming",
-    AgentPayment: "price allowed_payers per_agent_per_minute on_settle_failure payment_identifier discovery",
+    AgentPayment: "price allowed_payers per_agent_per_minute on_settle_failure payment_identifier discovery sign_in",
     Skill: "id name description tags examples",
     ApiKey: "name sha256 agents revoked",
     GateConfig: "limits facilitator networks in_band channels webhooks reconcile_interval_seconds claim_lease_seconds"
@@ -230,6 +230,7 @@ CHECKED = [
     ('[agents.x]\non_settle_failure = "z"', "agents.x.on_settle_failure: must be one of deliver, withhold, got 'z'"),
     ("[agents.x]\npayment_identifier = true", "agents.x.payment_identifier: must be str, not a boolean"),
     ('[agents.x]\ndiscovery = "yes"', "agents.x.discovery: must be bool, got str"),
+    ("[agents.x]\nsign_in = 1", "agents.x.sign_in: must be bool, got int"),
     (
         '[agents.x]\npayment_identifier = "always"',
         "agents.x.payment_identifier: must be one of optional, required, got 'always'",
@@ -276,7 +277,7 @@ def test_the_checked_keys_keep_what_they_read() -> None:
         + '\n[proxy]\ntrusted = ["10.0.0.0/8"]\n[http]\nmetrics_listen = "[::1]:9464"\nloop = "asyncio"\n'
         '[agents.x]\nbackend = "upstream"\nurl = "http://up/"\nallowed_payers = ["0x' + "AB" * 20 + '"]\n'
         'on_settle_failure = "withhold"\nper_agent_per_minute = 5\npayment_identifier = "required"\n'
-        "discovery = true\n"
+        "discovery = true\nsign_in = false\n"
         '[limits]\nipv6_prefix = 48\nredis_url = "rediss://r"\n'
         '[channels]\nrefund_after_seconds = 0\nclaim_at_amount = "340282366920938463463374607431768211455"\n'
     )
@@ -289,6 +290,7 @@ def test_the_checked_keys_keep_what_they_read() -> None:
     payment = gate.agents["x"]
     assert payment.allowed_payers == ("0x" + "ab" * 20,) and payment.on_settle_failure == "withhold"
     assert payment.per_agent_per_minute == 5 and payment.payment_identifier == "required" and payment.discovery
+    assert not payment.sign_in
     assert (gate.limits.ipv6_prefix, gate.limits.redis_url) == (48, "rediss://r")
     assert gate.channels.refund_after_seconds == 0.0 and gate.channels.claim_at_amount == 2**128 - 1
 

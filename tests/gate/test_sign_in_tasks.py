@@ -18,7 +18,8 @@ import pytest
 from eth_account import Account
 from x402.extensions.sign_in_with_x import SIWxExtension, create_siwx_payload, encode_siwx_header
 
-from tests.support.paid import PaidView, Payer, decode_header, send_body
+from tests.support.gate_process import free_port
+from tests.support.paid import PaidSetup, PaidView, Payer, decode_header, paid_config, send_body
 
 NOT_FOUND = b'{"jsonrpc":"2.0","id":7,"error":{"code":-32001,"message":"Task not found"}}'
 
@@ -132,3 +133,30 @@ def test_a_signed_in_wallet_cancels_its_running_task(paid):
     assert refused.content == NOT_FOUND
     canceled = paid.post("paid-slow", cancel, sign_in(paid.gate.url, owner.key, "paid-slow"))
     assert canceled.json()["result"]["status"]["state"] == "canceled"
+
+
+@pytest.fixture
+def without_sign_in(tmp_path, facilitator: str, start_gate, write_config) -> PaidSetup:
+    """The `paid` gate, its agent `paid` offering no sign-in (`sign_in = false`)."""
+    port = free_port()
+    text = paid_config(f"http://127.0.0.1:{port}", facilitator)
+    text = text.replace(
+        '[agents.paid]\ndescription = "paid echo"\n', '[agents.paid]\ndescription = "paid echo"\nsign_in = false\n'
+    )
+    assert "sign_in = false" in text
+    gate = start_gate(write_config(text), port=port)
+    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+
+
+def test_an_agent_without_sign_in_issues_no_challenge(without_sign_in):
+    """`sign_in = false`: the 402 carries no challenge (a smaller answer, no nonce made for it); its
+    payer proves itself with a payment, as before sign-in."""
+    paid = without_sign_in
+    answer = paid.post("paid", send_body("price?"))
+    assert answer.status_code == 402
+    assert "sign-in-with-x" not in decode_header(answer.headers["PAYMENT-REQUIRED"])["extensions"]
+    assert "sign-in-with-x" not in answer.json()["payment_required"]["extensions"]
+    owner = Payer()
+    task = paid.post("paid", send_body("mine"), owner.header_for(paid.gate.url)).json()["result"]
+    proof = owner.header_for(paid.gate.url)  # a fresh token of the same payer, verified, not charged
+    assert paid.post("paid", get_body(task["id"]), proof).json()["result"]["id"] == task["id"]
