@@ -376,17 +376,25 @@ def gate_config(
     database: str = "gate.db",
     redis: tuple[str, str] | None = None,
     channel: bool = True,
+    sign_in: bool = True,
 ) -> tuple[Path, int]:
     """Write a gate configuration for `port` (default: a fresh one); returns (file, port).
-    `channel`: with the channel-priced agent (a reference commit before channels has none).
+    `channel`: with the channel-priced agent (a reference commit before channels has none);
+    `sign_in`: False turns the priced echo's sign-in challenge off (`sign_in = false`, a key a
+    reference commit before it would refuse).
 
     Replicas share `public_url` (the proxy's), `database` (a PostgreSQL URL) and
     `redis` (URL, key prefix) for their limiters."""
     port = port or servers.free_port()
     config = folder / "a2a-gate.toml"
     shared = f'redis_url = "{redis[0]}"\nredis_prefix = "{redis[1]}"' if redis else ""
+    text = (
+        GATE_CONFIG
+        if sign_in
+        else GATE_CONFIG.replace('description = "paid echo"\n', 'description = "paid echo"\nsign_in = false\n')
+    )
     config.write_text(
-        (GATE_CONFIG + (CHANNEL_AGENT if channel else "")).format(
+        (text + (CHANNEL_AGENT if channel else "")).format(
             public_url=public_url or f"http://127.0.0.1:{port}",
             database=database,
             shared_limits=shared,
@@ -495,12 +503,16 @@ def case_b(bench: Bench) -> None:
     bench.bare()
     for base, status, per_ip, name, goal in (
         ("gate-402", 402, BIG, "a2a-gate 402 (priced, no token)", 0.8),
+        ("gate-402-plain", 402, BIG, "a2a-gate 402, sign_in = false", 0.8),
         ("gate-429", 429, 1, "a2a-gate 429 (per-IP limit 1/min)", 0.95),
     ):
+        plain = base == "gate-402-plain"
         for build in builds(bench.params):
+            if plain and build.suffix:
+                continue  # this tree's own switch: the reference is measured beside the 402 above
             key, label = base + build.suffix, name + (f" {build.suffix}" if build.suffix else "")
             folder = bench.path(key)
-            config, port = gate_config(folder, per_ip=per_ip, channel=not build.suffix)
+            config, port = gate_config(folder, per_ip=per_ip, channel=not build.suffix, sign_in=not plain)
             with servers.gate(
                 config, port, folder / "log.txt", src=build.src, python=build.python, label=label, module=build.module
             ) as server:
@@ -512,7 +524,8 @@ def case_b(bench: Bench) -> None:
                     label,
                     reference=["bare"] + ([] if build.suffix else against(bench, key)),
                 ).short = build.short
-        bench.target("b", f"a2a-gate {status} req/s ≥ {goal:.0%} of bare echo", base, "bare", goal)
+        what = "402 without sign-in" if plain else str(status)
+        bench.target("b", f"a2a-gate {what} req/s ≥ {goal:.0%} of bare echo", base, "bare", goal)
 
 
 # ---------------------------------------------------------------------------

@@ -29,7 +29,12 @@ ROWS = {
         "gate": "a2a-gate (API key)",
         "gate-w2": "--workers 2",
     },
-    "b": {"bare": "bare Starlette echo", "gate-402": "a2a-gate 402", "gate-429": "a2a-gate 429"},
+    "b": {
+        "bare": "bare Starlette echo",
+        "gate-402": "a2a-gate 402",
+        "gate-402-plain": "a2a-gate 402, sign_in = false",
+        "gate-429": "a2a-gate 429",
+    },
     "c": {
         "x402": "x402 ASGI payment middleware",
         "gate-paid": "a2a-gate paid",
