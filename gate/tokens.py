@@ -108,12 +108,30 @@ def from_header(value: Any, source: str) -> Token | None:
         document = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads
     except (binascii.Error, ValueError, RecursionError, NotAToken):  # UnicodeDecodeError is a ValueError
         return None
-    if brackets <= MAX_DEPTH and raw.isascii() and b"\\u" not in raw:
+    if raw.isascii() and b"\\u" not in raw and (brackets <= MAX_DEPTH or nests_within(document, MAX_DEPTH)):
         # in normal form already: its numbers were read as `normalise` writes them, its keys are
-        # text, it nests no deeper than it has brackets, and no string can hold a lone surrogate
-        # (neither raw bytes outside ASCII nor a \u escape), which is all `normalise` would check
+        # text, it nests no deeper than `normalise` allows (it has no more brackets than that, or
+        # its containers were counted: a payment carrying a 402's extensions back has dozens), and
+        # no string can hold a lone surrogate (neither raw bytes outside ASCII nor a \u escape),
+        # which is all `normalise` would check
         return _token(document, source)
     return from_object(document, source)
+
+
+def nests_within(document: Any, limit: int) -> bool:
+    """Whether no value of `document` lies deeper than `limit` (as `normalise` counts: the document
+    at 0, what it holds at 1...), walking its containers level by level, never its strings."""
+    level: list[Any] = [document] if isinstance(document, (dict, list)) else []
+    depth = 0
+    while level:
+        below: list[Any] = []
+        for container in level:
+            held = container.values() if isinstance(container, dict) else container
+            if held and depth >= limit:
+                return False
+            below.extend(value for value in held if isinstance(value, (dict, list)))
+        level, depth = below, depth + 1
+    return True
 
 
 def from_object(document: Any, source: str) -> Token | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -380,3 +381,39 @@ def test_the_canonical_json_is_the_standard_librarys_for_any_value_in_normal_for
         return
     expected = json.dumps(normal, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     assert tokens.canonical_json(normal) == expected
+
+
+def nested(depth: int, wide: int) -> Any:
+    """A value `depth` levels deep (the innermost a string), beside `wide` empty-ish containers at
+    each level: more brackets than `tokens.MAX_DEPTH`, however shallow."""
+    value: Any = "deep"
+    for level in range(depth):
+        siblings = {f"s{i}": [{"k": i}] for i in range(wide)}
+        value = {"v": value, **siblings} if level % 2 else [value, *siblings.values()]
+    return value
+
+
+@settings(max_examples=200, deadline=None)
+@given(depth=st.integers(min_value=0, max_value=tokens.MAX_DEPTH + 3), wide=st.integers(min_value=0, max_value=3))
+def test_a_header_with_many_brackets_reads_as_the_same_token_as_its_object(depth: int, wide: int) -> None:
+    """The header's fast path (a payment carrying a 402's extensions back has dozens of brackets)
+    answers exactly what the full walk answers: the same token, or none when it nests too deep."""
+    document = {**signed_once(), "extensions": {"x": nested(depth, wide)}}
+    header = base64.b64encode(json.dumps(document).encode()).decode()
+    fast, walked = tokens.from_header(header, "PAYMENT-SIGNATURE"), tokens.from_object(document, "metadata")
+    if walked is None:
+        assert fast is None
+    else:
+        assert fast is not None and (fast.payload, fast.digest) == (walked.payload, walked.digest)
+
+
+def test_nests_within_counts_as_normalise_does() -> None:
+    for depth in range(tokens.MAX_DEPTH + 4):
+        value = nested(depth, 1)
+        try:
+            tokens.normalise(value)
+        except tokens.NotAToken:
+            normal = False
+        else:
+            normal = True
+        assert tokens.nests_within(value, tokens.MAX_DEPTH) is normal, depth
