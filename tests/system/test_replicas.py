@@ -250,7 +250,7 @@ def test_migrate_command_brings_a_fresh_postgresql_schema_up_to_date_once(
     assert versions == {
         "api_keys": "4",
         "channels": "2",
-        "claims": "4",
+        "claims": "5",
         "payments": "3",
         "request_counts": "1",
         "sealing": "1",
