@@ -225,23 +225,17 @@ def facilitator(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def paid(tmp_path: Path, facilitator: str, start_gate, write_config) -> PaidSetup:
     """A gate with priced agents in front of the development facilitator."""
-    return _paid_setup(tmp_path, facilitator, start_gate, write_config)
+    from tests.support.paid import start_paid
+
+    return start_paid(tmp_path, facilitator, start_gate, write_config)
 
 
 @pytest.fixture
 def own_paid(tmp_path: Path, facilitator: str, start_gate, write_config) -> PaidSetup:
     """`paid`, under another name: for a test of a module whose `paid` is shared (`shared_paid`)."""
-    return _paid_setup(tmp_path, facilitator, start_gate, write_config)
+    from tests.support.paid import start_paid
 
-
-def _paid_setup(tmp_path: Path, facilitator: str, start_gate, write_config) -> PaidSetup:
-    from tests.support.gate_process import free_port
-    from tests.support.paid import PaidSetup, paid_config
-
-    port = free_port()
-    config = write_config(paid_config(f"http://127.0.0.1:{port}", facilitator))
-    gate = start_gate(config, port=port)
-    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+    return start_paid(tmp_path, facilitator, start_gate, write_config)
 
 
 @pytest.fixture(scope="session")

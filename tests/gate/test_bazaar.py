@@ -27,8 +27,7 @@ from x402.http import FacilitatorConfig, HTTPFacilitatorClientSync
 
 from gate import bazaar
 from server.config import AgentConfig, Skill
-from tests.support.gate_process import free_port
-from tests.support.paid import PaidSetup, Payer, decode_header, paid_config, send_body
+from tests.support.paid import PaidSetup, Payer, decode_header, send_body, start_paid
 
 AGENT = AgentConfig(
     name="weather",
@@ -69,14 +68,7 @@ def listed(facilitator: str) -> list:
 @pytest.fixture
 def discoverable(tmp_path: Path, facilitator: str, start_gate, write_config) -> PaidSetup:
     """The `paid` gate, its agent `paid` listed (`discovery = true`)."""
-    port = free_port()
-    text = paid_config(f"http://127.0.0.1:{port}", facilitator)
-    text = text.replace(
-        '[agents.paid]\ndescription = "paid echo"\n', '[agents.paid]\ndescription = "paid echo"\ndiscovery = true\n'
-    )
-    assert "discovery = true" in text
-    gate = start_gate(write_config(text), port=port)
-    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+    return start_paid(tmp_path, facilitator, start_gate, write_config, paid_lines="discovery = true")
 
 
 def test_an_agent_is_declared_only_where_its_operator_lists_it(paid) -> None:

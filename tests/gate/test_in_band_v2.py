@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from gate.config import DEV_FACILITATOR_ADDRESS, DEV_RECEIVER_AUTHORIZER
+from tests.support.four_schemes import GATE, PRICE, PRICED, UNIT_PRICE
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.in_band import (
     ACTIVATE,
@@ -37,44 +38,13 @@ from tests.support.in_band import (
     payment_metadata,
     task_of,
 )
-from tests.support.paid import ASSET, PAY_TO, Payer, send_body
+from tests.support.paid import Payer, send_body
 from tests.support.x402_js import installed
 from tests.support.x402_v1 import V1_PYTHON, pay_with_x402_v1
 
-PRICE = 1000
-UNIT_PRICE = 10  # the metered agent's price per character of the echo's answer
-PRICED = f'network = "eip155:84532", asset = "{ASSET}", pay_to = "{PAY_TO}"'
-CONFIG = f"""
-public_url = "http://127.0.0.1:{{port}}"
-database = "gate.db"
-reconcile_interval_seconds = 3600
-
-[limits]
-per_ip_per_minute = 100000
-per_agent_per_minute = 100000
-
-[facilitator]
-url = "http://127.0.0.1:{{facilitator_port}}"
-timeout_seconds = 5
-
-[in_band]
-pending_per_ip = 1000  # every test asks from this one address
-
-[networks."eip155:84532"]  # channel offers need the chain watched for withdrawals
-rpc_url = "http://127.0.0.1:{{facilitator_port}}/rpc"
-
-[agents.exact]
-price = {{{{ {PRICED}, amount = "{PRICE}" }}}}
-
-[agents.permit2]
-price = {{{{ {PRICED}, amount = "{PRICE}", asset_transfer_method = "permit2" }}}}
-
-[agents.metered]
-price = {{{{ {PRICED}, scheme = "upto", ceiling = "50000", usage = {{{{ unit = "characters", unit_price = "{UNIT_PRICE}" }}}} }}}}
-
-[agents.channel]
-price = {{{{ {PRICED}, amount = "{PRICE}", scheme = "batch-settlement", min_deposit = "20000" }}}}
-
+CONFIG = (
+    GATE
+    + f"""
 [agents.permit2-first]
 price = {{{{ {PRICED}, amount = "{PRICE}", accepts = [
   {{{{ asset_transfer_method = "permit2" }}}},
@@ -87,6 +57,7 @@ price = {{{{ {PRICED}, amount = "{PRICE}", accepts = [
   {{{{ scheme = "batch-settlement", min_deposit = "20000" }}}},
 ] }}}}
 """
+)
 SCHEMES = {  # agent: the scheme (and transfer method) its one offer is in
     "exact": ("exact", None),
     "permit2": ("exact", "permit2"),

@@ -18,8 +18,7 @@ import pytest
 from eth_account import Account
 from x402.extensions.sign_in_with_x import SIWxExtension, create_siwx_payload, encode_siwx_header
 
-from tests.support.gate_process import free_port
-from tests.support.paid import PaidSetup, PaidView, Payer, decode_header, paid_config, send_body
+from tests.support.paid import PaidSetup, PaidView, Payer, decode_header, send_body, start_paid
 
 NOT_FOUND = b'{"jsonrpc":"2.0","id":7,"error":{"code":-32001,"message":"Task not found"}}'
 
@@ -138,14 +137,7 @@ def test_a_signed_in_wallet_cancels_its_running_task(paid):
 @pytest.fixture
 def without_sign_in(tmp_path, facilitator: str, start_gate, write_config) -> PaidSetup:
     """The `paid` gate, its agent `paid` offering no sign-in (`sign_in = false`)."""
-    port = free_port()
-    text = paid_config(f"http://127.0.0.1:{port}", facilitator)
-    text = text.replace(
-        '[agents.paid]\ndescription = "paid echo"\n', '[agents.paid]\ndescription = "paid echo"\nsign_in = false\n'
-    )
-    assert "sign_in = false" in text
-    gate = start_gate(write_config(text), port=port)
-    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
+    return start_paid(tmp_path, facilitator, start_gate, write_config, paid_lines="sign_in = false")
 
 
 def test_an_agent_without_sign_in_issues_no_challenge(without_sign_in):

@@ -23,59 +23,31 @@ import jwt
 import pytest
 
 from server.signing_key import from_text
+from tests.support.four_schemes import GATE, PRICE, PRICED
 from tests.support.gate_process import GateProcess, free_port
 from tests.support.in_band import REQUIRED_V2, X402InBandPayer, pay_in_band, payment_metadata, task_of
-from tests.support.paid import ASSET, PAY_TO, decode_header, send_body
+from tests.support.paid import decode_header, send_body
 from tests.support.readme_examples import examples
 from tests.support.x402_js import installed
 
 pytestmark = pytest.mark.system
 
 KEY = "0x" + "5e" * 32  # the operator's signing key (secp256k1: both forms)
-PRICE = 1000
-PRICED = f'network = "eip155:84532", asset = "{ASSET}", pay_to = "{PAY_TO}"'
-CONFIG = f"""
-public_url = "http://127.0.0.1:{{port}}"
-database = "gate.db"
-reconcile_interval_seconds = 3600
-
+CONFIG = (
+    GATE
+    + f"""
 [signing]
 key_file = "signing.key"
 
 [offer_receipt]
 format = "{{form}}"
 
-[limits]
-per_ip_per_minute = 100000
-per_agent_per_minute = 100000
-
-[facilitator]
-url = "http://127.0.0.1:{{facilitator_port}}"
-timeout_seconds = 5
-
-[in_band]
-pending_per_ip = 1000
-
-[networks."eip155:84532"]
-rpc_url = "http://127.0.0.1:{{facilitator_port}}/rpc"
-
-[agents.exact]
-price = {{{{ {PRICED}, amount = "{PRICE}" }}}}
-
-[agents.permit2]
-price = {{{{ {PRICED}, amount = "{PRICE}", asset_transfer_method = "permit2" }}}}
-
-[agents.metered]
-price = {{{{ {PRICED}, scheme = "upto", ceiling = "50000", usage = {{{{ unit = "characters", unit_price = "10" }}}} }}}}
-
-[agents.channel]
-price = {{{{ {PRICED}, amount = "{PRICE}", scheme = "batch-settlement", min_deposit = "20000" }}}}
-
 [agents.fronted]  # another A2A server's agent: the card served is the gate's rewrite, signed by the operator
 backend = "upstream"
 url = "http://127.0.0.1:9/"
 price = {{{{ {PRICED}, amount = "{PRICE}" }}}}
 """
+)
 AGENTS = ("exact", "permit2", "metered", "channel")
 VERIFIER = Path(__file__).parents[1] / "support" / "x402_offer_receipt_verify.mjs"
 JS_PACKAGES = ("@x402/extensions@2", "@x402/core@2")

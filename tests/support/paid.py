@@ -89,8 +89,11 @@ def allowed_address() -> str:
     return Account.from_key(ALLOWED_KEY).address
 
 
-def paid_config(public_url: str, facilitator: str, *, per_ip: int = 100000, reconcile: float = 3600) -> str:
-    return PAID_CONFIG.format(
+def paid_config(
+    public_url: str, facilitator: str, *, per_ip: int = 100000, reconcile: float = 3600, paid_lines: str = ""
+) -> str:
+    """The priced test agents; `paid_lines`: more keys of the agent `paid` (`discovery = true`)."""
+    text = PAID_CONFIG.format(
         public_url=public_url,
         facilitator=facilitator,
         asset=ASSET,
@@ -99,6 +102,20 @@ def paid_config(public_url: str, facilitator: str, *, per_ip: int = 100000, reco
         reconcile=reconcile,
         allowed=allowed_address(),
     )
+    if paid_lines:
+        text = text.replace(
+            '[agents.paid]\ndescription = "paid echo"\n', f'[agents.paid]\ndescription = "paid echo"\n{paid_lines}\n'
+        )
+        assert paid_lines in text
+    return text
+
+
+def start_paid(tmp_path: Path, facilitator: str, start_gate: Any, write_config: Any, paid_lines: str = "") -> PaidSetup:
+    """A gate with the priced test agents in front of `facilitator` (the `paid` fixture's)."""
+    port = free_port()
+    config = write_config(paid_config(f"http://127.0.0.1:{port}", facilitator, paid_lines=paid_lines))
+    gate = start_gate(config, port=port)
+    return PaidSetup(gate=gate, facilitator_url=facilitator, db_path=tmp_path / "gate.db")
 
 
 def send_body(

@@ -334,6 +334,19 @@ def test_two_vouchers_on_one_base_claimed_at_once_reserve_the_channel_once(locat
     run_with_account(location, body)
 
 
+def counting_reads(channels: Channels) -> list[str]:
+    """The channel ids `channels` reads rows of from now on, in order."""
+    reads: list[str] = []
+    find = channels.find
+
+    async def counted(channel_id: str) -> Any:
+        reads.append(channel_id)
+        return await find(channel_id)
+
+    channels.find = counted  # type: ignore[method-assign]
+    return reads
+
+
 async def reserved_with_claim(store: Store, token: Token) -> bool:
     """Whether `token`'s voucher, checked before its claim, reserves its channel with the claim."""
     checked = await vouchers.reservable(store.channels, token, price())
@@ -414,14 +427,7 @@ def test_the_voucher_after_one_this_process_charged_is_checked_without_reading_i
         )
         flow = store.settler.flows.for_price(price())
         flow.count_settled(replace(voucher_payment(first.digest, PRICE), payload=first.payload))
-        reads: list[str] = []
-        find = store.channels.find
-
-        async def counted(channel_id: str) -> Any:
-            reads.append(channel_id)
-            return await find(channel_id)
-
-        store.channels.find = counted  # type: ignore[method-assign]
+        reads = counting_reads(store.channels)
         assert await reserved_with_claim(store, signed_voucher_token(account, "second", 2 * PRICE))
         assert reads == []
 
@@ -589,14 +595,7 @@ def test_a_channel_another_writer_moved_is_read_afresh_before_each_voucher_for_a
         assert CHANNEL not in store.channels.contended
         await store.channels.find(CHANNEL)  # the full check's read, after the claim
         assert CHANNEL in store.channels.contended
-        reads: list[str] = []
-        find = store.channels.find
-
-        async def counted(channel_id: str) -> Any:
-            reads.append(channel_id)
-            return await find(channel_id)
-
-        store.channels.find = counted  # type: ignore[method-assign]
+        reads = counting_reads(store.channels)
         assert await reserved_with_claim(store, signed_voucher_token(account, "fresh", 2 * PRICE))
         assert reads == [CHANNEL]
 
