@@ -898,6 +898,10 @@ def case_f(bench: Bench) -> None:
     row = postgres_row(bench, "channel", 2)
     per_voucher = row.extra["round_trips_per_request"]
     bench.targets.append(Target("f", "PostgreSQL round trips per voucher, 2 replicas ≤ 3 (÷3)", 3 / per_voucher, 1.0))
+    on_sqlite, on_postgres = bench.rows["gate-channel"].cpu_ms_per_request, row.cpu_ms_per_request
+    if on_sqlite and on_postgres:  # the gate's CPU per voucher, its replicas' together
+        text = "gate CPU per voucher on PostgreSQL, 2 replicas ≤ 1.3× on SQLite (÷1.3)"
+        bench.targets.append(Target("f", text, 1.3 * on_sqlite / on_postgres, 1.0))
 
 
 def vouchers_and_keys(bench: Bench, build: Build, trusting: ServerProcess) -> None:
