@@ -101,12 +101,12 @@ def test_paying_from_python(gate: DevGate) -> None:
 
 
 def test_paying_once_under_a_payment_identifier(gate: DevGate) -> None:
-    """The README's payment identifier block: the x402 client signs twice under one id; the second
+    """docs/paying.md's payment identifier block: the x402 client signs twice under one id; the second
     answer is the first's, replayed, and the payer is charged once on the development chain."""
     ledger = f"http://127.0.0.1:{gate.facilitator_port}/dev/ledger"
     settled_before = len(httpx.get(ledger, timeout=10).json()["settlements"])
 
-    out = ran(gate.python("pay_once.py", example(README, "pay_once.py")))
+    out = ran(gate.python("pay_once.py", example(PAYING, "pay_once.py")))
 
     (first, task), (second, again) = (line.split() for line in out.strip().splitlines())
     assert (first, second) == ("paid", "true") and task == again, out
