@@ -136,34 +136,34 @@ def npm_env() -> dict[str, str]:
     }
 
 
-def typescript_packages(install: str) -> Path:
-    """The folder holding the packages the page's `npm install` line installs (and the type checker).
+def npm_installed(folder: Path, lines: list[str], tools: tuple[str, ...] = ("node", "npm")) -> Path:
+    """`folder`, where the shell `lines` (npm installs) ran once: again only when the lines change.
 
-    Installed once per line, under a lock (two test workers may ask at once); reused after.
-    An npm that cannot install (no registry) skips the test, or fails it where CI is set.
+    Under a lock (two test workers may ask at once); reused after. An npm that cannot install (no
+    registry) skips the test, or fails it where CI is set.
     """
-    for tool in ("node", "npm", "npx"):
+    for tool in tools:
         if shutil.which(tool) is None:
-            unavailable(f"{tool} is not installed: the TypeScript example needs Node 20 and npm")
-    TYPESCRIPT_CACHE.mkdir(parents=True, exist_ok=True)
-    stamp = TYPESCRIPT_CACHE / "installed"
-    wanted = f"{install}\n{' '.join(TYPE_CHECKER)}\n"
-    with open(TYPESCRIPT_CACHE.parent / "readme-typescript.lock", "w") as lock:
+            unavailable(f"{tool} is not installed: the JavaScript packages need Node 20 and npm")
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = folder / "installed"
+    wanted = "".join(f"{line}\n" for line in lines)
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and stamp.read_text() == wanted and (TYPESCRIPT_CACHE / "node_modules").is_dir():
-            return TYPESCRIPT_CACHE
-        shutil.rmtree(TYPESCRIPT_CACHE)
-        TYPESCRIPT_CACHE.mkdir()
+        if stamp.exists() and stamp.read_text() == wanted and (folder / "node_modules").is_dir():
+            return folder
+        shutil.rmtree(folder)
+        folder.mkdir()
         # the reader's fresh folder; a package.json keeps npm from taking a parent folder for the project
-        (TYPESCRIPT_CACHE / "package.json").write_text("{}\n")
-        for line in (install, f"npm install --no-save {' '.join(TYPE_CHECKER)}"):
+        (folder / "package.json").write_text("{}\n")
+        for line in lines:
             try:
                 done = subprocess.run(
                     ["bash", "-eu", "-c", line],
                     capture_output=True,
                     text=True,
                     timeout=600,
-                    cwd=TYPESCRIPT_CACHE,
+                    cwd=folder,
                     env=npm_env(),
                 )
             except subprocess.TimeoutExpired:
@@ -172,7 +172,13 @@ def typescript_packages(install: str) -> Path:
                 said = [each for each in done.stderr.splitlines() if each.startswith("npm error")][:3]
                 unavailable(f"`{line}` failed (no npm registry?): {' / '.join(said) or done.stderr[-800:]}")
         stamp.write_text(wanted)
-    return TYPESCRIPT_CACHE
+    return folder
+
+
+def typescript_packages(install: str) -> Path:
+    """The folder holding the packages the page's `npm install` line installs (and the type checker)."""
+    type_checker = f"npm install --no-save {' '.join(TYPE_CHECKER)}"
+    return npm_installed(TYPESCRIPT_CACHE, [install, type_checker], ("node", "npm", "npx"))
 
 
 def typescript_project(packages: Path, into: Path, name: str, source: str) -> Path:
