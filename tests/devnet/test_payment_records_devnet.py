@@ -56,6 +56,24 @@ def pay(devnet: Devnet, agent: str, client: x402Client, texts: list[str], sent: 
     return answers
 
 
+def pay_each_way(
+    devnet: Devnet, keys: tuple[Any, Any, Any], vouchers: int, sent: list[str]
+) -> tuple[httpx.Response, httpx.Response, list[httpx.Response]]:
+    """One `exact` payment (`paid-echo`), one `upto` (`paid-metered`) and `vouchers` requests on one
+    channel (`paid-channel`), by the x402 package's own clients, one key each (exact, upto, channel)."""
+    exact_key, upto_key, channel_key = keys
+    exact = x402Client()
+    register_exact_evm_client(exact, exact_key)
+    (paid,) = pay(devnet, "paid-echo", exact, ["hello, paid"], sent)
+    upto = x402Client().register("eip155:*", UptoEvmClientScheme(upto_key))
+    (metered,) = pay(devnet, "paid-metered", upto, ["hello, metered world"], sent)
+    channel_client = x402Client().register(
+        "eip155:84532",
+        BatchSettlementEvmScheme(EthAccountSignerWithRPC(channel_key, rpc_url=f"{devnet.facilitator}/rpc")),
+    )
+    return paid, metered, pay(devnet, "paid-channel", channel_client, [f"voucher {i}" for i in range(vouchers)], sent)
+
+
 def receipt(answer: httpx.Response) -> dict[str, Any]:
     return json.loads(base64.b64decode(answer.headers["PAYMENT-RESPONSE"]))
 
@@ -76,18 +94,8 @@ def test_every_kind_of_payment_is_a_record_with_the_amounts_the_chain_moved(devn
     assert free.json()["result"]["status"]["state"] == "completed"
 
     sent: list[str] = []
-    exact_key, upto_key = Account.create(), Account.create()
-    exact = x402Client()
-    register_exact_evm_client(exact, exact_key)
-    (paid,) = pay(devnet, "paid-echo", exact, ["hello, paid"], sent)
-    upto = x402Client().register("eip155:*", UptoEvmClientScheme(upto_key))
-    (metered,) = pay(devnet, "paid-metered", upto, ["hello, metered world"], sent)
-    channel_key = Account.create()
-    channel_client = x402Client().register(
-        "eip155:84532",
-        BatchSettlementEvmScheme(EthAccountSignerWithRPC(channel_key, rpc_url=f"{devnet.facilitator}/rpc")),
-    )
-    vouchers = pay(devnet, "paid-channel", channel_client, [f"voucher {i}" for i in range(CHANNEL_REQUESTS)], sent)
+    exact_key, upto_key, channel_key = Account.create(), Account.create(), Account.create()
+    paid, metered, vouchers = pay_each_way(devnet, (exact_key, upto_key, channel_key), CHANNEL_REQUESTS, sent)
     claimed = devnet.cli("channels", "claim")
     assert claimed.returncode == 0, claimed.stdout + claimed.stderr
 

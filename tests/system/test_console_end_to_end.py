@@ -38,15 +38,10 @@ from typing import Any
 import httpx
 import pytest
 from eth_account import Account
-from x402 import x402Client
-from x402.mechanisms.evm.batch_settlement.client import BatchSettlementEvmScheme
-from x402.mechanisms.evm.exact import register_exact_evm_client
-from x402.mechanisms.evm.signers import EthAccountSignerWithRPC
-from x402.mechanisms.evm.upto import UptoEvmClientScheme
 
 from devnet.chain import TRANSFER_TOPIC
 from tests.devnet.test_channels_devnet import Devnet
-from tests.devnet.test_payment_records_devnet import pay, receipt, secrets_in
+from tests.devnet.test_payment_records_devnet import pay_each_way, receipt, secrets_in
 from tests.support.browser import headless_chromium
 from tests.support.chain_moves import rpc
 from tests.support.gate_helpers import KEY_LINE, wait_for
@@ -144,16 +139,7 @@ def test_every_payment_reads_the_same_everywhere_and_as_the_chain_moved_it(world
 
     sent: list[str] = []  # every PAYMENT-SIGNATURE header the clients sent
     exact_key, upto_key, channel_key = Account.create(), Account.create(), Account.create()
-    exact = x402Client()
-    register_exact_evm_client(exact, exact_key)
-    (paid,) = pay(devnet, "paid-echo", exact, ["hello, paid"], sent)
-    upto = x402Client().register("eip155:*", UptoEvmClientScheme(upto_key))
-    (metered,) = pay(devnet, "paid-metered", upto, ["hello, metered world"], sent)
-    channel_client = x402Client().register(
-        "eip155:84532",
-        BatchSettlementEvmScheme(EthAccountSignerWithRPC(channel_key, rpc_url=f"{devnet.facilitator}/rpc")),
-    )
-    vouchers = pay(devnet, "paid-channel", channel_client, [f"voucher {i}" for i in range(VOUCHERS)], sent)
+    paid, metered, vouchers = pay_each_way(devnet, (exact_key, upto_key, channel_key), VOUCHERS, sent)
     claimed = devnet.cli("channels", "claim")
     assert claimed.returncode == 0, claimed.stdout + claimed.stderr
 
