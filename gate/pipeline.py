@@ -319,9 +319,15 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
         meter=parts.flows.for_price(price).meter(payment, price),
     )
     # a new task takes the verify row and the claim's bind with its INSERT: one round trip (a task
-    # the delivery stores, with the delivery's); each applies only while the claim is ours
+    # the delivery stores, with the delivery's); each applies only while the claim is ours. A task
+    # first written as it ends is written with its delivery, whose claim write names the task and
+    # the payer itself (`Claims.delivered_settled`, `mark_delivered`): no bind then
     fresh = attempt.pending is None and plan.message.get("taskId") is None
     verified = parts.log.statement("verify", **attempt.log, payer=payment.payer, only_if=parts.claims.ours(hold))
+
+    def with_task(task: dict[str, Any], final: bool) -> list[tuple[str, Any]]:
+        return [verified] if final else [verified, parts.claims.bind_statement(hold, payment.payer, task["id"])]
+
     if not fresh:
         await parts.log.append("verify", **attempt.log, payer=payment.payer)
     try:
@@ -333,7 +339,7 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
                 agent.name,
                 owner,
                 hooks,
-                with_writes=lambda task: [verified, parts.claims.bind_statement(hold, payment.payer, task["id"])],
+                with_writes=with_task,
             )
     except RpcError as exc:
         await parts.release(hold)

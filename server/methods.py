@@ -11,6 +11,7 @@ import asyncio
 import base64
 import binascii
 import copy
+import functools
 import json
 import logging
 import re
@@ -135,12 +136,13 @@ class Methods:
         agent: str,
         owner: str,
         hooks: DeliveryHooks | None = None,
-        with_writes: Callable[[dict[str, Any]], Sequence[tuple[str, Sequence[Any]]]] | None = None,
+        with_writes: Callable[[dict[str, Any], bool], Sequence[tuple[str, Sequence[Any]]]] | None = None,
     ) -> Execution:
         """Create the task (or continue an interrupted one of the same owner) and run it.
 
-        `with_writes(task)`: rows that belong with a new task (the payment gate's bookkeeping
-        for it), written in the task's own transaction and round trip."""
+        `with_writes(task, final)`: rows that belong with a new task (the payment gate's bookkeeping
+        for it), written in the task's own transaction and round trip; `final` when the task is
+        first written as it ends, with its delivery's statements (`TaskStore.create`)."""
         message = self.scrub(plan.message)
         task_id = message.get("taskId")
         if task_id is None:
@@ -149,8 +151,8 @@ class Methods:
             # free, or paid by its delivery's own write (which stores the task with it)
             one_write = hooks is None or hooks.mode is DeliveryMode.ONE_WRITE
             deferred = one_write and plan.blocking and plan.call.operation == "send"
-            extra = with_writes(task) if with_writes is not None else ()
-            await self.store.create(task, agent=agent, owner=owner, deferred=deferred, with_writes=extra)
+            rows = None if with_writes is None else functools.partial(with_writes, task)
+            await self.store.create(task, agent=agent, owner=owner, deferred=deferred, with_writes=rows)
         else:
             found = await self.store.get(task_id, owner, agent)
             if found is None:

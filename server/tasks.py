@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -140,7 +140,8 @@ class Unwritten:
     owner: str
     created_at: float
     deadline_at: float
-    with_writes: Sequence[Statement] = ()  # the rows that belong with it, written with its INSERT
+    # the rows that belong with it, written with its INSERT (`final`: the INSERT stores it as it ends)
+    with_writes: Callable[[bool], Sequence[Statement]] | None = None
     writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -190,40 +191,44 @@ class TaskStore:
         owner: str,
         deadline_seconds: float | None = None,
         deferred: bool = False,
-        with_writes: Sequence[tuple[str, Sequence[Any]]] = (),
+        with_writes: Callable[[bool], Sequence[Statement]] | None = None,
     ) -> None:
         """Store a new task; `deferred`: at its first `save` (or `write`, or with the statements
         of `final_statements`) instead, in its state then, one statement for both. For a task
         nobody can name before its answer (a blocking send): the answer waits for `write`.
-        `with_writes`: other rows that belong with it (the anonymous path's bookkeeping), in the
-        same transaction and, on PostgreSQL, the same round trip (`Database.write_together`);
-        each with its WHERE clause last, and written only by the INSERT that stores the task."""
+        `with_writes(final)`: other rows that belong with it (the anonymous path's bookkeeping), in
+        the same transaction and, on PostgreSQL, the same round trip (`Database.write_together`);
+        each with its WHERE clause last, and written only by the INSERT that stores the task.
+        `final` says that INSERT stores the task as it ends, with the statements of its delivery
+        (`final_statements`), which may say some of what the rows would."""
         now = self.now()
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
         unwritten = Unwritten(agent, owner, now, now + deadline, with_writes)
         if deferred:
             self.unwritten[task["id"]] = unwritten
             return
-        if with_writes:
-            await self.db.write_together([self._insert_statement(task, unwritten, {}), *with_writes])
+        if with_writes is not None:
+            await self.db.write_together([self._insert_statement(task, unwritten, {}), *with_writes(False)])
             return
         await self._insert(task, unwritten, {})
 
     async def _insert(self, task: dict[str, Any], row: Unwritten, backend_ref: dict[str, Any]) -> None:
-        if row.with_writes:
+        if row.with_writes is not None:
             await self.db.write_together(
-                [*self._with_insert(task["id"], row), self._insert_statement(task, row, backend_ref)]
+                [*self._with_insert(task["id"], row, final=False), self._insert_statement(task, row, backend_ref)]
             )
         else:
             await self.db.execute(*self._insert_statement(task, row, backend_ref))
 
     @staticmethod
-    def _with_insert(task_id: str, row: Unwritten) -> list[Statement]:
+    def _with_insert(task_id: str, row: Unwritten, *, final: bool) -> list[Statement]:
         """The rows that belong with a task's INSERT, each applying only if that INSERT does: a task
         written already (its write committed, its writer cancelled before it heard) adds none again."""
+        if row.with_writes is None:
+            return []
         return [
             (f"{sql} AND NOT EXISTS (SELECT 1 FROM tasks WHERE id = ?)", (*args, task_id))
-            for sql, args in row.with_writes
+            for sql, args in row.with_writes(final)
         ]
 
     def _insert_statement(
@@ -285,7 +290,7 @@ class TaskStore:
         if row is None:
             return [self.save_statement(task)]
         _, args = self._insert_statement(task, row, {})
-        return [*self._with_insert(task["id"], row), (self._INSERT_SELECT, (*args, task["id"]))]
+        return [*self._with_insert(task["id"], row, final=True), (self._INSERT_SELECT, (*args, task["id"]))]
 
     def written(self, task_id: str) -> None:
         """The statements of `final_statements` for a deferred task were committed."""

@@ -125,7 +125,7 @@ def test_a_new_task_is_written_with_the_rows_that_belong_with_it(tmp_path):
             plan,
             "echo",
             OWNER,
-            with_writes=lambda task: [("INSERT INTO notes (task_id) SELECT ? WHERE 1 = 1", (task["id"],))],
+            with_writes=lambda task, final: [("INSERT INTO notes (task_id) SELECT ? WHERE 1 = 1", (task["id"],))],
         )
         db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
         assert await db.fetchval("SELECT task_id FROM notes") == execution.task["id"]
@@ -147,7 +147,7 @@ def test_a_deferred_task_written_by_its_final_statements_is_not_written_again(tm
         await db.execute("CREATE TABLE notes (task_id TEXT, n INTEGER)")
         task = new_task(None, {"kind": "message", "role": "user", "messageId": "m", "parts": []})
         note = ("INSERT INTO notes (task_id, n) SELECT ?, 1 WHERE 1 = 1", (task["id"],))
-        await store.create(task, agent="echo", owner=OWNER, deferred=True, with_writes=[note])
+        await store.create(task, agent="echo", owner=OWNER, deferred=True, with_writes=lambda final: [note])
         final = {**task}
         set_status(final, "completed")
         async with store.writing(task["id"]):
