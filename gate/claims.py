@@ -77,6 +77,7 @@ LIVE_STATES = (ClaimState.RUNNING, ClaimState.SETTLING)
 FINAL_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION, ClaimState.NO_CHARGE)
 RECORDED_STATES = (*FINAL_STATES, ClaimState.SETTLE_FAILED)  # a settle pass's outcome is on the claim
 # no pass will ever change these (needs_attention may be re-opened: it keeps what a payment needs)
+EVERY_STATE = frozenset(ClaimState)
 ENDED_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NO_CHARGE)
 DEFAULT_LEASE_SECONDS = 30.0
 
@@ -749,10 +750,10 @@ class Claims:
     def _ours(self, hold: Hold, states: tuple[ClaimState, ...], write: str = "") -> tuple[str, tuple[Any, ...]]:
         """The condition "this claim is still ours, in one of `states`" (and, with `write`, changed
         by that update), for writes sent with its update."""
-        marks = ", ".join("?" for _ in states)
+        in_states, states = state_condition(states)
         by = " AND last_write = ?" if write else ""
         return (
-            f"EXISTS (SELECT 1 FROM claims WHERE token_digest = ? AND fence = ? AND state IN ({marks}){by})",
+            f"EXISTS (SELECT 1 FROM claims WHERE token_digest = ? AND fence = ?{in_states}{by})",
             (hold.token_digest, hold.fence, *states, *((write,) if write else ())),
         )
 
@@ -766,9 +767,9 @@ class Claims:
             columns.append(f"next_settle_at = {self.now} + ?")
             args.append(values["next_settle_in"])
         columns.append(f"updated_at = {self.now}")
-        marks = ", ".join("?" for _ in expected)
+        in_states, expected = state_condition(expected)
         return (
-            f"UPDATE claims SET {', '.join(columns)} WHERE token_digest = ? AND fence = ? AND state IN ({marks})",
+            f"UPDATE claims SET {', '.join(columns)} WHERE token_digest = ? AND fence = ?{in_states}",
             (*args, hold.token_digest, hold.fence, *expected),
         )
 
@@ -778,3 +779,12 @@ class Claims:
         lost = ClaimLost(hold, write)
         self.on_lost(lost)
         raise lost
+
+
+def state_condition(states: tuple[ClaimState, ...]) -> tuple[str, tuple[ClaimState, ...]]:
+    """`AND state IN (...)` for a claim expected in `states`, and its values; nothing for every state
+    (a claim is always in one): SQLite builds the list's lookup table on every run of a statement,
+    which made a "this claim is ours" probe twice as slow as the fence alone."""
+    if EVERY_STATE.issubset(states):
+        return "", ()
+    return f" AND state IN ({', '.join('?' for _ in states)})", states

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gate.chain import Chain
-from gate.claims import MIGRATED_COLUMNS, ClaimLost, Claims, ClaimState
+from gate.claims import LIVE_STATES, MIGRATED_COLUMNS, ClaimLost, Claims, ClaimState, Hold, state_condition
 from gate.config import FacilitatorConfig, NetworkConfig
 from gate.facilitator import FacilitatorClient
 from gate.flows import Flows
@@ -161,3 +161,34 @@ def test_authorization_of_a_payload_that_is_not_eip3009_is_none() -> None:
         EXACT_EIP3009.authorization({"payload": {"authorization": {"from": "x", "nonce": "y"}}}, requirements, "n")
         is None
     )
+
+
+def test_a_fenced_write_names_the_states_it_expects_and_ours_matches_every_state(tmp_path: Path) -> None:
+    """A claim write expecting a state the claim has left changes nothing (`ClaimLost`), while a row
+    written "while the claim is ours" (`ours`, `bind_statement`: any state) applies in every state, and
+    never under another fence. The every-state condition is written without a state list
+    (`state_condition`): the same rows, a cheaper probe."""
+
+    async def run() -> None:
+        db = await opened(tmp_path / "gate.db")
+        claims = await claims_on(db)
+        await db.execute("CREATE TABLE notes (n INTEGER)")
+        outcome = await claims.claim("d1", "", "r1", "paid", "")
+        assert outcome.hold is not None
+        hold = outcome.hold
+        await claims.mark_delivered(hold, payer="0xabc", task_id="t1")  # running -> settling
+        with pytest.raises(ClaimLost):  # expects running: the claim is settling now
+            await claims.delivered_settled(hold, {}, payer="0xabc", task_id="t1")
+        await claims.recharge(hold, "sealed")  # expects settling: applies
+        for held, applies in ((hold, 1), (Hold(hold.token_digest, "another fence"), 0)):
+            sql, args = claims.ours(held)
+            [bound, noted] = await db.write_together(
+                [claims.bind_statement(held, "0xabc", "t2"), (f"INSERT INTO notes (n) SELECT 1 WHERE {sql}", args)]
+            )
+            assert (bound, noted) == (applies, applies)
+        assert await db.fetchval("SELECT task_id FROM claims WHERE token_digest = 'd1'") == "t2"
+        assert state_condition(tuple(ClaimState)) == ("", ())
+        assert state_condition(LIVE_STATES) == (" AND state IN (?, ?)", LIVE_STATES)
+        await db.close()
+
+    asyncio.run(run())
