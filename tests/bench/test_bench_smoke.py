@@ -133,6 +133,13 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
         return
     if case == "f":  # a voucher on PostgreSQL: counted, and no more than the README names
         assert 2 <= document["rows"]["pg-channel-r2"]["extra"]["round_trips_per_request"] <= 4
+        # the voucher's goal in the issue's own measure, CPU, beside its rate
+        cpu = [t for t in document["targets"] if t["text"].startswith("server CPU per voucher ≤ 0.5 ms")]
+        row = document["rows"]["gate-channel"]
+        ms = row["server_cpu"] / row["result"]["rps"] * 1000
+        assert len(cpu) == 1 and cpu[0]["measured"] == pytest.approx(0.5 / ms)
+        assert cpu[0]["met"] == (ms <= 0.5)
+        assert "server CPU per voucher" in table
 
     # one target per comparison the issue names, each with a measured number
     assert {t["case"] for t in document["targets"]} == {case}
