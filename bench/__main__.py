@@ -217,7 +217,8 @@ def table(bench: Bench, params: Params) -> str:
         out.append("")
         out.append("targets:")
         for t in bench.targets:
-            measured = f"{t.measured:.1f} MiB" if t.unit == "MiB" else f"{t.measured:.2f}×"
+            digits = 2 if f"{t.measured:.2f}" != f"{t.goal:.2f}" else 4  # a near miss is not printed as the goal
+            measured = f"{t.measured:.1f} MiB" if t.unit == "MiB" else f"{t.measured:.{digits}f}×"
             out.append(f"  [{'met' if t.met else 'MISSED':>6}]  {t.case}  {t.text}: measured {measured}")
     return "\n".join(out)
 
