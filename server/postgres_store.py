@@ -298,16 +298,18 @@ class PostgresDatabase(Database):
         """One round trip: the statements as ONE simple query, which PostgreSQL runs as one
         (implicit) transaction, all or none, or inside the caller's. The values are bound by
         psycopg on this side (`ClientCursor`, libpq's quoting): the simple protocol has no
-        parameters, and it is what runs several statements in one message."""
-        text = "; ".join(translate(sql) for sql, _ in statements)
-        values = [value for _, args in statements for value in arguments(args)]
+        parameters, and it is what runs several statements in one message. Each statement is
+        bound on its own and the texts joined after: psycopg keeps the parse of a statement of
+        up to 50 values and 4 KB, and a delivery's group is past both when bound whole, which
+        cost a replica about 3% of its CPU parsing it afresh for every voucher."""
         held = self._held_here()
-        if held is not None and not held.begun:  # the caller's transaction begins with these
-            text, held.begun = "BEGIN; " + text, True
         try:
             async with self._connection() as conn:
                 cursor = psycopg.AsyncClientCursor(conn)
-                await cursor.execute(text, values)
+                text = "; ".join(cursor.mogrify(translate(sql), arguments(args)) for sql, args in statements)
+                if held is not None and not held.begun:  # the caller's transaction begins with these
+                    text, held.begun = "BEGIN; " + text, True
+                await cursor.execute(text)
                 counts = [cursor.rowcount]
                 while cursor.nextset():
                     counts.append(cursor.rowcount)

@@ -739,6 +739,24 @@ def test_writes_together_commit_whole_or_not_at_all(location: str) -> None:
     with_db(location, body)
 
 
+def test_a_group_past_the_drivers_parse_cache_binds_every_value_as_sent(location: str) -> None:
+    """A delivery's group is bigger than psycopg keeps the parse of (50 values, 4 KB), so each of
+    its statements is bound on its own and their texts joined: values that look like placeholders,
+    quotes or statement ends, in SQL that holds a `%` of its own, reach their rows as sent."""
+    odd = ["%s", "%(n)s", "100%", "%%", "it's", 'say "hi"', "a\\b", "x; DROP TABLE t; --", "?", "é€𝄞", ""]
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        insert = "INSERT INTO t (id, n, at, doc) SELECT ?, ?, ?, ? || '' WHERE '%' = '%'"
+        statements = [(insert, (f"row{i}-{value}", i, i / 3, value * 200)) for i, value in enumerate(odd * 2)]
+        assert sum(len(args) for _, args in statements) > 50 and sum(len(a[3]) for _, a in statements) > 4096
+        assert await db.write_together(statements) == [1] * len(statements)
+        rows = await db.fetch("SELECT id, n, at, doc FROM t ORDER BY n")
+        assert [(r["id"], r["n"], r["at"], r["doc"]) for r in rows] == [args for _, args in statements]
+
+    with_db(location, body)
+
+
 def test_postgres_writes_together_in_one_round_trip(pg_location: str) -> None:
     """BEGIN, the statements and COMMIT travel together. A loopback proxy reads the client's
     side of the protocol and counts what asks the server to answer now: a Sync (the extended
