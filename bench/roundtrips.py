@@ -17,7 +17,9 @@ would) after wrapping three psycopg 3 calls:
   in between);
 - `redis.asyncio.Redis.execute_command`: the commands the shared limiters send to Redis;
 - `server.app.a2a_endpoint`: the A2A requests answered, which the figures are divided by (the
-  same window as the counters, where the load generator's count would be a slightly other one).
+  same window as the counters, where the load generator's count would be a slightly other one);
+- `server.postgres_store.PostgresDatabase.write_together`: a statement group is sent with its
+  values bound into its text, so its statements are counted under their SQL, joined, instead.
 
 On SIGUSR1 the counters are written to STATS_FILE (a JSON document with a `seq` that goes
 up by one each time, written whole then renamed), so the benchmark can read them as its
@@ -32,6 +34,7 @@ import signal
 import sys
 import time
 from collections import defaultdict
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +94,8 @@ def install(counters: Counters) -> None:
         try:
             return await execute(self, query, *args, **kwargs)
         finally:
-            entry = counters.statements[query if isinstance(query, str) else repr(query)]
+            label = group.get() or (query if isinstance(query, str) else repr(query))
+            entry = counters.statements[label]
             entry[0] += 1
             entry[1] += time.perf_counter() - started
 
@@ -121,6 +125,31 @@ def install(counters: Counters) -> None:
     redis.asyncio.Redis.execute_command = counted_command  # type: ignore[method-assign]
 
 
+# The statements of the `write_together` group under way, as the store was given them: it sends them
+# with their values bound in, a text that differs every time, where a statement is counted by its SQL.
+group: ContextVar[str] = ContextVar("group", default="")
+
+
+def label_groups() -> None:
+    """Count a statement group (`PostgresDatabase.write_together`) under its statements' SQL, joined."""
+    import server.postgres_store
+
+    store = getattr(server.postgres_store, "PostgresDatabase", None)
+    translate = getattr(server.postgres_store, "translate", None)
+    write_together = getattr(store, "write_together", None)
+    if write_together is None or translate is None:  # an older tree: its statements are counted as sent
+        return
+
+    async def labelled(self: Any, statements: Any) -> Any:
+        token = group.set("; ".join(translate(sql) for sql, _ in statements))
+        try:
+            return await write_together(self, statements)
+        finally:
+            group.reset(token)
+
+    store.write_together = labelled  # type: ignore[method-assign]
+
+
 def count_requests(counters: Counters) -> None:
     """Count the A2A requests the replica answers (`server.app.a2a_endpoint`, which the app's A2A route
     looks up by name on every request), so a window's round trips are divided by the requests of the
@@ -147,6 +176,7 @@ def main() -> int:
     # the tree being benchmarked first, as `python -m gate.cli` would find it (not this script's folder)
     sys.path[0] = os.getcwd()
     count_requests(counters)
+    label_groups()
     from gate.cli import main as gate_main
 
     return gate_main(sys.argv[2:])

@@ -224,6 +224,9 @@ def assert_postgres_figures(document: dict, table: str) -> None:
         # and no more than the README names (counted, not timed: a regression in statements shows here)
         assert extra["round_trips_per_request"] <= (2 if "free" in key else 6), (key, extra)
         assert extra["statements"] and all(s["per_request"] > 0 for s in extra["statements"])
+        # counted by their SQL (a statement group is sent with its values bound into its text, and
+        # counted under its statements' SQL): a few kinds, not one per group sent
+        assert len(extra["statements"]) <= 20, [s["sql"][:60] for s in extra["statements"][:4]]
         assert extra["schema_rows"]["tasks"] > 0, extra["schema_rows"]
         if "paid" in key:
             assert extra["schema_rows"]["claims"] > 0 and row["also_cpu"]["facilitator (trusting)"] >= 0
