@@ -21,10 +21,11 @@ from typing import Protocol
 from cachetools import LRUCache
 
 
-class RateLimit(Protocol):
-    """What the pipeline asks a limiter: 0.0 when `key` may pass, else the seconds to wait."""
+class RateLimits(Protocol):
+    """What the pipeline asks of its limiters, once a request: None when the caller and the agent
+    may both pass, else which one refused ("ip" or "agent") and the seconds to wait."""
 
-    async def check(self, key: str) -> float: ...
+    async def check(self, client: str, agent: str) -> tuple[str, float] | None: ...
 
 
 class Limiter:
@@ -53,10 +54,6 @@ class Limiter:
         bucket[0] = tokens
         return (1.0 - tokens) / self.rate
 
-    async def check(self, key: str) -> float:
-        """`take` behind the interface every limiter shares (see `gate.shared_limiter`)."""
-        return self.take(key)
-
 
 class AgentLimiters:
     """One bucket per agent, each with the agent's own limit or the default."""
@@ -71,9 +68,6 @@ class AgentLimiters:
 
     def per_minute(self, agent: str) -> int:
         return int((self.own.get(agent) or self.default).capacity)
-
-    async def check(self, agent: str) -> float:
-        return self.take(agent)
 
 
 MAX_KEY_CHARS = 64  # a forwarded value that is not an address still gets a bucket, of bounded size
@@ -109,3 +103,22 @@ class CallerLimiter(Limiter):
 
     def take(self, key: str) -> float:
         return super().take(caller_key(key, self.ipv6_prefix))
+
+
+class Limits:
+    """The per-IP limiter, then the per-agent one, in this process's memory. A caller the first
+    refuses spends nothing of the agent's bucket: one caller's flood cannot use up an agent."""
+
+    def __init__(self, ip: CallerLimiter, agents: AgentLimiters) -> None:
+        self.ip = ip
+        self.agents = agents
+
+    def take(self, client: str, agent: str) -> tuple[str, float] | None:
+        wait = self.ip.take(client)
+        if wait:
+            return "ip", wait
+        wait = self.agents.take(agent)
+        return ("agent", wait) if wait else None
+
+    async def check(self, client: str, agent: str) -> tuple[str, float] | None:
+        return self.take(client, agent)

@@ -19,7 +19,7 @@ from gate.config import GateConfig
 from gate.facilitator import FacilitatorClient
 from gate.flows import FlowParts, Flows
 from gate.in_band import InBand
-from gate.limiter import AgentLimiters, CallerLimiter, RateLimit
+from gate.limiter import AgentLimiters, CallerLimiter, Limits, RateLimits
 from gate.metrics import GateMetrics
 from gate.offer_receipt import OfferReceipts
 from gate.payment_log import PaymentLog
@@ -48,8 +48,7 @@ class GateParts:
     agents: AgentRegistry
     methods: Methods
     metrics: GateMetrics
-    ip_limiter: RateLimit
-    agent_limiters: RateLimit
+    limits: RateLimits  # per-IP, then per-agent
     facilitator: FacilitatorClient
     claims: Claims
     flows: Flows  # how each scheme's payment is collected
@@ -75,13 +74,12 @@ class GateParts:
         own_ip = CallerLimiter(limits.per_ip_per_minute, limits.max_entries, limits.ipv6_prefix)
         overrides = {a.name: a.per_agent_per_minute for a in config.agents.values() if a.per_agent_per_minute}
         own_agents = AgentLimiters(limits.per_agent_per_minute, overrides)
-        ip_limiter: RateLimit = own_ip
-        agent_limiters: RateLimit = own_agents
+        rate_limits: RateLimits = Limits(own_ip, own_agents)
         shared_buckets = None
         if limits.redis_url:  # several replicas: the buckets live in Redis
             from gate.shared_limiter import shared_limiters  # redis is imported only when configured
 
-            shared_buckets, ip_limiter, agent_limiters = shared_limiters(limits, own_ip, own_agents, metrics)
+            shared_buckets, rate_limits = shared_limiters(limits, Limits(own_ip, own_agents), metrics)
         facilitator = FacilitatorClient(config.facilitator, metrics)
         live = LiveDeliveries(metrics)
         claims = Claims(server.db, config.claim_lease_seconds, on_lost=live.lost)
@@ -120,8 +118,7 @@ class GateParts:
             agents=server.agents,
             methods=server.methods,
             metrics=metrics,
-            ip_limiter=ip_limiter,
-            agent_limiters=agent_limiters,
+            limits=rate_limits,
             facilitator=facilitator,
             claims=claims,
             flows=flows,

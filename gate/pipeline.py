@@ -49,12 +49,12 @@ logger = logging.getLogger("a2a_gate.gate")
 
 async def handle_anonymous(parts: GateParts, request: Request, name: str, info: RequestInfo) -> Response:
     settings = parts.settings
-    # 1. per-IP, then per-agent limiter
-    for limiter, key in ((parts.ip_limiter, info.client), (parts.agent_limiters, name)):
-        wait = await limiter.check(key)
-        if wait:
-            parts.metrics.refused["ip" if limiter is parts.ip_limiter else "agent"].inc()
-            return too_many_requests(wait)
+    # 1. per-IP, then per-agent limiter (one question, one Redis command when they are shared)
+    refused = await parts.limits.check(info.client, name)
+    if refused is not None:
+        which, wait = refused
+        parts.metrics.refused[which].inc()
+        return too_many_requests(wait)
     # 2. unknown, unexposed and unpriced agents all look the same
     agent, terms = parts.agents.get(name), parts.offers.agent(name)
     priced = terms.price is not None or name in parts.offers.unavailable

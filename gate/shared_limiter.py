@@ -1,11 +1,14 @@
 """Token buckets shared by every replica, in Redis, with each replica's own as the fallback.
 
-With `[limits] redis_url` set, a check is ONE call of a Lua script (EVALSHA of a
-registered script): read the bucket, refill it from Redis's own clock, spend a token
-or compute the wait, write it back and set its expiry, atomically. The semantics are
-those of the in-memory `gate.limiter.Limiter` (burst = the per-minute rate, Retry-After
-from the bucket), so a replica's answers do not change with where the bucket lives. A
-bucket expires once it would be full again, so Redis holds only callers seen lately.
+With `[limits] redis_url` set, a request's check is ONE call of a Lua script (EVALSHA of a
+registered script) for both limiters: for the caller's bucket, then the agent's, read it, refill
+it from Redis's own clock, spend a token or compute the wait, write it back and set its expiry,
+atomically, stopping at the first that refuses (a caller refused spends nothing of the agent's).
+The semantics are those of the in-memory `gate.limiter.Limits` (burst = the per-minute rate,
+Retry-After from the bucket), so a replica's answers do not change with where the buckets live,
+and a request costs one Redis round trip, not one per limiter. A bucket expires once it would
+be full again, so Redis holds only callers seen lately. (The two keys of a call must live on one
+server: a single Redis, or a primary with its replicas; a Redis Cluster would refuse the call.)
 
 Redis not answering within the timeout (down at start, gone mid-run) is never an
 error to the caller: the replica answers from its own in-memory buckets, logs the
@@ -28,31 +31,37 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gate.config import LimitsConfig
-from gate.limiter import MAX_KEY_CHARS, AgentLimiters, CallerLimiter, caller_key
+from gate.limiter import MAX_KEY_CHARS, Limits, caller_key
 from gate.metrics import GateMetrics
 
 logger = logging.getLogger("a2a_gate.gate")
 
-# KEYS[1]: the bucket; ARGV[1]: capacity (= per-minute rate); ARGV[2]: tokens per millisecond.
-# Returns 0 when a token was spent, else the milliseconds until one is there.
+# KEYS: the buckets, in order; ARGV: each one's capacity (= per-minute rate) and tokens per
+# millisecond, in pairs. Spends a token from each in turn and stops at the first that has none:
+# returns {0, 0} when every one had a token, else {its position from 1, the milliseconds until it has one}.
 TAKE_SCRIPT = """
-local capacity = tonumber(ARGV[1])
-local per_ms = tonumber(ARGV[2])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local bucket = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(bucket[1]) or capacity
-local at = tonumber(bucket[2]) or now
-tokens = math.min(capacity, tokens + math.max(0, now - at) * per_ms)
-local wait = 0
-if tokens >= 1 then
-  tokens = tokens - 1
-else
-  wait = math.ceil((1 - tokens) / per_ms)
+for i, key in ipairs(KEYS) do
+  local capacity = tonumber(ARGV[2 * i - 1])
+  local per_ms = tonumber(ARGV[2 * i])
+  local bucket = redis.call('HMGET', key, 'tokens', 'at')
+  local tokens = tonumber(bucket[1]) or capacity
+  local at = tonumber(bucket[2]) or now
+  tokens = math.min(capacity, tokens + math.max(0, now - at) * per_ms)
+  local wait = 0
+  if tokens >= 1 then
+    tokens = tokens - 1
+  else
+    wait = math.ceil((1 - tokens) / per_ms)
+  end
+  redis.call('HSET', key, 'tokens', tostring(tokens), 'at', now)
+  redis.call('PEXPIRE', key, math.ceil((capacity - tokens) / per_ms) + 1000)
+  if wait > 0 then
+    return {i, wait}
+  end
 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', now)
-redis.call('PEXPIRE', KEYS[1], math.ceil((capacity - tokens) / per_ms) + 1000)
-return wait
+return {0, 0}
 """
 
 MAX_CONNECTIONS = 50  # to Redis, per process
@@ -89,18 +98,22 @@ class SharedBuckets:
         self.probe: asyncio.Task[None] | None = None
         metrics.limiter_shared.set(1)
 
-    async def take(self, key: str, per_minute: int) -> float | None:
-        """Seconds to wait (0.0: allowed) from the shared bucket, or None: ask the local one."""
+    async def take(self, buckets: list[tuple[str, int]]) -> tuple[int, float] | None:
+        """A token from each bucket (its key, its per-minute rate) in turn, stopping at the first
+        that has none: (0, 0.0) when every one had one, else (its position from 1, the seconds to
+        wait). None: Redis is not answering, ask the local buckets."""
         if not self.shared:
             self.probe_when_due()
             return None
+        keys = [self.prefix + key for key, _ in buckets]
+        rates = [rate for _, per_minute in buckets for rate in (per_minute, per_minute / 60_000)]
         try:
             async with asyncio.timeout(self.timeout):
-                wait_ms = await self.script(keys=[self.prefix + key], args=[per_minute, per_minute / 60_000])
+                refused, wait_ms = await self.script(keys=keys, args=rates)
         except (RedisError, OSError, TimeoutError) as exc:
             self.lost(exc)
             return None
-        return int(wait_ms) / 1000
+        return int(refused), int(wait_ms) / 1000
 
     def lost(self, exc: BaseException) -> None:
         if not self.shared:
@@ -156,26 +169,28 @@ def where(client: Redis) -> str:
     return f"{place}/{kwargs.get('db', 0)}"
 
 
-class SharedLimiter:
-    """One limiter (per-IP or per-agent) over the shared buckets, its in-memory twin behind it."""
+class SharedLimits:
+    """The per-IP and per-agent limits over the shared buckets, one script call for both; this
+    process's own `Limits` behind them."""
 
-    def __init__(
-        self,
-        buckets: SharedBuckets,
-        local: CallerLimiter | AgentLimiters,
-        kind: str,
-        key_of: Callable[[str], str],
-        per_minute_of: Callable[[str], int],
-    ) -> None:
+    KINDS = ("ip", "agent")  # a refusal's position in a call, from 1
+
+    def __init__(self, buckets: SharedBuckets, local: Limits, ipv6_prefix: int) -> None:
         self.buckets = buckets
         self.local = local
-        self.kind = kind
-        self.key_of = key_of
-        self.per_minute_of = per_minute_of
+        self.ipv6_prefix = ipv6_prefix
 
-    async def check(self, key: str) -> float:
-        wait = await self.buckets.take(f"{self.kind}:{self.key_of(key)}", self.per_minute_of(key))
-        return self.local.take(key) if wait is None else wait
+    async def check(self, client: str, agent: str) -> tuple[str, float] | None:
+        taken = await self.buckets.take(
+            [
+                (f"ip:{caller_key(client, self.ipv6_prefix)}", int(self.local.ip.capacity)),
+                (f"agent:{bounded_name(agent)}", self.local.agents.per_minute(agent)),
+            ]
+        )
+        if taken is None:
+            return self.local.take(client, agent)
+        refused, wait = taken
+        return None if refused == 0 else (self.KINDS[refused - 1], wait)
 
 
 def bounded_name(name: str) -> str:
@@ -183,14 +198,7 @@ def bounded_name(name: str) -> str:
     return name if len(name) <= MAX_KEY_CHARS else hashlib.sha256(name.encode()).hexdigest()
 
 
-def shared_limiters(
-    limits: LimitsConfig, ip: CallerLimiter, agents: AgentLimiters, metrics: GateMetrics
-) -> tuple[SharedBuckets, SharedLimiter, SharedLimiter]:
-    """The per-IP and per-agent limiters over Redis (`[limits] redis_url`)."""
+def shared_limiters(limits: LimitsConfig, local: Limits, metrics: GateMetrics) -> tuple[SharedBuckets, SharedLimits]:
+    """The per-IP and per-agent limits over Redis (`[limits] redis_url`), `local` behind them."""
     buckets = SharedBuckets(limits.redis_url, limits.redis_prefix, limits.redis_timeout_seconds, metrics)
-    per_ip = limits.per_ip_per_minute
-    return (
-        buckets,
-        SharedLimiter(buckets, ip, "ip", lambda a: caller_key(a, limits.ipv6_prefix), lambda _: per_ip),
-        SharedLimiter(buckets, agents, "agent", bounded_name, agents.per_minute),
-    )
+    return buckets, SharedLimits(buckets, local, limits.ipv6_prefix)

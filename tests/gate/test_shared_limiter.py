@@ -121,6 +121,40 @@ def test_per_agent_limit_holds_across_replicas(tmp_path, redis_service):
         stop_all(replicas)
 
 
+def script_calls(url: str) -> int:
+    """The scripts a Redis server has run (EVALSHA, EVAL, SCRIPT LOAD), however they ended."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2.0)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval", "script|load"))
+
+
+def test_both_limiters_are_one_redis_command_and_a_refused_caller_spends_nothing_of_the_agent(tmp_path, own_redis):
+    """A request's two limits are one script call, one round trip to Redis (not one a limiter); and
+    as in one process, a caller the per-IP limit refuses never reaches the agent's bucket, so one
+    caller's flood does not use up an agent for everyone else."""
+    replicas = start_replicas(tmp_path, own_redis.url, "both:", per_ip=2, per_agent=7)
+    try:
+        for i, gate in enumerate(replicas):  # each replica loads the script once: not counted below
+            assert burst([gate], 1, f"203.0.113.{i + 1}") == [402]  # 2 of the agent's 7
+        before = script_calls(own_redis.url)
+        flood = Counter(burst(replicas, 8, "198.51.100.7"))  # 2 pass the per-IP limit: 2 more of the 7
+        assert flood == {402: 2, 429: 6}
+        assert script_calls(own_redis.url) - before == 8
+        others = Counter()
+        for i in range(5):  # five other callers, one at a time: the agent has 3 left
+            others.update(burst(replicas[i % 2 : i % 2 + 1], 1, f"198.51.100.{i + 20}"))
+        assert others == {402: 3, 429: 2}
+        assert script_calls(own_redis.url) - before == 13
+        assert [metric(gate, "a2a_gate_limiter_shared") for gate in replicas] == [1.0, 1.0]
+    finally:
+        stop_all(replicas)
+
+
 def test_redis_stopped_mid_run_falls_back_then_shares_again(tmp_path, own_redis):
     replicas = start_replicas(tmp_path, own_redis.url, "midrun:", per_ip=3)
     try:
