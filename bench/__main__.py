@@ -239,8 +239,9 @@ def postgres_section(bench: Bench, least: float = 0.05) -> list[str]:
         waits = ", ".join(f"{k} {v:.2f}" for k, v in list(a["waiting"].items())[:4]) or "none"
         cpu = ", ".join(f"{name} {used:.0%}" for name, used in row.also_cpu.items())
         out.append(
-            f"  {row.key}: {x['round_trips_per_request']:.1f} round trips "
-            f"({x['statements_per_request']:.1f} statements, "
+            f"  {row.key}: {x['round_trips_per_request']:.3f} round trips "
+            f"({x['request_round_trips_per_request']:.3f} serving the request, the rest the replicas' own passes; "
+            f"{x['statements_per_request']:.1f} statements, "
             f"{x['other_round_trips_per_request']:.1f} BEGIN/COMMIT/other), {x['ms_per_round_trip']:.2f} ms each "
             f"(of which PostgreSQL busy {x['server_ms_per_round_trip']:.2f}); "
             f"{x['checkouts_per_request']:.1f} pool checkouts, waited {x['pool_wait_ms_per_checkout']:.2f} ms, "

@@ -798,6 +798,8 @@ def postgres_figures(
     return {
         "replicas": replicas,
         "round_trips_per_request": trips["round_trips"] / n,
+        # of them, made serving requests; the rest are the replicas' own passes, by the clock
+        "request_round_trips_per_request": trips["request_round_trips"] / n,
         "statements_per_request": executed / n,
         "other_round_trips_per_request": (trips["round_trips"] - executed) / n,  # BEGIN, COMMIT, ROLLBACK, probes
         "ms_per_round_trip": trips["round_trip_seconds"] / trips["round_trips"] * 1000 if trips["round_trips"] else 0,
@@ -899,8 +901,9 @@ def case_f(bench: Bench) -> None:
         bench.notes.append(f"case f on PostgreSQL skipped: {why}")
         return
     row = postgres_row(bench, "channel", 2)
-    per_voucher = row.extra["round_trips_per_request"]
-    bench.targets.append(Target("f", "PostgreSQL round trips per voucher, 2 replicas ≤ 3 (÷3)", 3 / per_voucher, 1.0))
+    per_voucher = row.extra["request_round_trips_per_request"]  # a voucher's own, not the replicas' passes
+    text = "PostgreSQL round trips per voucher (its request's), 2 replicas ≤ 3 (÷3)"
+    bench.targets.append(Target("f", text, 3 / per_voucher if per_voucher else 0.0, 1.0))
     on_sqlite, on_postgres = bench.rows["gate-channel"].cpu_ms_per_request, row.cpu_ms_per_request
     if on_sqlite and on_postgres:  # the gate's CPU per voucher, its replicas' together
         text = "gate CPU per voucher on PostgreSQL, 2 replicas ≤ 1.3× on SQLite (÷1.3)"

@@ -248,6 +248,7 @@ class RoundTrips:
         first, last = self.marks[0], self.marks[-1]
         names = (
             "round_trips",
+            "request_round_trips",
             "round_trip_seconds",
             "checkouts",
             "checkout_seconds",

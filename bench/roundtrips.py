@@ -6,7 +6,9 @@ Runs `gate.cli` in this process (from the working directory's tree, as `python -
 would) after wrapping three psycopg 3 calls:
 
 - `AsyncConnection.wait`: every operation that goes to the server and waits for its answer
-  (a statement, BEGIN, COMMIT, ROLLBACK, the store's liveness probe): one round trip each.
+  (a statement, BEGIN, COMMIT, ROLLBACK, the store's liveness probe): one round trip each;
+  those made while serving a request (in its task, or a task it started) apart from the
+  replica's own passes, which run by the clock;
   psycopg's one-off PREPARE, sent before a statement's sixth use on a connection, rides
   inside the same wait and is not counted (once per statement and connection);
 - `AsyncCursor.execute`: the statements among them, by SQL text, with the time from the
@@ -44,6 +46,7 @@ class Counters:
         self.path = path
         self.seq = 0
         self.round_trips = 0
+        self.request_round_trips = 0  # of them, those a request made (its task, or one it started)
         self.round_trip_seconds = 0.0
         self.checkouts = 0
         self.checkout_seconds = 0.0
@@ -58,6 +61,7 @@ class Counters:
             "seq": self.seq,
             "pid": os.getpid(),
             "round_trips": self.round_trips,
+            "request_round_trips": self.request_round_trips,
             "round_trip_seconds": self.round_trip_seconds,
             "checkouts": self.checkouts,
             "checkout_seconds": self.checkout_seconds,
@@ -88,6 +92,8 @@ def install(counters: Counters) -> None:
         finally:
             counters.round_trips += 1
             counters.round_trip_seconds += time.perf_counter() - started
+            if serving.get():
+                counters.request_round_trips += 1
 
     async def timed_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
@@ -125,6 +131,10 @@ def install(counters: Counters) -> None:
     redis.asyncio.Redis.execute_command = counted_command  # type: ignore[method-assign]
 
 
+# Whether this task serves a request (or was started by one): its round trips are the request's, the
+# others the replica's own passes (sweeps, lease renewals, counts), which run by the clock, not per request.
+serving: ContextVar[bool] = ContextVar("serving", default=False)
+
 # The statements of the `write_together` group under way, as the store was given them: it sends them
 # with their values bound in, a text that differs every time, where a statement is counted by its SQL.
 group: ContextVar[str] = ContextVar("group", default="")
@@ -161,9 +171,11 @@ def count_requests(counters: Counters) -> None:
         return
 
     async def counted_endpoint(request: Any) -> Any:
+        token = serving.set(True)  # what the request's task does, and the tasks it starts (a copy of its context)
         try:
             return await endpoint(request)
         finally:
+            serving.reset(token)
             counters.requests += 1
 
     server.app.a2a_endpoint = counted_endpoint  # type: ignore[attr-defined]
