@@ -30,8 +30,11 @@ touched, written out): a write outside a transaction is therefore committed toge
 the other such writes issued in the same turn of the event loop (group commit), one
 ``BEGIN IMMEDIATE ... COMMIT`` for all, and its caller resumes only once that commit is
 done. Each keeps its own outcome (rowcount or error); none waits longer than the loop's turn.
-A `write_together` group joins the same commit as one unit, inside a savepoint of its own:
-its statements apply all together or not at all, whatever the others in the commit do.
+A `write_together` group joins the same commit as one unit: its statements apply all together or
+not at all, whatever the others in the commit do. A commit runs without savepoints first (a
+statement that fails leaves nothing of itself, so a group that fails at its first statement is
+undone already); only a group failing after some of it applied has the commit undone whole and
+redone with a savepoint per group, which then undoes that group alone.
 """
 
 from __future__ import annotations
@@ -70,6 +73,10 @@ WRITES = ("INSERT", "UPDATE", "DELETE", "insert", "update", "delete")  # stateme
 # (a `write_together` group, in a savepoint), and the future its caller awaits: a rowcount,
 # or a group's list of them.
 Write = tuple[list[tuple[str, tuple[Any, ...]]], bool, "asyncio.Future[Any]"]
+
+
+class Halfway(Exception):
+    """A statement group failed after some of it applied, in a commit without savepoints."""
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -259,32 +266,14 @@ class SQLiteDatabase(Database):
 
     def _commit(self, batch: list[Write]) -> None:
         """One transaction for `batch`: each write's rowcount (a group's list of them) or error to its own future."""
-        outcomes: list[Any] = []
         try:
-            conn = self.conn
-            conn.execute("BEGIN IMMEDIATE")
-            for statements, together, _ in batch:
-                if together:
-                    conn.execute("SAVEPOINT together")
-                try:
-                    counts = [conn.execute(sql, args).rowcount for sql, args in statements]
-                except sqlite3.Error as exc:  # a constraint, a lock: this write alone is undone
-                    if together and conn.in_transaction:
-                        conn.execute("ROLLBACK TO together")
-                        conn.execute("RELEASE together")
-                    unavailable = isinstance(exc, sqlite3.OperationalError)
-                    outcomes.append(DatabaseUnavailable(f"sqlite: {exc}") if unavailable else exc)
-                else:
-                    if together:
-                        conn.execute("RELEASE together")
-                    outcomes.append(counts if together else counts[0])
-                if not conn.in_transaction:  # SQLite gave the whole transaction up (full, I/O)
-                    raise DatabaseUnavailable("sqlite: the transaction was rolled back")
-            conn.execute("COMMIT")
+            try:
+                outcomes = self._apply(batch, savepoints=False)
+            except Halfway:  # undone whole; then again, each group in a savepoint of its own
+                self._roll_back()
+                outcomes = self._apply(batch, savepoints=True)
         except (sqlite3.Error, DatabaseUnavailable) as exc:
-            with contextlib.suppress(sqlite3.Error, DatabaseUnavailable):
-                if self.conn.in_transaction:
-                    self.conn.execute("ROLLBACK")
+            self._roll_back()
             failed = exc if isinstance(exc, DatabaseUnavailable) else DatabaseUnavailable(f"sqlite: {exc}")
             outcomes = [failed] * len(batch)
         else:
@@ -297,6 +286,45 @@ class SQLiteDatabase(Database):
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+
+    def _apply(self, batch: list[Write], *, savepoints: bool) -> list[Any]:
+        """BEGIN, the batch's writes, COMMIT: their outcomes. A write that fails is undone alone: a
+        statement that fails leaves nothing of itself (SQLite undoes it), so a group needs undoing
+        only when it fails after its first statement applied. Without `savepoints` that raises
+        `Halfway` (the commit is redone with them: rare); with them, the group's savepoint undoes it.
+        A savepoint a group cost a voucher's write about as much as its statements did."""
+        outcomes: list[Any] = []
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        for statements, together, _ in batch:
+            isolated = together and savepoints
+            if isolated:
+                conn.execute("SAVEPOINT together")
+            counts: list[int] = []
+            try:
+                for sql, args in statements:
+                    counts.append(conn.execute(sql, args).rowcount)
+            except sqlite3.Error as exc:  # a constraint, a lock: this write alone is undone
+                if counts and not savepoints:  # some of the group applied: only the whole commit undoes it
+                    raise Halfway from exc
+                if isolated and conn.in_transaction:
+                    conn.execute("ROLLBACK TO together")
+                    conn.execute("RELEASE together")
+                unavailable = isinstance(exc, sqlite3.OperationalError)
+                outcomes.append(DatabaseUnavailable(f"sqlite: {exc}") if unavailable else exc)
+            else:
+                if isolated:
+                    conn.execute("RELEASE together")
+                outcomes.append(counts if together else counts[0])
+            if not conn.in_transaction:  # SQLite gave the whole transaction up (full, I/O)
+                raise DatabaseUnavailable("sqlite: the transaction was rolled back")
+        conn.execute("COMMIT")
+        return outcomes
+
+    def _roll_back(self) -> None:
+        with contextlib.suppress(sqlite3.Error, DatabaseUnavailable):
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
 
     async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         try:

@@ -684,8 +684,9 @@ def test_sqlite_commits_the_writes_of_one_loop_turn_together(tmp_path: Path) -> 
 
 
 def test_sqlite_commits_groups_written_together_in_the_loop_turns_commit_each_whole(tmp_path: Path) -> None:
-    """`write_together` groups of one loop turn join its group commit, each in a savepoint of its own:
-    a group that fails is undone whole, and the writes beside it in the same commit stand."""
+    """`write_together` groups of one loop turn join its group commit: a group that fails after some
+    of it applied is undone whole (the commit redone with a savepoint per group), and the writes
+    beside it in the same commit stand."""
 
     async def body(db: Database) -> None:
         await db.execute(ROWS)
@@ -703,9 +704,44 @@ def test_sqlite_commits_groups_written_together_in_the_loop_turns_commit_each_wh
         db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
         assert outcomes[0] == [1, 1] and outcomes[2] == 1 and outcomes[3] == [1, 0]
         assert isinstance(outcomes[1], Exception) and "UNIQUE" in str(outcomes[1])
-        assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+        rows0 = [r["id"] for r in await db.fetch("SELECT id FROM t ORDER BY id")]
+        assert rows0 == ["g1a", "g1b", "g3a", "single", "taken"], rows0
+        ends = [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")]
+        assert ends == ["BEGIN IMMEDIATE", "ROLLBACK", "BEGIN IMMEDIATE", "COMMIT"]  # one commit, redone
+        assert statements.count("SAVEPOINT together") == 3  # in the redo, one a group
         rows = await db.fetch("SELECT id FROM t ORDER BY id")
         assert [r["id"] for r in rows] == ["g1a", "g1b", "g3a", "single", "taken"]
+
+    with_db(str(tmp_path / "store.db"), body)
+
+
+def test_sqlite_commits_groups_without_savepoints_unless_one_fails_halfway(tmp_path: Path) -> None:
+    """A savepoint a group is what a voucher's writes paid most for beside their statements: a commit
+    runs without them, and a group that fails at its first statement needs none (a failed statement
+    leaves nothing of itself), so only a group failing after some of it applied costs a redo."""
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        await db.execute("INSERT INTO t (id, n) VALUES ('taken', 0)")
+        statements: list[str] = []
+        db.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        insert = "INSERT INTO t (id, n) VALUES (?, ?)"
+        writes = [
+            db.write_together([(insert, ("a1", 1)), ("UPDATE t SET n = n + 1 WHERE id = ?", ("a1",))]),
+            db.write_together([(insert, ("taken", 2)), (insert, ("b2", 2))]),  # fails first: nothing of it
+            db.write_together([(insert, ("c1", 3)), ("UPDATE t SET n = 9 WHERE id = 'nobody'", ())]),
+        ]
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        assert outcomes[0] == [1, 1] and outcomes[2] == [1, 0]
+        assert isinstance(outcomes[1], Exception) and "UNIQUE" in str(outcomes[1])
+        assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")] == [
+            "BEGIN IMMEDIATE",
+            "COMMIT",
+        ]
+        assert not [s for s in statements if "SAVEPOINT" in s or "RELEASE" in s]
+        rows = await db.fetch("SELECT id, n FROM t ORDER BY id")
+        assert [(r["id"], r["n"]) for r in rows] == [("a1", 2), ("c1", 3), ("taken", 0)]
 
     with_db(str(tmp_path / "store.db"), body)
 
