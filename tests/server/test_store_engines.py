@@ -683,36 +683,51 @@ def test_sqlite_commits_the_writes_of_one_loop_turn_together(tmp_path: Path) -> 
     with_db(str(tmp_path / "store.db"), body)
 
 
-def test_sqlite_commits_groups_written_together_in_the_loop_turns_commit_each_whole(tmp_path: Path) -> None:
-    """`write_together` groups of one loop turn join its group commit: a group that fails after some
-    of it applied is undone whole (the commit redone with a savepoint per group), and the writes
-    beside it in the same commit stand."""
+INSERT = "INSERT INTO t (id, n) VALUES (?, ?)"
+
+
+def one_commit_traced(tmp_path: Path, writes: Callable[[Database], list[Awaitable[Any]]], check: Callable) -> None:
+    """A SQLite table holding a row 'taken'; then `writes` issued in one loop turn (one group commit),
+    traced: `check(db, their outcomes, the statements SQLite ran)`."""
 
     async def body(db: Database) -> None:
         await db.execute(ROWS)
         await db.execute("INSERT INTO t (id, n) VALUES ('taken', 0)")
         statements: list[str] = []
         db.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
-        insert = "INSERT INTO t (id, n) VALUES (?, ?)"
-        writes = [
-            db.write_together([(insert, ("g1a", 1)), (insert, ("g1b", 1))]),
-            db.write_together([(insert, ("g2a", 2)), (insert, ("taken", 2))]),  # its second fails: none of it
-            db.execute(insert, ("single", 3)),
-            db.write_together([(insert, ("g3a", 3)), ("UPDATE t SET n = 9 WHERE id = 'nobody'", ())]),
-        ]
-        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        outcomes = await asyncio.gather(*writes(db), return_exceptions=True)
         db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
-        assert outcomes[0] == [1, 1] and outcomes[2] == 1 and outcomes[3] == [1, 0]
-        assert isinstance(outcomes[1], Exception) and "UNIQUE" in str(outcomes[1])
-        rows0 = [r["id"] for r in await db.fetch("SELECT id FROM t ORDER BY id")]
-        assert rows0 == ["g1a", "g1b", "g3a", "single", "taken"], rows0
-        ends = [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")]
-        assert ends == ["BEGIN IMMEDIATE", "ROLLBACK", "BEGIN IMMEDIATE", "COMMIT"]  # one commit, redone
-        assert statements.count("SAVEPOINT together") == 3  # in the redo, one a group
-        rows = await db.fetch("SELECT id FROM t ORDER BY id")
-        assert [r["id"] for r in rows] == ["g1a", "g1b", "g3a", "single", "taken"]
+        await check(db, outcomes, statements)
 
     with_db(str(tmp_path / "store.db"), body)
+
+
+def ends_of(statements: list[str]) -> list[str]:
+    return [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")]
+
+
+def test_sqlite_commits_groups_written_together_in_the_loop_turns_commit_each_whole(tmp_path: Path) -> None:
+    """`write_together` groups of one loop turn join its group commit: a group that fails after some
+    of it applied is undone whole (the commit redone with a savepoint per group), and the writes
+    beside it in the same commit stand."""
+
+    def writes(db: Database) -> list[Awaitable[Any]]:
+        return [
+            db.write_together([(INSERT, ("g1a", 1)), (INSERT, ("g1b", 1))]),
+            db.write_together([(INSERT, ("g2a", 2)), (INSERT, ("taken", 2))]),  # its second fails: none of it
+            db.execute(INSERT, ("single", 3)),
+            db.write_together([(INSERT, ("g3a", 3)), ("UPDATE t SET n = 9 WHERE id = 'nobody'", ())]),
+        ]
+
+    async def check(db: Database, outcomes: list[Any], statements: list[str]) -> None:
+        assert outcomes[0] == [1, 1] and outcomes[2] == 1 and outcomes[3] == [1, 0]
+        assert isinstance(outcomes[1], Exception) and "UNIQUE" in str(outcomes[1])
+        rows = await db.fetch("SELECT id FROM t ORDER BY id")
+        assert [r["id"] for r in rows] == ["g1a", "g1b", "g3a", "single", "taken"]
+        assert ends_of(statements) == ["BEGIN IMMEDIATE", "ROLLBACK", "BEGIN IMMEDIATE", "COMMIT"]  # one, redone
+        assert statements.count("SAVEPOINT together") == 3  # in the redo, one a group
+
+    one_commit_traced(tmp_path, writes, check)
 
 
 def test_sqlite_commits_groups_without_savepoints_unless_one_fails_halfway(tmp_path: Path) -> None:
@@ -720,59 +735,48 @@ def test_sqlite_commits_groups_without_savepoints_unless_one_fails_halfway(tmp_p
     runs without them, and a group that fails at its first statement needs none (a failed statement
     leaves nothing of itself), so only a group failing after some of it applied costs a redo."""
 
-    async def body(db: Database) -> None:
-        await db.execute(ROWS)
-        await db.execute("INSERT INTO t (id, n) VALUES ('taken', 0)")
-        statements: list[str] = []
-        db.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
-        insert = "INSERT INTO t (id, n) VALUES (?, ?)"
-        writes = [
-            db.write_together([(insert, ("a1", 1)), ("UPDATE t SET n = n + 1 WHERE id = ?", ("a1",))]),
-            db.write_together([(insert, ("taken", 2)), (insert, ("b2", 2))]),  # fails first: nothing of it
-            db.write_together([(insert, ("c1", 3)), ("UPDATE t SET n = 9 WHERE id = 'nobody'", ())]),
+    def writes(db: Database) -> list[Awaitable[Any]]:
+        return [
+            db.write_together([(INSERT, ("a1", 1)), ("UPDATE t SET n = n + 1 WHERE id = ?", ("a1",))]),
+            db.write_together([(INSERT, ("taken", 2)), (INSERT, ("b2", 2))]),  # fails first: nothing of it
+            db.write_together([(INSERT, ("c1", 3)), ("UPDATE t SET n = 9 WHERE id = 'nobody'", ())]),
         ]
-        outcomes = await asyncio.gather(*writes, return_exceptions=True)
-        db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+
+    async def check(db: Database, outcomes: list[Any], statements: list[str]) -> None:
         assert outcomes[0] == [1, 1] and outcomes[2] == [1, 0]
         assert isinstance(outcomes[1], Exception) and "UNIQUE" in str(outcomes[1])
-        assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")] == [
-            "BEGIN IMMEDIATE",
-            "COMMIT",
-        ]
+        assert ends_of(statements) == ["BEGIN IMMEDIATE", "COMMIT"]
         assert not [s for s in statements if "SAVEPOINT" in s or "RELEASE" in s]
         rows = await db.fetch("SELECT id, n FROM t ORDER BY id")
         assert [(r["id"], r["n"]) for r in rows] == [("a1", 2), ("c1", 3), ("taken", 0)]
 
-    with_db(str(tmp_path / "store.db"), body)
+    one_commit_traced(tmp_path, writes, check)
 
 
-def test_writes_together_commit_whole_or_not_at_all(location: str) -> None:
-    """`write_together`: one transaction for independent writes, their rowcounts in order; a
-    failing one leaves none of them. Inside a transaction they join it."""
+def test_sqlite_a_group_whose_file_fails_halfway_is_undone_alone_and_asked_again(tmp_path: Path) -> None:
+    """The redo's fault path: a group's second statement failing as the file would (an operational
+    error, here raised by a function its SQL calls) fails in the redo too; its savepoint undoes the
+    group, which is answered "unavailable, try again", and the writes beside it stand."""
 
-    async def body(db: Database) -> None:
-        await db.execute(ROWS)
-        counts = await db.write_together(
-            [
-                ("INSERT INTO t (id, n) VALUES (?, ?)", ("a", 1)),
-                ("INSERT INTO t (id, n) VALUES (?, ?)", ("b", 2)),
-                ("UPDATE t SET n = n + 10 WHERE id IN (?, ?)", ("a", "nobody")),
-            ]
-        )
-        assert counts == [1, 1, 1]
-        with pytest.raises(Exception):  # noqa: B017 -- a duplicate key: the engine's own error
-            await db.write_together(
-                [("INSERT INTO t (id, n) VALUES (?, ?)", ("c", 3)), ("INSERT INTO t (id, n) VALUES (?, ?)", ("a", 4))]
-            )
-        assert await db.fetchval("SELECT count(*) FROM t WHERE id = 'c'") == 0
-        with pytest.raises(RuntimeError):
-            async with db.transaction():
-                assert await db.write_together([("UPDATE t SET n = 0 WHERE id = ?", ("b",))]) == [1]
-                raise RuntimeError
-        assert await db.fetchval("SELECT n FROM t WHERE id = 'b'") == 2  # joined, so rolled back with it
-        assert await db.fetchval("SELECT n FROM t WHERE id = 'a'") == 11
+    def writes(db: Database) -> list[Awaitable[Any]]:
+        def fail(_: Any) -> int:
+            raise OSError("disk I/O error")
 
-    with_db(location, body)
+        db.conn.create_function("fail", 1, fail)  # type: ignore[attr-defined]
+        return [
+            db.write_together([(INSERT, ("before", 1))]),
+            db.write_together([(INSERT, ("half", 2)), ("UPDATE t SET n = fail(n) WHERE id = ?", ("half",))]),
+            db.execute(INSERT, ("after", 3)),
+        ]
+
+    async def check(db: Database, outcomes: list[Any], statements: list[str]) -> None:
+        assert outcomes[0] == [1] and outcomes[2] == 1
+        assert isinstance(outcomes[1], DatabaseUnavailable), outcomes[1]
+        rows = await db.fetch("SELECT id FROM t ORDER BY id")
+        assert [r["id"] for r in rows] == ["after", "before", "taken"]
+        assert ends_of(statements) == ["BEGIN IMMEDIATE", "ROLLBACK", "BEGIN IMMEDIATE", "COMMIT"]
+
+    one_commit_traced(tmp_path, writes, check)
 
 
 def test_a_group_past_the_drivers_parse_cache_binds_every_value_as_sent(location: str) -> None:
