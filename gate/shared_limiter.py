@@ -175,15 +175,14 @@ class SharedLimits:
 
     KINDS = ("ip", "agent")  # a refusal's position in a call, from 1
 
-    def __init__(self, buckets: SharedBuckets, local: Limits, ipv6_prefix: int) -> None:
+    def __init__(self, buckets: SharedBuckets, local: Limits) -> None:
         self.buckets = buckets
         self.local = local
-        self.ipv6_prefix = ipv6_prefix
 
     async def check(self, client: str, agent: str) -> tuple[str, float] | None:
         taken = await self.buckets.take(
             [
-                (f"ip:{caller_key(client, self.ipv6_prefix)}", int(self.local.ip.capacity)),
+                (f"ip:{caller_key(client, self.local.ip.ipv6_prefix)}", int(self.local.ip.capacity)),
                 (f"agent:{bounded_name(agent)}", self.local.agents.per_minute(agent)),
             ]
         )
@@ -201,4 +200,4 @@ def bounded_name(name: str) -> str:
 def shared_limiters(limits: LimitsConfig, local: Limits, metrics: GateMetrics) -> tuple[SharedBuckets, SharedLimits]:
     """The per-IP and per-agent limits over Redis (`[limits] redis_url`), `local` behind them."""
     buckets = SharedBuckets(limits.redis_url, limits.redis_prefix, limits.redis_timeout_seconds, metrics)
-    return buckets, SharedLimits(buckets, local, limits.ipv6_prefix)
+    return buckets, SharedLimits(buckets, local)
