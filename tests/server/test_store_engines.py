@@ -779,6 +779,35 @@ def test_sqlite_a_group_whose_file_fails_halfway_is_undone_alone_and_asked_again
     one_commit_traced(tmp_path, writes, check)
 
 
+def test_writes_together_commit_whole_or_not_at_all(location: str) -> None:
+    """`write_together`: one transaction for independent writes, their rowcounts in order; a
+    failing one leaves none of them. Inside a transaction they join it."""
+
+    async def body(db: Database) -> None:
+        await db.execute(ROWS)
+        counts = await db.write_together(
+            [
+                ("INSERT INTO t (id, n) VALUES (?, ?)", ("a", 1)),
+                ("INSERT INTO t (id, n) VALUES (?, ?)", ("b", 2)),
+                ("UPDATE t SET n = n + 10 WHERE id IN (?, ?)", ("a", "nobody")),
+            ]
+        )
+        assert counts == [1, 1, 1]
+        with pytest.raises(Exception):  # noqa: B017 -- a duplicate key: the engine's own error
+            await db.write_together(
+                [("INSERT INTO t (id, n) VALUES (?, ?)", ("c", 3)), ("INSERT INTO t (id, n) VALUES (?, ?)", ("a", 4))]
+            )
+        assert await db.fetchval("SELECT count(*) FROM t WHERE id = 'c'") == 0
+        with pytest.raises(RuntimeError):
+            async with db.transaction():
+                assert await db.write_together([("UPDATE t SET n = 0 WHERE id = ?", ("b",))]) == [1]
+                raise RuntimeError
+        assert await db.fetchval("SELECT n FROM t WHERE id = 'b'") == 2  # joined, so rolled back with it
+        assert await db.fetchval("SELECT n FROM t WHERE id = 'a'") == 11
+
+    with_db(location, body)
+
+
 def test_a_group_past_the_drivers_parse_cache_binds_every_value_as_sent(location: str) -> None:
     """A delivery's group is bigger than psycopg keeps the parse of (50 values, 4 KB), so each of
     its statements is bound on its own and their texts joined: values that look like placeholders,
