@@ -89,6 +89,14 @@ class DevGate:
             env=self.env,
         )
 
+    def claim_channels(self) -> str:
+        """`a2a-gate channels claim` in the gate's folder: every charged voucher claimed on chain now, so
+        no claim lands later, on the schedule, between a test's two readings of a balance."""
+        run = self.shell(f"a2a-gate channels claim --facilitator {self.facilitator}")
+        assert run.returncode == 0, f"exit {run.returncode}\nstdout:\n{run.stdout}\nstderr:\n{run.stderr}"
+        assert "0 left with unclaimed charges" in run.stdout, run.stdout
+        return run.stdout
+
     def python(self, name: str, source: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
         """Save a Python example under its name in the gate's folder and run `python NAME`."""
         (self.folder / name).write_text(self.localize(source))

@@ -115,10 +115,16 @@ def test_paying_once_under_a_payment_identifier(gate: DevGate) -> None:
 
 def test_paying_from_a_channel(gate: DevGate) -> None:
     """docs/paying.md's channel block: the x402 package's own batch-settlement client, registered under
-    "eip155:*" like the other schemes, pays three requests from one channel."""
+    "eip155:*" like the other schemes, pays three requests from one channel; claimed, they reach payTo."""
+    pay_to = offer(gate, "paid-channel")["payTo"]
+    gate.claim_channels()  # what earlier tests charged is on chain before the first reading
+    before = gate.balance(pay_to)
+
     out = ran(gate.python("pay_channel.py", example(PAYING, "pay_channel.py")))
 
     assert out.split() == ["payment-completed"] * 3, out
+    assert "channels=1\tamount=3000\t" in gate.claim_channels()
+    assert gate.balance(pay_to)[pay_to] == before[pay_to] + 3 * PRICE
 
 
 def test_a_payer_lists_and_reads_its_own_tasks(gate: DevGate) -> None:
@@ -146,6 +152,7 @@ def test_paying_from_typescript(gate: DevGate, tmp_path: Path) -> None:
     assert checked.returncode == 0, f"the example does not type-check:\n{checked.stdout}{checked.stderr}"
     pay_to = offer(gate)["payTo"]
     stranger = Account.from_key(secrets.token_bytes(32)).address  # never seen: the starting balance
+    gate.claim_channels()  # a channel's charges, claimed on their schedule, would land on the same payTo
     before = gate.balance(pay_to, stranger)
 
     out = ran(gate.shell(command_line(script, "npx tsx"), cwd=project))
@@ -165,6 +172,6 @@ def send(text: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
 
 
-def offer(gate: DevGate) -> dict[str, Any]:
-    refusal = httpx.post(f"{gate.url}/a2a/paid-echo", json=send("hello"), timeout=10)
+def offer(gate: DevGate, agent: str = "paid-echo") -> dict[str, Any]:
+    refusal = httpx.post(f"{gate.url}/a2a/{agent}", json=send("hello"), timeout=10)
     return json.loads(base64.b64decode(refusal.headers["PAYMENT-REQUIRED"]))["accepts"][0]
