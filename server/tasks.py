@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from server import json_text
@@ -30,17 +29,17 @@ def pending_owner(client: str) -> str:
     return f"{PENDING_OWNER}:{client}"
 
 
-_stamp: list[Any] = [-1, ""]  # the millisecond last formatted, and its text
+_second: list[Any] = [-1, ""]  # the second last formatted, and its text up to the milliseconds
 
 
 def now_iso() -> str:
-    """The time now, to the millisecond, as a status timestamp (`2026-12-01T10:00:00.123Z`); formatted
-    once a millisecond however many tasks change state in it."""
-    milliseconds = time.time_ns() // 1_000_000
-    if milliseconds != _stamp[0]:
-        moment = datetime.fromtimestamp(milliseconds // 1000, UTC).replace(microsecond=milliseconds % 1000 * 1000)
-        _stamp[:] = [milliseconds, moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")]
-    return str(_stamp[1])
+    """The time now, to the millisecond, as a status timestamp (`2026-12-01T10:00:00.123Z`). Its
+    second is formatted once a second (`time.strftime`); each call adds only the milliseconds, a fifth
+    of what formatting a datetime costs, and a task changes state twice or more per request."""
+    seconds, milliseconds = divmod(time.time_ns() // 1_000_000, 1000)
+    if seconds != _second[0]:
+        _second[:] = [seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))]
+    return f"{_second[1]}.{milliseconds:03d}Z"
 
 
 def new_id() -> str:
