@@ -10,6 +10,7 @@ Each fault is a raw asyncio server on a loopback port, so the bytes are exactly 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -164,3 +165,50 @@ def test_a_kept_alive_connection_the_facilitator_closed_meanwhile_is_not_an_outa
     outcomes = asyncio.run(main())
     assert all(isinstance(o, Unavailable) or o.valid for o in outcomes), outcomes  # type: ignore[attr-defined]
     assert any(not isinstance(o, Unavailable) for o in outcomes[1:]), outcomes
+
+
+@pytest.mark.parametrize("base", ["", "/x402", "/x402/"], ids=["root", "sub-path", "sub-path with slash"])
+def test_a_call_is_a_json_post_to_its_path_under_the_facilitators_url(base: str) -> None:
+    """What the facilitator reads: `POST <its URL's path>/verify`, then `/settle`, each body the call's
+    JSON, typed as JSON: a payload's non-ASCII text as sent, and an integer past 64 bits."""
+    text = {"payload": {"memo": "café ☕"}, "accepted": {"scheme": "exact"}}
+    wide = {"payload": {"memo": "café ☕", "n": 2**70}, "accepted": {"scheme": "exact"}}
+    requirements = {"scheme": "exact", "extra": {"name": "USD Coin"}}
+    seen: list[tuple[bytes, dict[bytes, bytes], bytes]] = []
+
+    async def main() -> None:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    break
+                start, *lines = head.rstrip(b"\r\n").split(b"\r\n")
+                headers = {k.strip().lower(): v.strip() for k, v in (line.split(b":", 1) for line in lines)}
+                body = await reader.readexactly(int(headers[b"content-length"]))
+                seen.append((start, headers, body))
+                writer.write(ok(b'{"isValid": true, "success": true, "payer": "0x' + b"1" * 40 + b'"}'))
+                await writer.drain()
+            writer.close()
+
+        server = await serve(answer)
+        port = server.sockets[0].getsockname()[1]
+        client = FacilitatorClient(FacilitatorConfig(url=f"http://127.0.0.1:{port}{base}", max_wait_seconds=1.0))
+        try:
+            await client.verify(2, text, requirements)
+            await client.settle(2, wide, requirements)
+        finally:
+            await client.aclose()
+            server.close()
+
+    asyncio.run(main())
+
+    prefix = base.rstrip("/").encode()
+    assert [start for start, _, _ in seen] == [
+        b"POST " + prefix + b"/verify HTTP/1.1",
+        b"POST " + prefix + b"/settle HTTP/1.1",
+    ]
+    for (_, headers, body), payload in zip(seen, (text, wide), strict=True):
+        assert headers[b"content-type"] == b"application/json"
+        sent = json.loads(body.decode("utf-8"))
+        assert sent == {"x402Version": 2, "paymentPayload": payload, "paymentRequirements": requirements}
