@@ -30,6 +30,7 @@ from server import tracing
 from server.anonymous import not_authenticated
 from server.cards import agent_url
 from server.config import AgentConfig
+from server.frozen import evolve
 from server.jsonrpc import (
     INTERNAL_ERROR,
     TASK_NOT_FOUND,
@@ -310,7 +311,7 @@ async def verified_send(parts: GateParts, attempt: Attempt) -> Response:
     price = attempt.price  # the offer this token pays, not the price's first
     parts.metrics.authorized.labels(price.network, price.asset).inc(int(price.amount))
     # 11. execute; 12. settle after delivery (inside the execution, shielded from disconnects)
-    payment = attempt.payment = replace(attempt.payment, payer=verdict.payer)
+    payment = attempt.payment = evolve(attempt.payment, payer=verdict.payer)
     owner = f"payer:{payment.payer}"
     hooks = parts.charges.hooks(
         payment,

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from cachetools import LRUCache, TTLCache
 
 from gate.schemes.batch_settlement import Voucher
 from server.database import Database, Migration, Statement
+from server.frozen import evolve
 
 HOLDING_STATES = ("running", "settling", "settle_failed")  # a claim in these holds its channel's reservation
 
@@ -307,7 +308,7 @@ class Channels:
         seen = self.recent.get(channel_id)
         if seen is not None:
             if seen.charged == base:
-                self.recent[channel_id] = replace(seen, charged=charged, reserved_by="")
+                self.recent[channel_id] = evolve(seen, charged=charged, reserved_by="")
             else:
                 del self.recent[channel_id]
 
