@@ -59,6 +59,18 @@ MIGRATIONS = (
 )
 
 
+_ROW_COLUMNS = (
+    'at, action, agent, task_id, token_digest, payer, amount, authorized, network, asset, scheme, "transaction", error'
+)
+_ROW_MARKS = ["?"] * len(_ROW_COLUMNS.split(","))  # one a column, as `statement` orders its values
+_INSERT = f"INSERT INTO payments ({_ROW_COLUMNS}) VALUES ({', '.join(_ROW_MARKS)})"
+# the same row as a SELECT, for a condition: typed like the columns (PostgreSQL reads an untyped
+# literal of a SELECT list as text)
+_INSERT_SELECT = (
+    f"INSERT INTO payments ({_ROW_COLUMNS}) SELECT CAST(? AS DOUBLE PRECISION), {', '.join(_ROW_MARKS[1:])}"
+)
+
+
 class PaymentLog:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -104,17 +116,10 @@ class PaymentLog:
             transaction,
             error[:200],
         )
-        columns = (
-            "at, action, agent, task_id, token_digest, payer, amount, authorized, network, asset, scheme,"
-            ' "transaction", error'
-        )
-        marks = ", ".join("?" for _ in values)
         if only_if is None:
-            return f"INSERT INTO payments ({columns}) VALUES ({marks})", values
+            return _INSERT, values
         condition, condition_args = only_if
-        # typed like the columns: PostgreSQL reads an untyped literal of a SELECT list as text
-        marks = "CAST(? AS DOUBLE PRECISION), " + ", ".join("?" for _ in values[1:])
-        return f"INSERT INTO payments ({columns}) SELECT {marks} WHERE {condition}", (*values, *condition_args)
+        return f"{_INSERT_SELECT} WHERE {condition}", (*values, *condition_args)
 
     async def rows(
         self, *, agent: str | None = None, payer: str | None = None, action: str | None = None, limit: int = 50
