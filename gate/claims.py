@@ -33,6 +33,7 @@ database enforces the unique keys (the claim is an ``INSERT ... ON CONFLICT DO N
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import secrets
@@ -781,6 +782,7 @@ class Claims:
         raise lost
 
 
+@functools.lru_cache(maxsize=64)  # the code's own few sets of states: a voucher's writes ask five times
 def state_condition(states: tuple[ClaimState, ...]) -> tuple[str, tuple[ClaimState, ...]]:
     """`AND state IN (...)` for a claim expected in `states`, and its values; nothing for every state
     (a claim is always in one): SQLite builds the list's lookup table on every run of a statement,
