@@ -74,12 +74,13 @@ class GateParts:
         own_ip = CallerLimiter(limits.per_ip_per_minute, limits.max_entries, limits.ipv6_prefix)
         overrides = {a.name: a.per_agent_per_minute for a in config.agents.values() if a.per_agent_per_minute}
         own_agents = AgentLimiters(limits.per_agent_per_minute, overrides)
-        rate_limits: RateLimits = Limits(own_ip, own_agents)
+        local_limits = Limits(own_ip, own_agents)
+        rate_limits: RateLimits = local_limits
         shared_buckets = None
         if limits.redis_url:  # several replicas: the buckets live in Redis
             from gate.shared_limiter import shared_limiters  # redis is imported only when configured
 
-            shared_buckets, rate_limits = shared_limiters(limits, Limits(own_ip, own_agents), metrics)
+            shared_buckets, rate_limits = shared_limiters(limits, local_limits, metrics)
         facilitator = FacilitatorClient(config.facilitator, metrics)
         live = LiveDeliveries(metrics)
         claims = Claims(server.db, config.claim_lease_seconds, on_lost=live.lost)
