@@ -47,12 +47,11 @@ async def serve(answer: Callable[[asyncio.StreamReader, asyncio.StreamWriter], A
     return await asyncio.start_server(answer, "127.0.0.1", 0)
 
 
-async def read_request(reader: asyncio.StreamReader) -> None:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
-    )
-    await reader.readexactly(length)
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """One request off the socket: its request line, its headers (names lowercased) and its body."""
+    start, *lines = (await reader.readuntil(b"\r\n\r\n")).rstrip(b"\r\n").split(b"\r\n")
+    headers = {name.strip().lower(): value.strip() for name, value in (line.split(b":", 1) for line in lines)}
+    return start, headers, await reader.readexactly(int(headers.get(b"content-length", b"0")))
 
 
 async def verify_at(url: str, timeout: float = 1.0) -> object:
@@ -180,13 +179,9 @@ def test_a_call_is_a_json_post_to_its_path_under_the_facilitators_url(base: str)
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             while True:
                 try:
-                    head = await reader.readuntil(b"\r\n\r\n")
+                    seen.append(await read_request(reader))
                 except asyncio.IncompleteReadError:
                     break
-                start, *lines = head.rstrip(b"\r\n").split(b"\r\n")
-                headers = {k.strip().lower(): v.strip() for k, v in (line.split(b":", 1) for line in lines)}
-                body = await reader.readexactly(int(headers[b"content-length"]))
-                seen.append((start, headers, body))
                 writer.write(ok(b'{"isValid": true, "success": true, "payer": "0x' + b"1" * 40 + b'"}'))
                 await writer.drain()
             writer.close()
