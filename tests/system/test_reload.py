@@ -194,6 +194,7 @@ def test_sighups_while_the_gate_starts_end_no_process_and_each_reloads_once_serv
         assert not failures, failures
         assert gate.process.poll() is None, gate.log.read_text()[-3000:]
         wait_for(lambda: all(offered_amount(gate.url) == "2500" for _ in range(20)), timeout=20)
+        wait_for(lambda: gate.log.read_text().count("configuration reloaded") >= workers, timeout=30)
         log = gate.log.read_text()
         assert "died" not in log and "Traceback" not in log, log[-3000:]
         assert log.count("Application startup complete") == workers  # none replaced
