@@ -73,6 +73,39 @@ def test_a_claims_table_from_an_older_version_gains_the_new_columns(tmp_path: Pa
     asyncio.run(run())
 
 
+def test_a_claim_is_found_by_its_task_through_its_states_index_and_no_task_index_is_kept(tmp_path: Path) -> None:
+    """Only `reopen` finds a claim by its task, and it asks for a state too: claims_lease serves it,
+    so the index on task_id an older version made (written twice by every paid request) is dropped."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute(OLD_CLAIMS)
+    conn.execute("CREATE INDEX idx_claims_task_id ON claims (task_id)")
+    for digest, task in (("d1", "t1"), ("d2", "t2")):
+        conn.execute(
+            "INSERT INTO claims VALUES (?, '', 'r', 'paid', ?, ?, '0xabc', '', 0, 1, 1, 'sealed')",
+            (digest, str(ClaimState.NEEDS_ATTENTION), task),
+        )
+    conn.commit()
+    conn.close()
+
+    async def run() -> None:
+        db = await opened(path)
+        claims = await claims_on(db)
+        indexes = {row["name"] for row in await db.fetch("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert "idx_claims_task_id" not in indexes and "claims_lease" in indexes
+        statements: list[str] = []
+        db.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        assert await claims.reopen("t1") == 1
+        db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        [update] = [sql for sql in statements if sql.startswith("UPDATE claims")]
+        plan = " ".join(row["detail"] for row in await db.fetch(f"EXPLAIN QUERY PLAN {update}"))
+        assert "claims_lease" in plan, plan
+        assert [c.token_digest for c in await claims.due(now=True)] == ["d1"]  # t2's stays where it was
+        await db.close()
+
+    asyncio.run(run())
+
+
 def test_orphans_are_lapsed_leases_and_renewal_keeps_a_claim(tmp_path: Path) -> None:
     async def run() -> None:
         db = await opened(tmp_path / "gate.db")
