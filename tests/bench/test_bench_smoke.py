@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -238,3 +240,41 @@ def assert_postgres_figures(document: dict, table: str) -> None:
     with psycopg.connect(postgres_url(), autocommit=True) as conn:
         left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (schemas,)).fetchall()
     assert left == [], "case e left its schemas behind"
+
+
+def run_inprocess(*args: str) -> str:
+    """`python -m bench.inprocess`, tiny: its table."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.inprocess", "--requests", "20", "--warmup", "5", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def figures(table: str, path: str) -> list[float]:
+    """The numbers of this tree's row for `path`: each round's, then the median."""
+    [row] = [line for line in table.splitlines() if line.startswith(f"| a2a-gate this tree | {path}")]
+    cells = [c.strip() for c in row.strip("|").split("|")][2:]
+    return [float(c.replace(",", "")) for c in cells if c and not c.endswith("×")]
+
+
+def test_the_in_process_bench_times_each_path_and_counts_its_calls() -> None:
+    table = run_inprocess("--rounds", "2", "--profile")
+    for path in ("key", "voucher"):
+        numbers = figures(table, path)
+        assert len(numbers) == 3 and all(n > 0 for n in numbers), table  # two rounds and their median
+    assert re.search(r"\| voucher \(\d+ calls\) \|", table) and re.search(r"\| key \(\d+ calls\) \|", table), table
+    assert re.search(r"\| \d+\.\d\d× \|", table), table  # the voucher over the key
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="--instructions needs valgrind (apt install valgrind)")
+def test_the_in_process_bench_counts_instructions_per_request() -> None:
+    table = run_inprocess("--instructions")
+    key, voucher = figures(table, "key"), figures(table, "voucher")
+    # an API-key send is several hundred thousand instructions; a voucher, with its signature, more
+    assert 100_000 < key[0] < voucher[0] < 20_000_000, table  # not the whole process over a few requests

@@ -1,0 +1,228 @@
+"""`python -m bench.inprocess`: the gate's own CPU per request, without a server or a load generator.
+
+    python -m bench.inprocess                        # this tree: API key and voucher, 3 rounds
+    python -m bench.inprocess --against 598b661      # and that commit's, rounds interleaved
+    python -m bench.inprocess --requests 3000 --rounds 5 --profile
+    python -m bench.inprocess --against 598b661 --instructions   # instructions, under valgrind
+
+Each gate's ASGI app is called directly, one request after another, in a process of its own
+(`bench/inprocess_child.py`): the same requests as case f (an API-key `message/send` to the echo
+agent, then vouchers of a channel opened by the x402 package's client), the CPU time of the whole
+process per request. No uvicorn, no sockets, no load generator sharing the two cores: what is left
+is the gate's own work (and its SQLite file), so a cut of a few percent shows where the full run's
+noise hides it. `--profile` adds the Python calls per request (cProfile, a coroutine's every resume
+counted), which turns the CPU up, so it is a separate round.
+
+Each round runs every gate once, in turn (this tree, then the reference), on a fresh channel per gate
+and round; the table gives each round's figures and their median.
+
+On a shared VM even this CPU time moves by ±10% between rounds. `--instructions` counts what the CPU
+executed instead (valgrind's cachegrind, without its cache simulation: `apt install valgrind`), which
+barely moves from run to run: each path is run twice, after the same warm-up, with one measured request
+and with one more than `--requests`, and the difference divided. Under valgrind the process runs about
+40 times slower, so what runs on a timer (the SQLite checkpoint every second, the claim schedule) runs
+more often per request than it would: compare trees with it, not with the CPU figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import servers
+from bench.cases import Build, create_key, gate_config, open_lane
+
+CHILD = Path(__file__).with_name("inprocess_child.py")
+PATHS = ("key", "voucher")
+
+
+@dataclass
+class Gate:
+    """One tree's gate, prepared: its configuration (and database) and a lane per round."""
+
+    build: Build
+    config: Path
+    key: str
+    lanes: list[Path] = field(default_factory=list)
+    figures: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PATHS})
+    calls: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"a2a-gate {self.build.suffix.lstrip('@') or 'this tree'}"
+
+
+def prepare(
+    build: Build, folder: Path, facilitator: str, rounds: int, per_round: int, pool: ProcessPoolExecutor
+) -> Gate:
+    """The gate's configuration and API key, and a channel of `per_round` vouchers for each round,
+    opened through the gate served as usual (its tree, its interpreter) and stopped again."""
+    folder.mkdir(parents=True)
+    config, port = gate_config(folder, facilitator=facilitator)
+    gate = Gate(build, config, create_key(config, build.src, build.python, build.module))
+    server = servers.gate(
+        config, port, folder / "log.txt", src=build.src, python=build.python, label="a2a-gate", module=build.module
+    )
+    with server:
+        url = f"{server.url}/a2a/paid-channel"
+        lanes = list(pool.map(open_lane, [url] * rounds, [per_round] * rounds))
+    for i, vouchers in enumerate(lanes):
+        lane = folder / f"lane-{i}.json"
+        lane.write_text(json.dumps({"key": gate.key, "vouchers": vouchers}))
+        gate.lanes.append(lane)
+    return gate
+
+
+def child(
+    gate: Gate, lane: Path, offset: int, warmup: int, measured: int, mode: str, paths: tuple[str, ...], wrap: list[str]
+) -> tuple[dict[str, dict[str, float]], str]:
+    """One run of `bench/inprocess_child.py` (under `wrap`, e.g. valgrind): each path's line, and stderr."""
+    args = [str(gate.config), str(lane), str(offset), str(warmup), str(measured), mode, ",".join(paths)]
+    done = subprocess.run(
+        [*wrap, gate.build.python, "-c", CHILD.read_text(), *args],
+        cwd=gate.build.src,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or len(lines) != len(paths):
+        raise RuntimeError(f"{gate.name}: the in-process run failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return {line["path"]: line for line in lines}, done.stderr
+
+
+def run_round(gate: Gate, lane: Path, warmup: int, measured: int, mode: str) -> dict[str, dict[str, float]]:
+    return child(gate, lane, 0, warmup, measured, mode, PATHS, [])[0]
+
+
+IR = re.compile(r"I\s+refs:\s+([\d,]+)")
+
+
+def instructions(gate: Gate, lane: Path, warmup: int, measured: int) -> dict[str, float]:
+    """Instructions per request of each path: two runs under cachegrind, the same warm-up, 1 and
+    1 + `measured` requests; their difference over `measured`. The vouchers go on along the channel."""
+    wrap = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
+    out, offset = {}, 0
+    for path in PATHS:
+        counts = []
+        for n in (1, 1 + measured):
+            _, stderr = child(gate, lane, offset, warmup, n, "time", (path,), wrap)
+            found = IR.search(stderr)
+            if found is None:
+                raise RuntimeError(f"{gate.name}: valgrind printed no instruction count:\n{stderr[-2000:]}")
+            counts.append(int(found.group(1).replace(",", "")))
+            if path == "voucher":
+                offset += warmup + n
+        out[path] = (counts[1] - counts[0]) / measured
+    return out
+
+
+def table(gates: list[Gate], rounds: int, unit: str, number: str) -> list[str]:
+    """Each gate's rows (a path's figure in each round, their median, the voucher's over the key's),
+    then this tree's medians over the reference's."""
+    out = [
+        "| gate | path | "
+        + " | ".join(f"round {r + 1}" for r in range(rounds))
+        + f" | median {unit} | voucher ÷ key |",
+        "|---|---|" + "---:|" * (rounds + 2),
+    ]
+    for gate in gates:
+        medians = {p: statistics.median(gate.figures[p]) for p in PATHS}
+        for p in PATHS:
+            cells = " | ".join(number.format(v) for v in gate.figures[p])
+            ratio = f"{medians['voucher'] / medians['key']:.2f}×" if p == "voucher" else ""
+            calls = f" ({gate.calls[p]:.0f} calls)" if p in gate.calls else ""
+            out.append(f"| {gate.name} | {p}{calls} | {cells} | {number.format(medians[p])} | {ratio} |")
+    if len(gates) > 1:
+        this, ref = gates
+        for p in PATHS:
+            against = statistics.median(this.figures[p]) / statistics.median(ref.figures[p])
+            out.append(f"{p}: this tree's {unit} per request are {against:.3f}× {ref.name}'s (medians)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.inprocess", description=__doc__.split("\n")[0])
+    parser.add_argument("--against", metavar="REF", help="also this commit's gate (its own venv, bench/reference.py)")
+    parser.add_argument("--gate-src", type=Path, default=servers.REPO, help="this tree's server/ and gate/ from here")
+    parser.add_argument("--requests", type=int, default=1500, help="measured requests per path, gate and round")
+    parser.add_argument("--warmup", type=int, default=200, help="requests per path before each measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every gate once, in turn")
+    parser.add_argument("--profile", action="store_true", help="one more round, under cProfile: calls per request")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="instructions per request instead of CPU time (valgrind); --requests is then per path and gate",
+    )
+    args = parser.parse_args(argv)
+    if args.instructions and shutil.which("valgrind") is None:
+        print("error: --instructions needs valgrind (apt install valgrind)", file=sys.stderr)
+        return 2
+    builds = [Build("", args.gate_src.resolve(), sys.executable)]
+    if args.against:
+        from bench.reference import prepare as reference
+
+        ref = reference(args.against, lambda msg: print(msg, file=sys.stderr, flush=True))
+        builds.append(Build(f"@{ref.short}", ref.src, str(ref.python), ref.short, ref.module))
+    per_round = args.warmup + args.requests
+    rounds = args.rounds + (1 if args.profile else 0)
+    if args.instructions:  # one channel, spent along by both runs
+        per_round, rounds = 2 * (args.warmup + 1) + args.requests, 1
+    work = Path(tempfile.mkdtemp(prefix="a2a-gate-inprocess-"))
+    try:
+        folder = work / "facilitator"
+        folder.mkdir()
+        facilitator = servers.facilitator(folder / "ledger.db", folder / "log.txt", trust_signatures=True).start()
+        import multiprocessing
+
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            gates = [
+                prepare(b, work / f"gate{i}", facilitator.url, rounds, per_round, pool) for i, b in enumerate(builds)
+            ]
+        if args.instructions:
+            for gate in gates:
+                counted = instructions(gate, gate.lanes[0], args.warmup, args.requests)
+                print(f"{gate.name}: " + ", ".join(f"{p} {counted[p]:,.0f}" for p in PATHS), file=sys.stderr)
+                for p in PATHS:
+                    gate.figures[p].append(counted[p])
+        for r in range(0 if args.instructions else args.rounds):
+            for gate in gates:
+                for p, line in run_round(gate, gate.lanes[r], args.warmup, args.requests, "time").items():
+                    gate.figures[p].append(line["us"])
+                print(
+                    f"round {r + 1}, {gate.name}: {', '.join(f'{p} {gate.figures[p][-1]:.0f} µs' for p in PATHS)}",
+                    file=sys.stderr,
+                )
+        if args.profile:
+            for gate in gates:
+                profiled = run_round(gate, gate.lanes[-1], args.warmup, args.requests, "profile")
+                gate.calls = {p: line["calls"] for p, line in profiled.items()}
+    finally:
+        servers.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
+    if args.instructions:
+        print(f"in process, under valgrind: instructions per request, over {args.requests} requests per path and gate")
+        print("\n".join(table(gates, 1, "instructions", "{:,.0f}")))
+        return 0
+    print(
+        f"in process: {args.requests} requests per path, gate and round after {args.warmup} of warm-up;"
+        " CPU µs per request"
+    )
+    print("\n".join(table(gates, args.rounds, "µs", "{:.0f}")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""One tree's gate, in this process: its ASGI app called directly, one request after another.
+
+Run by `bench/inprocess.py` as `python -c <this file's text> ARGS...` with the tree as the
+working directory, so `import gate` and `import server` are the tree's (a script's own folder would
+come first on the path instead, and bench/ holds a `profile` module that would shadow the standard
+library's). Prints one JSON line per path: CPU µs per request and, profiled, Python calls per request.
+
+Arguments: the gate's configuration file; a JSON file of {"key": API key, "vouchers": [PAYMENT-SIGNATURE
+values, in order]} and the first voucher this run pays with (a channel's vouchers are spent in order,
+across runs); the warm-up and measured request counts; "profile" or "time"; the paths ("key,voucher").
+"""
+
+import asyncio
+import cProfile
+import json
+import os
+import pstats
+import sys
+import time
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any
+
+config, lane_file, offset, warmup, measured = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+mode, paths = sys.argv[6], sys.argv[7].split(",")
+sys.path.insert(0, os.getcwd())
+lane = json.loads(Path(lane_file).read_text())
+os.chdir(Path(config).parent)  # the configuration's database is named relative to it
+
+from gate.app import build_app, load_settings  # noqa: E402
+from server import request_log  # noqa: E402
+
+request_log.configure(json_lines=False, level="warning")
+app = build_app(load_settings(config))
+SERVER = ("127.0.0.1", 8000)
+
+
+def body(i: int) -> bytes:
+    message = {"kind": "message", "role": "user", "messageId": f"m{i}", "parts": [{"kind": "text", "text": "hello"}]}
+    return json.dumps({"jsonrpc": "2.0", "id": i, "method": "message/send", "params": {"message": message}}).encode()
+
+
+async def call(path: str, header: tuple[str, str], i: int) -> tuple[int, bytes]:
+    """One request, as uvicorn hands it to the app: its scope, its body, the answer's messages."""
+    content = body(i)
+    headers = [
+        (b"host", b"127.0.0.1:8000"),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(content)).encode()),
+        (header[0].encode(), header[1].encode()),
+    ]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 40000 + i % 20000),
+        "server": SERVER,
+    }
+    messages: list[MutableMapping[str, Any]] = []
+    received = False
+
+    async def receive() -> MutableMapping[str, Any]:
+        nonlocal received
+        if not received:
+            received = True
+            return {"type": "http.request", "body": content, "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError("unreachable")
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        messages.append(message)
+
+    await app(scope, receive, send)
+    return messages[0]["status"], b"".join(m.get("body", b"") for m in messages[1:])
+
+
+async def run_path(name: str, path: str, headers: list[tuple[str, str]]) -> dict:
+    async def one(i: int) -> None:
+        status, answer = await call(path, headers[i], i)
+        if status != 200 or b'"completed"' not in answer:
+            raise SystemExit(f"{name}: request {i} answered {status}: {answer[:300]!r}")
+
+    for i in range(warmup):
+        await one(i)
+    profiler = cProfile.Profile() if mode == "profile" else None
+    started = time.process_time()
+    if profiler is not None:
+        profiler.enable()
+    for i in range(warmup, warmup + measured):
+        await one(i)
+    if profiler is not None:
+        profiler.disable()
+    cpu = time.process_time() - started
+    out = {"path": name, "us": cpu / measured * 1e6}
+    if profiler is not None:
+        stats = pstats.Stats(profiler)
+        out["calls"] = stats.total_calls / measured  # type: ignore[attr-defined]
+    return out
+
+
+async def main() -> None:
+    n = warmup + measured
+    key = [("authorization", f"Bearer {lane['key']}")] * n
+    vouchers = [("payment-signature", v) for v in lane["vouchers"][offset : offset + n]]
+    if "voucher" in paths and len(vouchers) < n:
+        raise SystemExit(f"{len(vouchers)} vouchers left for {n} requests")
+    async with app.router.lifespan_context(app):
+        for name, path, headers in (("key", "/a2a/echo", key), ("voucher", "/a2a/paid-channel", vouchers)):
+            if name in paths:
+                print(json.dumps(await run_path(name, path, headers)), flush=True)
+
+
+asyncio.run(main())
