@@ -25,7 +25,7 @@ BUCKETS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("SQLite WAL checkpoints (their thread)", re.compile(r"^Checkpointer\.")),
     ("SQLite statements", re.compile(r"sqlite_store\.py|sqlite3/")),
     ("PostgreSQL driver (psycopg)", re.compile(r"psycopg")),
-    ("signature recovery (secp256k1, keccak)", re.compile(r"coincurve/|Crypto/Hash/|\bkeccak\b|\brecover\b")),
+    ("signature recovery (secp256k1, keccak)", re.compile(r"coincurve/|Crypto/Hash/|sha3|\bkeccak\b|\brecover\b")),
     ("sealing (AES-GCM)", re.compile(r"[/(]gate/sealing\.py|cryptography/|Crypto/Cipher/")),
     ("JSON", re.compile(r"[/(]json/|orjson|json_text\.py")),
     ("outbound HTTP (httpx, facilitator)", re.compile(r"httpx/|httpcore/|aiohttp/")),

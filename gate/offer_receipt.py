@@ -16,7 +16,7 @@ Both forms of the extension (the `@x402/extensions` package's, which verifies th
   signed by a secp256k1 key; the signature recovers the key's address. The typed data are the
   extension's fixed fields only: the task, amount and usage stay beside it, in the receipt, unsigned.
 
-Hashing and signing EIP-712 here is keccak (pycryptodome) and a recoverable ECDSA signature
+Hashing and signing EIP-712 here is keccak (safe-pysha3) and a recoverable ECDSA signature
 (coincurve), as gate/schemes/batch_settlement.py checks vouchers.
 """
 

@@ -26,9 +26,9 @@ from typing import Any
 import coincurve
 import jwt
 import rfc8785
-from Crypto.Hash import keccak
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from sha3 import keccak_256
 
 from server.config import SigningConfig
 from server.secret_files import SecretFileError, secret
@@ -107,7 +107,7 @@ class SigningKey:
         point = self._private.public_key().public_bytes(
             serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
         )
-        digest = keccak.new(digest_bits=256, data=point[1:]).digest()
+        digest = keccak_256(point[1:]).digest()
         return "0x" + digest[-20:].hex()
 
     def jws(self, payload: bytes, typ: str | None = None) -> str:

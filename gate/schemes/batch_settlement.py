@@ -10,7 +10,7 @@ its claim key is (network, channel, maxClaimableAmount), so one increment buys o
 however the voucher is wrapped.
 
 The gate reads every key here, computes the channel id and recovers voucher signers itself
-(keccak from pycryptodome, ecrecover from coincurve: well under a millisecond), because the
+(keccak from safe-pysha3, ecrecover from coincurve: well under a millisecond), because the
 production install carries neither the x402 package nor eth-account. The rules are the
 binding's (`x402.mechanisms.evm.batch_settlement`: `validate_channel_config`,
 `compute_channel_id`, the voucher typed data); the tests check this module against the
@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from coincurve import PublicKey
-from Crypto.Hash import keccak as _keccak
+from sha3 import keccak_256
 
 from gate.price import Price
 from gate.schemes.base import (
@@ -95,7 +95,7 @@ UINT128 = 2**128
 
 
 def keccak(data: bytes) -> bytes:
-    return _keccak.new(digest_bits=256, data=data).digest()
+    return keccak_256(data).digest()
 
 
 def _address(value: str) -> bytes:
