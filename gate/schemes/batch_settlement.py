@@ -158,6 +158,23 @@ def _channel_id(addresses: tuple[str, ...], withdraw_delay: int, salt: str, netw
     return "0x" + keccak(b"\x19\x01" + domain_separator(chain_id(network)) + struct).hex()
 
 
+CONFIG_FIELDS = (*CONFIG_ADDRESSES, "withdrawDelay", "salt")
+
+
+@lru_cache(maxsize=4096)
+def config_valid(fields: tuple[tuple[type, Any], ...]) -> bool:
+    """A channel configuration's fields (`CONFIG_FIELDS`, each with its type) have their shapes: five
+    addresses, an integer delay (never a bool: the type is in the key, since True == 1 would share
+    1's entry), a 32-byte salt. Every voucher of a channel carries the same ones: checked once."""
+    *addresses, (delay_type, _), (salt_type, salt) = fields
+    return (
+        all(t is str and ADDRESS.fullmatch(a) for t, a in addresses)
+        and delay_type is int
+        and salt_type is str
+        and WORD.fullmatch(salt) is not None
+    )
+
+
 def voucher_digest(channel: str, max_claimable: int, network: str) -> bytes:
     struct = keccak(VOUCHER_TYPEHASH + bytes.fromhex(channel.removeprefix("0x")) + _uint(max_claimable))
     return keccak(b"\x19\x01" + domain_separator(chain_id(network)) + struct)
@@ -278,17 +295,10 @@ class BatchSettlement:
             raise Rejection("invalid_payload")
         if not isinstance(voucher, dict) or set(voucher) != VOUCHER_KEYS:
             raise Rejection("invalid_payload")
-        addresses = [config[k] for k in CONFIG_ADDRESSES]
-        if not all(isinstance(a, str) and ADDRESS.fullmatch(a) for a in addresses):
+        fields = tuple((type(config[k]), config[k]) for k in CONFIG_FIELDS)
+        if not all(t is str or t is int for t, _ in fields) or not config_valid(fields):  # (hashable first)
             raise Rejection("invalid_payload")
-        delay, salt = config["withdrawDelay"], config["salt"]
-        if (
-            not isinstance(delay, int)
-            or isinstance(delay, bool)
-            or not isinstance(salt, str)
-            or not WORD.fullmatch(salt)
-        ):
-            raise Rejection("invalid_payload")
+        delay = config["withdrawDelay"]
         cid, amount, signature = voucher["channelId"], voucher["maxClaimableAmount"], voucher["signature"]
         if not all(isinstance(v, str) for v in (cid, amount, signature)):
             raise Rejection("invalid_payload")

@@ -238,3 +238,41 @@ def test_a_payload_names_its_payer_as_its_scheme_reads_it(inner: Any, named: str
 def test_only_exact_by_eip3009_is_offered_to_x402_v1_clients() -> None:
     signable = {kind for kind, scheme in schemes.SCHEMES.items() if scheme.v1_signable}
     assert signable == {("exact", "eip3009")}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("salt", [1]),  # unhashable: refused, not a TypeError from the check's cache
+        ("salt", "0x12"),
+        ("payer", {"a": 1}),
+        ("payerAuthorizer", 7),
+        ("token", None),
+        ("receiver", "0x" + "zz" * 20),
+        ("withdrawDelay", True),  # True == 1 == hash(1): the valid 900 was checked first, then this
+        ("withdrawDelay", 900.0),
+        ("withdrawDelay", "900"),
+    ],
+)
+def test_a_channel_configuration_of_the_wrong_shape_is_refused_after_a_valid_one(field: str, value: Any) -> None:
+    """The configuration's shape is checked once per distinct configuration (`config_valid`, cached):
+    whatever came first, a field of another type or shape is refused, never raised past the check."""
+    import copy
+
+    price, inner = permit2_channel()
+    scheme = schemes.for_price(price)
+    scheme.check(inner, price)  # the valid one, now cached
+    mangled = copy.deepcopy(inner)
+    mangled["channelConfig"][field] = value
+    with pytest.raises(Rejection) as refused:
+        scheme.check(mangled, price)
+    assert refused.value.reason == "invalid_payload"
+
+
+def test_a_cached_shape_check_tells_a_bool_from_an_integer() -> None:
+    from gate.schemes.batch_settlement import CONFIG_FIELDS, config_valid
+
+    address, salt = "0x" + "ab" * 20, "0x" + "00" * 32
+    fields = [(str, address)] * (len(CONFIG_FIELDS) - 2)
+    assert config_valid((*fields, (int, 1), (str, salt)))
+    assert not config_valid((*fields, (bool, True), (str, salt)))
