@@ -36,8 +36,12 @@ SERVER = ("127.0.0.1", 8000)
 
 
 def body(i: int) -> bytes:
-    message = {"kind": "message", "role": "user", "messageId": f"m{i}", "parts": [{"kind": "text", "text": "hello"}]}
-    return json.dumps({"jsonrpc": "2.0", "id": i, "method": "message/send", "params": {"message": message}}).encode()
+    """`bench.cases.send_body`'s bytes, written here: a reference commit's tree may have no such bench."""
+    parts = [{"kind": "text", "text": "hello"}]
+    message = {"kind": "message", "role": "user", "messageId": f"bench-{i}", "parts": parts}
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": i, "method": "message/send", "params": {"message": message}}, separators=(",", ":")
+    ).encode()
 
 
 async def call(path: str, header: tuple[str, str], i: int) -> tuple[int, bytes]:

@@ -5,18 +5,16 @@ A store made before the index moved upgrades to it and counts the same."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from server.database import Database
-from server.engines import open_database
 from server.tasks import MIGRATIONS, TaskStore
+from tests.server.test_store_engines import with_db
 
 OWNER, OTHER = "anon:203.0.113.7", "anon:203.0.113.8"
 
@@ -28,18 +26,6 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "store.db")
     return request.getfixturevalue("postgres_schema").store_url("-cenable_seqscan=off")
-
-
-def with_db(location: str, body: Callable[[Database], Awaitable[Any]]) -> Any:
-    async def run() -> Any:
-        db = open_database(location)
-        await db.open()
-        try:
-            return await body(db)
-        finally:
-            await db.close()
-
-    return asyncio.run(run())
 
 
 def task(state: str) -> dict[str, Any]:
