@@ -3,6 +3,7 @@
     python -m bench.inprocess                        # this tree: API key and voucher, 3 rounds
     python -m bench.inprocess --against 598b661      # and that commit's, rounds interleaved
     python -m bench.inprocess --requests 3000 --rounds 5 --profile
+    python -m bench.inprocess --profile --profile-out /tmp/prof   # and each path's cProfile statistics
     python -m bench.inprocess --against 598b661 --instructions   # instructions, under valgrind
 
 Each gate's ASGI app is called directly, one request after another, in a process of its own
@@ -84,10 +85,20 @@ def prepare(
 
 
 def child(
-    gate: Gate, lane: Path, offset: int, warmup: int, measured: int, mode: str, paths: tuple[str, ...], wrap: list[str]
+    gate: Gate,
+    lane: Path,
+    offset: int,
+    warmup: int,
+    measured: int,
+    mode: str,
+    paths: tuple[str, ...],
+    wrap: list[str],
+    stats: Path | None = None,
 ) -> tuple[dict[str, dict[str, float]], str]:
-    """One run of `bench/inprocess_child.py` (under `wrap`, e.g. valgrind): each path's line, and stderr."""
+    """One run of `bench/inprocess_child.py` (under `wrap`, e.g. valgrind): each path's line, and stderr.
+    Profiled, each path's cProfile statistics go to `stats` when given."""
     args = [str(gate.config), str(lane), str(offset), str(warmup), str(measured), mode, ",".join(paths)]
+    args.append(str(stats) if stats else "")
     done = subprocess.run(
         [*wrap, gate.build.python, "-c", CHILD.read_text(), *args],
         cwd=gate.build.src,
@@ -103,8 +114,10 @@ def child(
     return {line["path"]: line for line in lines}, done.stderr
 
 
-def run_round(gate: Gate, lane: Path, warmup: int, measured: int, mode: str) -> dict[str, dict[str, float]]:
-    return child(gate, lane, 0, warmup, measured, mode, PATHS, [])[0]
+def run_round(
+    gate: Gate, lane: Path, warmup: int, measured: int, mode: str, stats: Path | None = None
+) -> dict[str, dict[str, float]]:
+    return child(gate, lane, 0, warmup, measured, mode, PATHS, [], stats)[0]
 
 
 IR = re.compile(r"I\s+refs:\s+([\d,]+)")
@@ -162,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every gate once, in turn")
     parser.add_argument("--profile", action="store_true", help="one more round, under cProfile: calls per request")
     parser.add_argument(
+        "--profile-out",
+        type=Path,
+        metavar="DIR",
+        help="with --profile, write each gate's statistics to DIR/<gate>/<path>.pstats (read with pstats)",
+    )
+    parser.add_argument(
         "--instructions",
         action="store_true",
         help="instructions per request instead of CPU time (valgrind); --requests is then per path and gate",
@@ -207,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
         if args.profile:
             for gate in gates:
-                profiled = run_round(gate, gate.lanes[-1], args.warmup, args.requests, "profile")
+                stats = None
+                if args.profile_out:
+                    stats = args.profile_out.resolve() / (gate.build.suffix.lstrip("@") or "this-tree")
+                    stats.mkdir(parents=True, exist_ok=True)
+                profiled = run_round(gate, gate.lanes[-1], args.warmup, args.requests, "profile", stats)
                 gate.calls = {p: line["calls"] for p, line in profiled.items()}
     finally:
         servers.stop_all()

@@ -7,7 +7,8 @@ library's). Prints one JSON line per path: CPU µs per request and, profiled, Py
 
 Arguments: the gate's configuration file; a JSON file of {"key": API key, "vouchers": [PAYMENT-SIGNATURE
 values, in order]} and the first voucher this run pays with (a channel's vouchers are spent in order,
-across runs); the warm-up and measured request counts; "profile" or "time"; the paths ("key,voucher").
+across runs); the warm-up and measured request counts; "profile" or "time"; the paths ("key,voucher");
+profiled, a folder to write each path's cProfile statistics to (`<path>.pstats`), or "" for none.
 """
 
 import asyncio
@@ -23,6 +24,7 @@ from typing import Any
 
 config, lane_file, offset, warmup, measured = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 mode, paths = sys.argv[6], sys.argv[7].split(",")
+stats_folder = sys.argv[8] if len(sys.argv) > 8 else ""
 sys.path.insert(0, os.getcwd())
 lane = json.loads(Path(lane_file).read_text())
 os.chdir(Path(config).parent)  # the configuration's database is named relative to it
@@ -106,6 +108,8 @@ async def run_path(name: str, path: str, headers: list[tuple[str, str]]) -> dict
     if profiler is not None:
         stats = pstats.Stats(profiler)
         out["calls"] = stats.total_calls / measured  # type: ignore[attr-defined]
+        if stats_folder:
+            stats.dump_stats(Path(stats_folder) / f"{name}.pstats")
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pstats
 import re
 import shutil
 import subprocess
@@ -265,13 +266,18 @@ def figures(table: str, path: str) -> list[float]:
     return [float(c.replace(",", "")) for c in cells if c and not c.endswith("×")]
 
 
-def test_the_in_process_bench_times_each_path_and_counts_its_calls() -> None:
-    table = run_inprocess("--rounds", "2", "--profile")
+def test_the_in_process_bench_times_each_path_and_counts_its_calls(tmp_path: Path) -> None:
+    table = run_inprocess("--rounds", "2", "--profile", "--profile-out", str(tmp_path))
     for path in ("key", "voucher"):
         numbers = figures(table, path)
         assert len(numbers) == 3 and all(n > 0 for n in numbers), table  # two rounds and their median
     assert re.search(r"\| voucher \(\d+ calls\) \|", table) and re.search(r"\| key \(\d+ calls\) \|", table), table
     assert re.search(r"\| \d+\.\d\d× \|", table), table  # the voucher over the key
+    # each path's statistics, as pstats reads them: the voucher's went through its channel's check
+    voucher = pstats.Stats(str(tmp_path / "this-tree" / "voucher.pstats"))
+    key = pstats.Stats(str(tmp_path / "this-tree" / "key.pstats"))
+    checked = [f for f in voucher.stats if f[0].endswith("vouchers.py") and f[2] == "reservable"]  # type: ignore[attr-defined]
+    assert checked and not [f for f in key.stats if f[0].endswith("vouchers.py")], table  # type: ignore[attr-defined]
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="--instructions needs valgrind (apt install valgrind)")
