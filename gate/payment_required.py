@@ -15,12 +15,12 @@ Permit2 offer there would only buy them a refusal. With none left its `accepts` 
 
 from __future__ import annotations
 
-import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import pybase64
 from cachetools import LRUCache
 from starlette.responses import JSONResponse, Response
 
@@ -90,7 +90,7 @@ def offered_extra(price: Price) -> dict[str, Any]:
 
 
 def b64_json(document: dict[str, Any]) -> str:
-    return base64.b64encode(json_text.encode(document)).decode("ascii")
+    return pybase64.b64encode(json_text.encode(document)).decode("ascii")
 
 
 def with_state(offered: dict[str, Any], state: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
@@ -212,14 +212,14 @@ class PaymentRequiredAnswers:
             text = json_text.encode(document)
             headers = [h for h in first.raw_headers if h[0] != b"content-length"]
             if fresh is None:
-                headers.append((b"payment-required", base64.b64encode(text)))
+                headers.append((b"payment-required", pybase64.b64encode(text)))
             rendered = (offer.price, until, bytes(first.body), headers, text if fresh is not None else None)
             self.rendered[key] = rendered
         _, _, body, headers, open_text = rendered
         if fresh is not None and open_text is not None:
             own = json_text.encode(fresh())[1:-1]
             body = body.replace(FRESH_TEXT, own, 1)
-            headers = [*headers, (b"payment-required", base64.b64encode(open_text.replace(FRESH_TEXT, own, 1)))]
+            headers = [*headers, (b"payment-required", pybase64.b64encode(open_text.replace(FRESH_TEXT, own, 1)))]
         return Rendered(402, body, [(b"content-length", str(len(body)).encode("ascii")), *headers])
 
     def corrective(

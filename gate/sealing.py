@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pybase64
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -185,7 +186,7 @@ class Sealer:
     def seal(self, document: dict[str, Any], context: str) -> str:
         nonce = random_bytes(12)  # from the OS CSPRNG, each byte handed out once (server/ids.py)
         data = json_text.encode(document)
-        return base64.b64encode(nonce + self.aead.encrypt(nonce, data, context.encode())).decode()
+        return pybase64.b64encode(nonce + self.aead.encrypt(nonce, data, context.encode())).decode()
 
     def unseal(self, sealed: str, context: str) -> dict[str, Any]:
         raw = base64.b64decode(sealed)

@@ -18,7 +18,6 @@ Anything else is refused before it can reach the facilitator (see the README's
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import json
@@ -29,6 +28,7 @@ from functools import cached_property
 from typing import Any
 
 import orjson
+import pybase64
 from starlette.datastructures import Headers
 
 from gate import schemes
@@ -101,7 +101,7 @@ def from_header(value: Any, source: str) -> Token | None:
     if not isinstance(value, str) or not value or len(value) > MAX_TOKEN_BYTES:
         return None
     try:
-        raw = base64.b64decode(value.strip(), validate=True)
+        raw = pybase64.b64decode(value.strip(), validate=True)
         brackets = raw.count(b"[") + raw.count(b"{")
         if brackets > MAX_BRACKETS:  # before the parser can recurse that deep
             return None

@@ -8,6 +8,8 @@ against the development facilitator's real `/rpc` (its simulated chain).
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -16,7 +18,16 @@ import httpx
 import pytest
 
 from gate.chain import Chain
-from gate.claims import LIVE_STATES, MIGRATED_COLUMNS, ClaimLost, Claims, ClaimState, Hold, state_condition
+from gate.claims import (
+    LIVE_STATES,
+    MIGRATED_COLUMNS,
+    ClaimLost,
+    Claims,
+    ClaimState,
+    Hold,
+    mint_fence,
+    state_condition,
+)
 from gate.config import FacilitatorConfig, NetworkConfig
 from gate.facilitator import FacilitatorClient
 from gate.flows import Flows
@@ -225,3 +236,24 @@ def test_a_fenced_write_names_the_states_it_expects_and_ours_matches_every_state
         await db.close()
 
     asyncio.run(run())
+
+
+def test_fences_are_random_and_never_handed_out_twice_nor_to_a_forked_child() -> None:
+    """A fence tells one holder of a claim from the next (and names a write): 8 random bytes each,
+    never repeated, past several refills of the random block, nor shared with a forked worker."""
+    minted = [mint_fence() for _ in range(2000)]  # 16,000 bytes: four blocks of the OS CSPRNG
+    assert len(set(minted)) == len(minted)
+    assert all(re.fullmatch(r"[0-9a-f]{16}", fence) for fence in minted)
+    mint_fence()  # the parent holds a block with bytes still to hand out
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        os.write(write, "".join(mint_fence() for _ in range(8)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    from_child = os.read(read, 128).decode()
+    os.close(read)
+    theirs = {from_child[i : i + 16] for i in range(0, 128, 16)}
+    ours = {mint_fence() for _ in range(8)}
+    assert len(theirs) == 8 and not theirs & ours

@@ -417,3 +417,49 @@ def test_nests_within_counts_as_normalise_does() -> None:
         else:
             normal = True
         assert tokens.nests_within(value, tokens.MAX_DEPTH) is normal, depth
+
+
+HEADER_CHARS = "A/+-_=.~ \t\n\r\x00é" + "\u0130"  # the alphabet's edges, the urlsafe pair, padding, space, non-ASCII
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    edits=st.lists(
+        st.tuples(
+            st.integers(0, 10_000), st.sampled_from(["insert", "replace", "delete"]), st.sampled_from(HEADER_CHARS)
+        ),
+        max_size=3,
+    ),
+    padding=st.sampled_from(["", "=", "==", "==="]),
+)
+@example(edits=[], padding="")
+def test_a_header_decodes_exactly_where_the_standard_librarys_strict_base64_does(edits, padding):
+    """The header's base64 is read as `base64.b64decode(validate=True)` reads it (the standard alphabet,
+    padded, nothing else): whatever another codec does, a header that decoder refuses is no token, and
+    one it reads is the token its bytes hold."""
+    value = encode_header(signed_once()).rstrip("=") + padding
+    for position, how, char in edits:
+        at = position % (len(value) + 1)
+        if how == "insert":
+            value = value[:at] + char + value[at:]
+        elif how == "replace":
+            value = value[:at] + char + value[at + 1 :]
+        else:
+            value = value[:at] + value[at + 1 :]
+    try:
+        raw = base64.b64decode(value.strip(), validate=True)
+    except ValueError:  # binascii.Error, and a str that is not ASCII
+        raw = None
+    token = tokens.from_header(value, "PAYMENT-SIGNATURE")
+    if raw is None:
+        assert token is None
+        return
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        document = None
+    expected = tokens.from_object(document, "PAYMENT-SIGNATURE") if document is not None else None
+    if expected is None:
+        assert token is None
+    else:
+        assert token is not None and token.payload == expected.payload and token.digest == expected.digest
