@@ -80,6 +80,7 @@ FINAL_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NEEDS_ATTEN
 RECORDED_STATES = (*FINAL_STATES, ClaimState.SETTLE_FAILED)  # a settle pass's outcome is on the claim
 # no pass will ever change these (needs_attention may be re-opened: it keeps what a payment needs)
 EVERY_STATE = frozenset(ClaimState)
+ANY_STATE = tuple(ClaimState)  # "ours, whatever it is doing": made once, not by iterating the enum each write
 ENDED_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NO_CHARGE)
 DEFAULT_LEASE_SECONDS = 30.0
 
@@ -371,16 +372,16 @@ class Claims:
 
     async def bind(self, hold: Hold, payer: str, task_id: str) -> None:
         """Name the payer and the task; the execution may already have delivered (any state)."""
-        await self._write(hold, "bind", tuple(ClaimState), payer=payer, task_id=task_id)
+        await self._write(hold, "bind", ANY_STATE, payer=payer, task_id=task_id)
 
     def ours(self, hold: Hold) -> tuple[str, tuple[Any, ...]]:
         """The condition "this claim is still ours" (in any state), for a row written only while it is."""
-        return self._ours(hold, tuple(ClaimState))
+        return self._ours(hold, ANY_STATE)
 
     def bind_statement(self, hold: Hold, payer: str, task_id: str) -> Statement:
         """`bind` as a statement to send with the task's INSERT (`Database.write_together`). Its
         rowcount is not read: a claim lost by then fails the delivery's fenced write instead."""
-        return self._update(hold, tuple(ClaimState), {"payer": payer, "task_id": task_id})
+        return self._update(hold, ANY_STATE, {"payer": payer, "task_id": task_id})
 
     async def release(self, hold: Hold) -> None:
         """Drop a claim whose work was not delivered; never one that is settling or beyond
