@@ -216,10 +216,7 @@ def table(bench: Bench, params: Params) -> str:
     if bench.targets:
         out.append("")
         out.append("targets:")
-        for t in bench.targets:
-            digits = 2 if f"{t.measured:.2f}" != f"{t.goal:.2f}" else 4  # a near miss is not printed as the goal
-            measured = f"{t.measured:.1f} MiB" if t.unit == "MiB" else f"{t.measured:.{digits}f}×"
-            out.append(f"  [{'met' if t.met else 'MISSED':>6}]  {t.case}  {t.text}: measured {measured}")
+        out += [t.line() for t in bench.targets]
     return "\n".join(out)
 
 

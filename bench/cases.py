@@ -120,6 +120,12 @@ class Target:
     def met(self) -> bool:
         return self.measured <= self.goal if self.unit == "MiB" else self.measured >= self.goal
 
+    def line(self) -> str:
+        """The summary's line: met or missed, and the figure measured (a near miss not printed as the goal)."""
+        digits = 2 if f"{self.measured:.2f}" != f"{self.goal:.2f}" else 4
+        measured = f"{self.measured:.1f} MiB" if self.unit == "MiB" else f"{self.measured:.{digits}f}×"
+        return f"  [{'met' if self.met else 'MISSED':>6}]  {self.case}  {self.text}: measured {measured}"
+
 
 @dataclass
 class MemoryResult:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import servers
-from bench.cases import Build, create_key, gate_config, open_lane
+from bench.cases import Build, Target, create_key, gate_config, open_lane
 
 CHILD = Path(__file__).with_name("inprocess_child.py")
 PATHS = ("key", "voucher")
@@ -166,6 +166,14 @@ def table(gates: list[Gate], rounds: int, unit: str, number: str) -> list[str]:
     return out
 
 
+def targets(gate: Gate, unit: str) -> list[str]:
+    """The voucher goal as this gate's own work says it: a voucher-paid rate of at least 0.45× the API
+    key's is at most 1 / 0.45 = 2.22× its work a request (the key's figure over the voucher's, medians)."""
+    key, voucher = (statistics.median(gate.figures[p]) for p in PATHS)
+    text = f"voucher ≥ 0.45× the API key's rate, in process (the key's {unit} ÷ the voucher's)"
+    return ["", "targets:", Target("f", text, key / voucher, 0.45).line()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.inprocess", description=__doc__.split("\n")[0])
     parser.add_argument("--against", metavar="REF", help="also this commit's gate (its own venv, bench/reference.py)")
@@ -237,13 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     if args.instructions:
         print(f"in process, under valgrind: instructions per request, over {args.requests} requests per path and gate")
-        print("\n".join(table(gates, 1, "instructions", "{:,.0f}")))
+        print("\n".join(table(gates, 1, "instructions", "{:,.0f}") + targets(gates[0], "instructions")))
         return 0
     print(
         f"in process: {args.requests} requests per path, gate and round after {args.warmup} of warm-up;"
         " CPU µs per request"
     )
-    print("\n".join(table(gates, args.rounds, "µs", "{:.0f}")))
+    print("\n".join(table(gates, args.rounds, "µs", "{:.0f}") + targets(gates[0], "CPU µs")))
     return 0
 
 

@@ -152,6 +152,9 @@ def test_bench_runs_every_case(tmp_path: Path, case: str) -> None:
     assert {t["case"] for t in document["targets"]} == {case}
     assert all(t["measured"] != 0 for t in document["targets"] if t["case"] != "d")
     assert "targets:" in table
+    for t in document["targets"]:  # each stated in the summary, met or missed as the document says
+        [line] = [line for line in table.splitlines() if f"  {t['case']}  {t['text']}: measured " in line]
+        assert line.lstrip().startswith("[   met]" if t["met"] else "[MISSED]"), line
 
 
 def test_bench_runs_every_server_on_the_faster_stack_too(tmp_path: Path) -> None:
@@ -273,6 +276,7 @@ def test_the_in_process_bench_times_each_path_and_counts_its_calls(tmp_path: Pat
         assert len(numbers) == 3 and all(n > 0 for n in numbers), table  # two rounds and their median
     assert re.search(r"\| voucher \(\d+ calls\) \|", table) and re.search(r"\| key \(\d+ calls\) \|", table), table
     assert re.search(r"\| \d+\.\d\d× \|", table), table  # the voucher over the key
+    assert_voucher_target(table)
     # each path's statistics, as pstats reads them: the voucher's went through its channel's check
     voucher = pstats.Stats(str(tmp_path / "this-tree" / "voucher.pstats"))
     key = pstats.Stats(str(tmp_path / "this-tree" / "key.pstats"))
@@ -286,3 +290,15 @@ def test_the_in_process_bench_counts_instructions_per_request() -> None:
     key, voucher = figures(table, "key"), figures(table, "voucher")
     # an API-key send is several hundred thousand instructions; a voucher, with its signature, more
     assert 100_000 < key[0] < voucher[0] < 20_000_000, table  # not the whole process over a few requests
+    assert_voucher_target(table)
+
+
+def assert_voucher_target(table: str) -> None:
+    """The summary states the voucher goal (≥ 0.45× the key's rate) met or missed, measured as this
+    tree's medians say: the key's figure over the voucher's."""
+    key, voucher = figures(table, "key")[-1], figures(table, "voucher")[-1]
+    [line] = [line for line in table.splitlines() if "voucher ≥ 0.45× the API key's rate, in process" in line]
+    found = re.search(r"\[\s*(met|MISSED)\]\s+f\s.*: measured (\d+\.\d+)×$", line)
+    assert found, table
+    assert float(found.group(2)) == pytest.approx(key / voucher, abs=0.006), table
+    assert (found.group(1) == "met") == (key / voucher >= 0.45), table
