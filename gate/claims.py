@@ -78,9 +78,9 @@ class ClaimState(StrEnum):
 LIVE_STATES = (ClaimState.RUNNING, ClaimState.SETTLING)
 FINAL_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NEEDS_ATTENTION, ClaimState.NO_CHARGE)
 RECORDED_STATES = (*FINAL_STATES, ClaimState.SETTLE_FAILED)  # a settle pass's outcome is on the claim
-# no pass will ever change these (needs_attention may be re-opened: it keeps what a payment needs)
-EVERY_STATE = frozenset(ClaimState)
 ANY_STATE = tuple(ClaimState)  # "ours, whatever it is doing": made once, not by iterating the enum each write
+EVERY_STATE = frozenset(ANY_STATE)
+# no pass will ever change these (needs_attention may be re-opened: it keeps what a payment needs)
 ENDED_STATES = (ClaimState.SETTLED, ClaimState.UNSETTLED, ClaimState.NO_CHARGE)
 DEFAULT_LEASE_SECONDS = 30.0
 
