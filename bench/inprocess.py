@@ -5,6 +5,7 @@
     python -m bench.inprocess --requests 3000 --rounds 5 --profile
     python -m bench.inprocess --profile --profile-out /tmp/prof   # and each path's cProfile statistics
     python -m bench.inprocess --against 598b661 --instructions   # instructions, under valgrind
+    python -m bench.inprocess --instructions --floor             # and what no cut of the Python takes out
 
 Each gate's ASGI app is called directly, one request after another, in a process of its own
 (`bench/inprocess_child.py`): the same requests as case f (an API-key `message/send` to the echo
@@ -23,6 +24,13 @@ barely moves from run to run: each path is run twice, after the same warm-up, wi
 and with one more than `--requests`, and the difference divided. Under valgrind the process runs about
 40 times slower, so what runs on a timer (the SQLite checkpoint every second, the claim schedule) runs
 more often per request than it would: compare trees with it, not with the CPU figures.
+
+`--floor` (with `--instructions`, this tree) counts what no cut of the gate's Python can take out of a
+request: the SQL each path runs, captured from the gate and replayed without it on a copy of its
+database (`bench/sql_replay.py`: SQLite and the `sqlite3` module only, each statement held to the
+outcome it had for the gate), and a voucher's reading and signature recovery alone. The key's request,
+the SQL a voucher runs beyond the key's and that reading make the least a voucher can be; the summary
+sets it beside what the voucher goal allows.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import re
 import shutil
 import statistics
@@ -44,7 +53,10 @@ from bench import servers
 from bench.cases import Build, Target, create_key, gate_config, open_lane
 
 CHILD = Path(__file__).with_name("inprocess_child.py")
+REPLAY = Path(__file__).with_name("sql_replay.py")
 PATHS = ("key", "voucher")
+CACHEGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
+GOAL = 0.45  # the voucher-paid rate against the API key's the goal asks for (case f's target)
 
 
 @dataclass
@@ -123,23 +135,109 @@ def run_round(
 IR = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
+def counted(stderr: str, what: str) -> int:
+    """The instructions valgrind counted, from its report on stderr."""
+    found = IR.search(stderr)
+    if found is None:
+        raise RuntimeError(f"{what}: valgrind printed no instruction count:\n{stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
 def instructions(gate: Gate, lane: Path, warmup: int, measured: int) -> dict[str, float]:
     """Instructions per request of each path: two runs under cachegrind, the same warm-up, 1 and
     1 + `measured` requests; their difference over `measured`. The vouchers go on along the channel."""
-    wrap = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
     out, offset = {}, 0
     for path in PATHS:
         counts = []
         for n in (1, 1 + measured):
-            _, stderr = child(gate, lane, offset, warmup, n, "time", (path,), wrap)
-            found = IR.search(stderr)
-            if found is None:
-                raise RuntimeError(f"{gate.name}: valgrind printed no instruction count:\n{stderr[-2000:]}")
-            counts.append(int(found.group(1).replace(",", "")))
+            _, stderr = child(gate, lane, offset, warmup, n, "time", (path,), CACHEGRIND)
+            counts.append(counted(stderr, gate.name))
             if path == "voucher":
                 offset += warmup + n
         out[path] = (counts[1] - counts[0]) / measured
     return out
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What no cut of the gate's Python can take out of a request, in instructions: each path's SQL
+    alone (the voucher's also split at its reservation's commit), and the voucher's reading and
+    signature recovery."""
+
+    sql: dict[str, float]
+    reservation: float  # the voucher's first transaction: the reservation, committed before the work
+    delivery: float  # the rest of its SQL: the delivery's write, which charges it
+    parsing: float  # the header read into a token
+    reading: float  # and the voucher's signer recovered and checked
+
+    def voucher(self, key: float) -> float:
+        """The least a voucher can be: the key's request, the SQL a voucher runs beyond the key's,
+        and its reading and recovery."""
+        return key + self.sql["voucher"] - self.sql["key"] + self.reading
+
+
+SPLIT = 9  # measured vouchers whose SQL is split at their reservation's commit (the median is shown)
+
+
+def floor(gate: Gate, lane: Path, offset: int, warmup: int, measured: int, folder: Path) -> Floor:
+    """Each path's SQL captured from the gate (`capture`, after `warmup` requests, `measured` more),
+    then replayed without it on a copy of the database as it was before, under cachegrind, up to the
+    warm-up's end and up to the last request's: the difference over `measured`. The last `SPLIT`
+    vouchers' SQL replayed up to their start, their first COMMIT and their end: the reservation's
+    transaction and the rest, medians. And the voucher's reading alone (`parse`), and with its
+    recovery (`read`), 1 and 1 + `measured` of them, the difference divided. The capture spends the
+    lane's vouchers from `offset` on; reading spends none."""
+    database = gate.config.parent / "gate.db"  # `gate_config`'s
+    sql: dict[str, float] = {}
+    parts: list[tuple[int, int]] = []
+    for path in PATHS:
+        before = folder / f"{path}-before.db"
+        for suffix in ("", "-wal"):
+            if Path(f"{database}{suffix}").exists():
+                shutil.copy(f"{database}{suffix}", f"{before}{suffix}")
+        child(gate, lane, offset, warmup, measured, "capture", (path,), [], folder)
+        capture = folder / f"{path}.sql.pickle"
+        captured = pickle.loads(capture.read_bytes())
+        ends = captured["ends"]
+        counts = [replayed(gate, before, capture, upto) for upto in (captured["warm_end"], ends[-1])]
+        sql[path] = (counts[1] - counts[0]) / measured
+        if path == "voucher":
+            offset += warmup + measured
+            for start, end in list(zip([captured["warm_end"], *ends[:-1]], ends, strict=True))[-SPLIT:]:
+                commit = next(i for i in range(start, end) if captured["statements"][i][1] == "COMMIT") + 1
+                at = [replayed(gate, before, capture, upto) for upto in (start, commit, end)]
+                parts.append((at[1] - at[0], at[2] - at[1]))
+    reading = {}
+    for mode in ("parse", "read"):
+        counts = []
+        for n in (1, 1 + measured):
+            _, stderr = child(gate, lane, 0, warmup, n, mode, ("voucher",), CACHEGRIND)  # (spends none)
+            counts.append(counted(stderr, gate.name))
+        reading[mode] = (counts[1] - counts[0]) / measured
+    reservation, delivery = (statistics.median(part) for part in zip(*parts, strict=True))
+    return Floor(sql, reservation, delivery, reading["parse"], reading["read"])
+
+
+def replayed(gate: Gate, before: Path, capture: Path, upto: int) -> int:
+    """Instructions of `bench/sql_replay.py` replaying `capture`'s first `upto` statements on a fresh
+    copy of `before`; every statement must come out as it did for the gate."""
+    database = before.with_name("replaying.db")
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{database}{suffix}").unlink(missing_ok=True)
+        if suffix != "-shm" and Path(f"{before}{suffix}").exists():
+            shutil.copy(f"{before}{suffix}", f"{database}{suffix}")
+    done = subprocess.run(
+        [*CACHEGRIND, gate.build.python, "-c", REPLAY.read_text(), str(database), str(capture), str(upto)],
+        cwd=before.parent,  # where no `gate` can be imported: the capture holds built-in values only
+        env={**os.environ, "PYTHONHASHSEED": "0"},  # as the gate's runs: the same work in both
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0 or " 0 diverged" not in done.stderr:
+        raise RuntimeError(f"{gate.name}: the SQL replay did not run as the gate did:\n{done.stderr[-3000:]}")
+    return counted(done.stderr, gate.name)
 
 
 def table(gates: list[Gate], rounds: int, unit: str, number: str) -> list[str]:
@@ -170,8 +268,32 @@ def targets(gate: Gate, unit: str) -> list[str]:
     """The voucher goal as this gate's own work says it: a voucher-paid rate of at least 0.45× the API
     key's is at most 1 / 0.45 = 2.22× its work a request (the key's figure over the voucher's, medians)."""
     key, voucher = (statistics.median(gate.figures[p]) for p in PATHS)
-    text = f"voucher ≥ 0.45× the API key's rate, in process (the key's {unit} ÷ the voucher's)"
-    return ["", "targets:", Target("f", text, key / voucher, 0.45).line()]
+    text = f"voucher ≥ {GOAL}× the API key's rate, in process (the key's {unit} ÷ the voucher's)"
+    return ["", "targets:", Target("f", text, key / voucher, GOAL).line()]
+
+
+def floor_table(gate: Gate, found: Floor) -> list[str]:
+    """The floor beside the whole requests, and what it leaves the rest of a voucher under the goal."""
+    key, voucher = (gate.figures[p][0] for p in PATHS)
+    least, allowed = found.voucher(key), key / GOAL
+    return [
+        "",
+        f"what no cut of the gate's Python takes out, {gate.name} (instructions a request):",
+        "| | key | voucher |",
+        "|---|---:|---:|",
+        f"| the request, all of it | {key:,.0f} | {voucher:,.0f} |",
+        f"| its SQL alone, replayed without the gate | {found.sql['key']:,.0f} | {found.sql['voucher']:,.0f} |",
+        f"| … the reservation's transaction, before the work (median of {SPLIT}) | | {found.reservation:,.0f} |",
+        f"| … the rest: the delivery's write, which charges it (median of {SPLIT}) | | {found.delivery:,.0f} |",
+        f"| the voucher read and its signer recovered | | {found.reading:,.0f} |",
+        f"| … its header read into a token (base64, JSON, its shape) | | {found.parsing:,.0f} |",
+        f"| … its signer recovered and checked (EIP-712 digest, secp256k1) | | {found.reading - found.parsing:,.0f} |",
+        f"| the least a voucher can be: the key's request, the SQL beyond the key's, the reading | | {least:,.0f} |",
+        "",
+        f"the goal (≥ {GOAL}× the key's rate) allows a voucher {allowed:,.0f} instructions ({1 / GOAL:.2f}× the key's):"
+        f" {allowed - least:,.0f} left above the least for all the rest of its work,"
+        f" which takes {voucher - least:,.0f} now",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +315,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instructions per request instead of CPU time (valgrind); --requests is then per path and gate",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="with --instructions, this tree's floor too: each path's SQL replayed without the gate, the voucher's"
+        " reading and signature alone",
+    )
     args = parser.parse_args(argv)
+    if args.floor and not args.instructions:
+        parser.error("--floor counts instructions: give --instructions too")
     if args.instructions and shutil.which("valgrind") is None:
         print("error: --instructions needs valgrind (apt install valgrind)", file=sys.stderr)
         return 2
@@ -207,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds + (1 if args.profile else 0)
     if args.instructions:  # one channel, spent along by both runs
         per_round, rounds = 2 * (args.warmup + 1) + args.requests, 1
+        if args.floor:  # and the capture's, after them
+            per_round += args.warmup + args.requests
     work = Path(tempfile.mkdtemp(prefix="a2a-gate-inprocess-"))
     try:
         folder = work / "facilitator"
@@ -220,10 +352,15 @@ def main(argv: list[str] | None = None) -> int:
             ]
         if args.instructions:
             for gate in gates:
-                counted = instructions(gate, gate.lanes[0], args.warmup, args.requests)
-                print(f"{gate.name}: " + ", ".join(f"{p} {counted[p]:,.0f}" for p in PATHS), file=sys.stderr)
+                per_request = instructions(gate, gate.lanes[0], args.warmup, args.requests)
+                print(f"{gate.name}: " + ", ".join(f"{p} {per_request[p]:,.0f}" for p in PATHS), file=sys.stderr)
                 for p in PATHS:
-                    gate.figures[p].append(counted[p])
+                    gate.figures[p].append(per_request[p])
+            if args.floor:
+                this = gates[0]
+                spent = 2 * (args.warmup + 1) + args.requests
+                (work / "floor").mkdir()
+                found = floor(this, this.lanes[0], spent, args.warmup, args.requests, work / "floor")
         for r in range(0 if args.instructions else args.rounds):
             for gate in gates:
                 for p, line in run_round(gate, gate.lanes[r], args.warmup, args.requests, "time").items():
@@ -246,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.instructions:
         print(f"in process, under valgrind: instructions per request, over {args.requests} requests per path and gate")
         print("\n".join(table(gates, 1, "instructions", "{:,.0f}") + targets(gates[0], "instructions")))
+        if args.floor:
+            print("\n".join(floor_table(gates[0], found)))
         return 0
     print(
         f"in process: {args.requests} requests per path, gate and round after {args.warmup} of warm-up;"

@@ -285,12 +285,52 @@ def test_the_in_process_bench_times_each_path_and_counts_its_calls(tmp_path: Pat
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="--instructions needs valgrind (apt install valgrind)")
-def test_the_in_process_bench_counts_instructions_per_request() -> None:
-    table = run_inprocess("--instructions")
+def test_the_in_process_bench_counts_instructions_per_request_and_the_floor_under_them() -> None:
+    table = run_inprocess("--instructions", "--floor")
     key, voucher = figures(table, "key"), figures(table, "voucher")
     # an API-key send is several hundred thousand instructions; a voucher, with its signature, more
     assert 100_000 < key[0] < voucher[0] < 20_000_000, table  # not the whole process over a few requests
     assert_voucher_target(table)
+    # the floor: each path's SQL replayed without the gate (the replay refuses to count one that ran
+    # otherwise than it did for the gate), the voucher's reading and recovery, and the sum of them
+    floor = {row: row_numbers(table, row) for row in FLOOR_ROWS}
+    assert floor["the request"] == [key[0], voucher[0]], table
+    sql_key, sql_voucher = floor["its SQL alone"]
+    assert 0 < sql_key < sql_voucher < voucher[0] and sql_key < key[0], table
+    # the voucher's split at its reservation's commit (medians of a few: about its SQL, not exactly)
+    [reservation], [delivery] = floor["… the reservation's"], floor["… the rest"]
+    assert 0 < reservation < delivery and reservation + delivery == pytest.approx(sql_voucher, rel=0.35), table
+    [reading], [parsing], [recovery] = floor["the voucher read"], floor["… its header"], floor["… its signer"]
+    assert 100_000 < reading < voucher[0], table  # a signature recovery is a few hundred thousand alone
+    assert 0 < parsing < reading and recovery == pytest.approx(reading - parsing, abs=2), table
+    [least] = floor["the least a voucher can be"]
+    assert least == pytest.approx(key[0] + sql_voucher - sql_key + reading, abs=2), table
+    assert least < voucher[0], table  # a floor under the voucher, not beside it
+    [line] = [line for line in table.splitlines() if line.startswith("the goal (≥ 0.45× the key's rate) allows")]
+    found = re.search(r"allows a voucher ([\d,]+) instructions .*: (-?[\d,]+) left .* takes ([\d,]+) now$", line)
+    assert found, table
+    allowed, left, rest = (float(group.replace(",", "")) for group in found.groups())
+    assert allowed == pytest.approx(key[0] / 0.45, abs=1), line
+    assert left == pytest.approx(allowed - least, abs=2) and rest == pytest.approx(voucher[0] - least, abs=2), line
+
+
+FLOOR_ROWS = (
+    "the request",
+    "its SQL alone",
+    "… the reservation's",
+    "… the rest",
+    "the voucher read",
+    "… its header",
+    "… its signer",
+    "the least a voucher can be",
+)
+
+
+def row_numbers(table: str, start: str) -> list[float]:
+    """The figures of the floor table's row that starts with `start`."""
+    [row] = [line for line in table.splitlines() if line.startswith(f"| {start}")]
+    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    return [float(c.replace(",", "")) for c in cells if c]
 
 
 def assert_voucher_target(table: str) -> None:
