@@ -12,8 +12,8 @@ vouchers only read and their signers recovered, `read_voucher`, the app not call
 read); the paths
 ("key,voucher"); profiled, a folder to write each path's cProfile statistics to (`<path>.pstats`), or ""
 for none; capturing, a folder to write each path's SQL to (`<path>.sql.pickle`: every statement any of
-the gate's SQLite connections executed, with its arguments, its connection's number and its outcome (the
-rows it changed, or None for an error), and how many had run when the warm-up ended and when the
+the gate's SQLite connections executed, with its arguments, its connection's number, its outcome (the
+rows it changed, or None for an error) and the time it ran, and how many had run when the warm-up ended and when the
 measured requests each did), which `bench/sql_replay.py` runs again without the gate.
 """
 
@@ -35,7 +35,8 @@ from typing import Any
 config, lane_file, offset, warmup, measured = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 mode, paths = sys.argv[6], sys.argv[7].split(",")
 stats_folder = sys.argv[8] if len(sys.argv) > 8 else ""
-statements: list[tuple[int, str, object, int | None]] = []  # captured: (connection, SQL, arguments, outcome)
+# captured: (connection, SQL, arguments, outcome, when)
+statements: list[tuple[int, str, object, int | None, float]] = []
 
 if mode == "capture":  # before the gate opens a connection: each one it opens records what it executes
     numbers = itertools.count(1)
@@ -51,12 +52,13 @@ if mode == "capture":  # before the gate opens a connection: each one it opens r
                 if isinstance(parameters, dict)
                 else tuple(map(plain, parameters))
             )
+            at = time.time()  # the clock its `julianday('now')` reads, which the replay reads again
             try:
                 cursor = super().execute(sql, parameters)
             except sqlite3.Error:
-                statements.append((self.number, sql, kept, None))
+                statements.append((self.number, sql, kept, None, at))
                 raise
-            statements.append((self.number, sql, kept, cursor.rowcount))
+            statements.append((self.number, sql, kept, cursor.rowcount, at))
             return cursor
 
     def plain(value: Any) -> Any:
