@@ -304,13 +304,14 @@ def test_the_in_process_bench_counts_instructions_per_request_and_the_floor_unde
     assert 100_000 < reading < voucher[0], table  # a signature recovery is a few hundred thousand alone
     assert 0 < parsing < reading and recovery == pytest.approx(reading - parsing, abs=2), table
     [least] = floor["the least a voucher can be"]
-    assert least == pytest.approx(key[0] + sql_voucher - sql_key + reading, abs=2), table
+    # (each figure is printed rounded to a whole instruction: four of them and the sum are 2.5 off at most)
+    assert least == pytest.approx(key[0] + sql_voucher - sql_key + reading, abs=3), table
     assert least < voucher[0], table  # a floor under the voucher, not beside it
     [line] = [line for line in table.splitlines() if line.startswith("the goal (≥ 0.45× the key's rate) allows")]
     found = re.search(r"allows a voucher ([\d,]+) instructions .*: (-?[\d,]+) left .* takes ([\d,]+) now$", line)
     assert found, table
     allowed, left, rest = (float(group.replace(",", "")) for group in found.groups())
-    assert allowed == pytest.approx(key[0] / 0.45, abs=1), line
+    assert allowed == pytest.approx(key[0] / 0.45, abs=2), line  # (the key's rounding, 0.5, is 1.1 over 0.45)
     assert left == pytest.approx(allowed - least, abs=2) and rest == pytest.approx(voucher[0] - least, abs=2), line
 
 
